@@ -1,0 +1,96 @@
+"""The driver's error hierarchy.
+
+Every error the driver raises on purpose derives from :class:`DriverError`;
+library errors (``kubernetes.client.ApiException``, OS errors, NVML errors) are
+translated at their adapter with ``raise ... from err``::
+
+    DriverError
+    ├── ClaimError                 one claim cannot be prepared; reported in the
+    │   │                          response map for that claim, never the call
+    │   ├── ClaimNotFoundError     the ResourceClaim is gone
+    │   ├── ClaimReplacedError     same namespace/name, different UID
+    │   ├── ClaimNotAllocatedError status.allocation is empty
+    │   ├── ClaimNotOnNodeError    allocated, but not to this node's pool
+    │   └── AllocationError        the allocation names something we cannot serve
+    ├── ApiError                   the Kubernetes API failed (adapter boundary)
+    │   ├── ApiNotFoundError
+    │   ├── ApiConflictError
+    │   └── ApiUnavailableError    transport errors, 5xx, 429: worth a retry
+    ├── CheckpointError
+    │   └── CheckpointCorruptError the file fails its checksum or schema
+    ├── InventoryError             GPU discovery failed or was misconfigured
+    └── ConfigError                a flag or file given to the driver is invalid
+"""
+
+from __future__ import annotations
+
+from dra_driver.core.ids import ClaimRef
+
+
+class DriverError(Exception):
+    """Base of every error the driver raises on purpose."""
+
+
+class ClaimError(DriverError):
+    """A failure confined to one claim; the message names the claim and the cause."""
+
+    def __init__(self, claim: ClaimRef, cause: str) -> None:
+        super().__init__(f"claim {claim}: {cause}")
+        self.claim = claim
+        self.cause = cause
+
+
+class ClaimNotFoundError(ClaimError):
+    """The ResourceClaim no longer exists in the API."""
+
+
+class ClaimReplacedError(ClaimError):
+    """A claim with the same namespace/name exists but with another UID."""
+
+
+class ClaimNotAllocatedError(ClaimError):
+    """The claim has no status.allocation."""
+
+
+class ClaimNotOnNodeError(ClaimError):
+    """The claim is allocated, but none of its results are ours on this node."""
+
+
+class AllocationError(ClaimError):
+    """The allocation names a device or shape this node cannot serve."""
+
+
+class ApiError(DriverError):
+    """A Kubernetes API call failed."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ApiNotFoundError(ApiError):
+    """HTTP 404."""
+
+
+class ApiConflictError(ApiError):
+    """HTTP 409: resourceVersion conflict or already exists."""
+
+
+class ApiUnavailableError(ApiError):
+    """Transport failure, HTTP 429 or 5xx: the call may succeed if retried."""
+
+
+class CheckpointError(DriverError):
+    """The checkpoint could not be read or written."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The checkpoint file exists but fails its checksum or schema check."""
+
+
+class InventoryError(DriverError):
+    """GPU discovery failed or its configuration is invalid."""
+
+
+class ConfigError(DriverError):
+    """A flag, environment variable or file given to the driver is invalid."""

@@ -1,0 +1,1 @@
+"""GPU discovery behind the :class:`~dra_driver.core.ports.GpuBackend` protocol."""

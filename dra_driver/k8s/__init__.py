@@ -1,0 +1,1 @@
+"""Kubernetes adapters: the only package that imports the official `kubernetes` client."""

@@ -1,0 +1,1 @@
+"""kubelet plugin plumbing: sockets, registration, DRA and health gRPC services."""

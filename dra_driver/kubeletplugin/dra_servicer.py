@@ -1,0 +1,144 @@
+"""The DRAPlugin node service, v1 and v1beta1, over one shared handler.
+
+The two API versions differ only in ``Device.share_id`` (v1, 1.35+); both are
+served on the same socket so 1.32 and 1.33 kubelets (v1beta1) and 1.34+ kubelets
+(v1) work. Per-claim failures go into the response map; a gRPC error is kept
+for failures of the whole call, because the kubelet then ignores the response.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+
+from dra_driver._gen.dra.v1 import api_pb2 as v1_pb2
+from dra_driver._gen.dra.v1 import api_pb2_grpc as v1_grpc
+from dra_driver._gen.dra.v1beta1 import api_pb2 as v1beta1_pb2
+from dra_driver._gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_driver.core.ids import ClaimRef, ClaimUID
+
+log = logging.getLogger(__name__)
+
+
+class PreparedDevice(Protocol):
+    """What the kubelet learns about one prepared device."""
+
+    @property
+    def request_names(self) -> tuple[str, ...]: ...
+    @property
+    def pool_name(self) -> str: ...
+    @property
+    def device_name(self) -> str: ...
+    @property
+    def cdi_device_ids(self) -> tuple[str, ...]: ...
+    @property
+    def share_id(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """The answer for one claim: its devices, or an error naming the claim and cause."""
+
+    devices: Sequence[PreparedDevice] = ()
+    error: str | None = None
+
+
+class ClaimHandler(Protocol):
+    """The driver behind the service (the prepare/unprepare engine)."""
+
+    async def prepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, ClaimOutcome]: ...
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, ClaimOutcome]: ...
+
+
+def _refs(claims: Sequence[Any]) -> list[ClaimRef] | None:
+    refs = []
+    for claim in claims:
+        if not (claim.namespace and claim.name and claim.uid):
+            return None
+        refs.append(ClaimRef(claim.namespace, claim.name, ClaimUID(claim.uid)))
+    return refs
+
+
+class _Service:
+    """One implementation, parameterised by the generated module of a version."""
+
+    def __init__(self, handler: ClaimHandler, pb2: ModuleType, with_share_id: bool) -> None:
+        self.handler = handler
+        self.pb2 = pb2
+        self.with_share_id = with_share_id
+
+    async def _refs_or_abort(
+        self, claims: Sequence[Any], context: grpc.aio.ServicerContext
+    ) -> list[ClaimRef]:
+        refs = _refs(claims)
+        if refs is None:
+            # Malformed request (kubelet always sends all three): whole-call error.
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "every claim needs namespace, name and uid",
+            )
+            raise AssertionError("unreachable")  # abort raises
+        return refs
+
+    async def prepare(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        refs = await self._refs_or_abort(request.claims, context)
+        outcomes = await self.handler.prepare(refs)
+        response = self.pb2.NodePrepareResourcesResponse()
+        for ref in refs:
+            outcome = outcomes.get(ref.uid) or ClaimOutcome(error=f"claim {ref}: not processed")
+            entry = response.claims[ref.uid]
+            if outcome.error is not None:
+                entry.error = outcome.error
+                continue
+            for device in outcome.devices:
+                out = entry.devices.add(
+                    request_names=list(device.request_names),
+                    pool_name=device.pool_name,
+                    device_name=device.device_name,
+                    cdi_device_ids=list(device.cdi_device_ids),
+                )
+                if self.with_share_id and device.share_id is not None:
+                    out.share_id = device.share_id
+        return response
+
+    async def unprepare(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        refs = await self._refs_or_abort(request.claims, context)
+        outcomes = await self.handler.unprepare(refs)
+        response = self.pb2.NodeUnprepareResourcesResponse()
+        for ref in refs:
+            outcome = outcomes.get(ref.uid) or ClaimOutcome(error=f"claim {ref}: not processed")
+            response.claims[ref.uid].error = outcome.error or ""
+        return response
+
+
+class DRAPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
+    def __init__(self, handler: ClaimHandler) -> None:
+        self._service = _Service(handler, v1_pb2, with_share_id=True)
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return await self._service.prepare(request, context)
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return await self._service.unprepare(request, context)
+
+
+class DRAPluginV1beta1(v1beta1_grpc.DRAPluginServicer):  # type: ignore[misc]
+    def __init__(self, handler: ClaimHandler) -> None:
+        self._service = _Service(handler, v1beta1_pb2, with_share_id=False)
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return await self._service.prepare(request, context)
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return await self._service.unprepare(request, context)
+
+
+def add_dra_services(server: grpc.aio.Server, handler: ClaimHandler) -> None:
+    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(handler), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(handler), server)

@@ -1,0 +1,134 @@
+"""DRAResourceHealth streams (v1alpha1 for 1.34 to 1.36 kubelets, v1 for 1.37+).
+
+A :class:`HealthHub` holds the current health of every device we publish;
+each open stream sends the full list at once and again after every change, as
+the API asks (devices missing from a message become Unknown in the kubelet).
+Until the health issue lands every device is reported healthy, but the
+streams are real: :meth:`HealthHub.update` re-sends to every watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from dra_driver._gen.dra_health.v1 import api_pb2 as v1_pb2
+from dra_driver._gen.dra_health.v1 import api_pb2_grpc as v1_grpc
+from dra_driver._gen.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
+from dra_driver._gen.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from dra_driver.core.model import Inventory
+
+MESSAGE_LIMIT = 1024
+
+
+class Health(enum.IntEnum):
+    """Values equal the proto enum ``HealthStatus``."""
+
+    UNKNOWN = 0
+    HEALTHY = 1
+    UNHEALTHY = 2
+
+
+@dataclass(frozen=True)
+class DeviceHealthState:
+    pool_name: str
+    device_name: str
+    health: Health
+    last_updated: int
+    """Unix seconds."""
+    message: str = ""
+    timeout_seconds: int = 0
+    """How long the kubelet may trust the entry; 0 leaves it to the kubelet's default."""
+
+
+def healthy_inventory(inventory: Inventory, pool_name: str) -> list[DeviceHealthState]:
+    now = int(time.time())
+    return [
+        DeviceHealthState(pool_name, gpu.device_name, Health.HEALTHY, now) for gpu in inventory.gpus
+    ]
+
+
+class HealthHub:
+    def __init__(self, devices: Iterable[DeviceHealthState] = ()) -> None:
+        self._devices = tuple(devices)
+        self._version = 0
+        self._closed = False
+        self._changed = asyncio.Condition()
+
+    def snapshot(self) -> tuple[int, tuple[DeviceHealthState, ...]]:
+        return self._version, self._devices
+
+    async def update(self, devices: Iterable[DeviceHealthState]) -> None:
+        async with self._changed:
+            self._devices = tuple(devices)
+            self._version += 1
+            self._changed.notify_all()
+
+    def _news_since(self, version: int) -> bool:
+        return self._closed or self._version != version
+
+    async def close(self) -> None:
+        """End every open stream (server shutdown)."""
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    async def watch(self) -> AsyncIterator[tuple[DeviceHealthState, ...]]:
+        """The current list, then the list after every change, until closed."""
+        version, devices = self.snapshot()
+        yield devices
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(functools.partial(self._news_since, version))
+                if self._closed:
+                    return
+                version, devices = self._version, self._devices
+            yield devices
+
+
+def _response(pb2: ModuleType, devices: Iterable[DeviceHealthState]) -> Any:
+    response = pb2.NodeWatchResourcesResponse()
+    for d in devices:
+        response.devices.add(
+            device=pb2.DeviceIdentifier(pool_name=d.pool_name, device_name=d.device_name),
+            health=int(d.health),
+            last_updated_time=d.last_updated,
+            health_check_timeout_seconds=d.timeout_seconds,
+            message=d.message[:MESSAGE_LIMIT],
+        )
+    return response
+
+
+class HealthV1alpha1(v1alpha1_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
+    def __init__(self, hub: HealthHub) -> None:
+        self.hub = hub
+
+    async def NodeWatchResources(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for devices in self.hub.watch():
+            yield _response(v1alpha1_pb2, devices)
+
+
+class HealthV1(v1_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
+    def __init__(self, hub: HealthHub) -> None:
+        self.hub = hub
+
+    async def NodeWatchResources(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for devices in self.hub.watch():
+            yield _response(v1_pb2, devices)
+
+
+def add_health_services(server: grpc.aio.Server, hub: HealthHub) -> None:
+    v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(HealthV1alpha1(hub), server)
+    v1_grpc.add_DRAResourceHealthServicer_to_server(HealthV1(hub), server)

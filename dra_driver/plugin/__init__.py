@@ -1,0 +1,1 @@
+"""The kubelet plugin daemon: prepare/unprepare engine and its wiring."""

@@ -1,0 +1,59 @@
+"""Transient CDI spec files under ``--cdi-root``: write, remove, list ours."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from dra_driver.core.cdi import transient_spec_filename, transient_spec_prefix
+from dra_driver.core.ids import ClaimUID
+from dra_driver.state.files import atomic_write, remove_if_exists
+
+
+class CdiStore:
+    def __init__(self, root: str, kind: str, fsync: bool = True) -> None:
+        self.root = root
+        self.kind = kind
+        self.fsync = fsync
+        self._prefix = transient_spec_prefix(kind)
+
+    def path_for(self, claim_uid: str) -> str:
+        return os.path.join(self.root, transient_spec_filename(self.kind, claim_uid))
+
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> str:
+        os.makedirs(self.root, exist_ok=True)
+        path = self.path_for(claim_uid)
+        blob = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
+        atomic_write(path, blob, mode=0o644, fsync=self.fsync)
+        return path
+
+    def remove(self, path: str) -> bool:
+        return remove_if_exists(path)
+
+    def list_claim_uids(self) -> dict[ClaimUID, str]:
+        """Claim UID → path of every transient spec of ours in the CDI root."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return {}
+        found: dict[ClaimUID, str] = {}
+        for name in names:
+            if name.startswith(self._prefix) and name.endswith(".json"):
+                uid = ClaimUID(name[len(self._prefix) : -len(".json")])
+                found[uid] = os.path.join(self.root, name)
+        return found
+
+    def stale_temp_files(self) -> list[str]:
+        """Temp files of ours left by a process killed mid-write."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        dot_prefix = "." + self._prefix
+        return [
+            os.path.join(self.root, n)
+            for n in names
+            if n.startswith(dot_prefix) and n.endswith(".tmp")
+        ]

@@ -1,0 +1,124 @@
+"""Wiring of the kubelet plugin: backend → inventory → engine → gRPC servers.
+
+:class:`PluginRuntime` is used by ``dra-driver kubelet-plugin`` (with the real
+Kubernetes claim source) and in-process by the demo and the tests (with an
+in-memory one); :func:`run_until_signalled` is the daemon's main loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+from dra_driver.core.cdi import cdi_kind_for_driver
+from dra_driver.core.errors import ConfigError
+from dra_driver.core.ids import PoolName
+from dra_driver.core.plan import NodeContext
+from dra_driver.core.ports import ClaimSource, GpuBackend
+from dra_driver.kubeletplugin.health import HealthHub, healthy_inventory
+from dra_driver.kubeletplugin.server import PluginServer
+from dra_driver.kubeletplugin.sockets import SocketPaths, socket_paths
+from dra_driver.plugin.cdi_store import CdiStore
+from dra_driver.plugin.driver import Driver, ReconcileReport
+from dra_driver.state.checkpoint import CheckpointStore, read_boot_id
+from dra_driver.state.locks import NodeLock
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DRIVER_NAME = "gpu.fractional.dev"
+DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_CDI_ROOT = "/var/run/cdi"
+CHECKPOINT_FILE = "checkpoint.json"
+LOCK_FILE = "serialize.lock"
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    driver_name: str
+    node_name: str
+    registry_dir: str
+    plugin_dir: str
+    cdi_root: str
+    rolling_update_uid: str | None = None
+    boot_id_file: str = "/proc/sys/kernel/random/boot_id"
+
+    def validate(self) -> None:
+        if not self.node_name:
+            raise ConfigError("--node-name (NODE_NAME) is required: the node this plugin serves")
+        if not self.driver_name:
+            raise ConfigError("--driver-name (DRIVER_NAME) must not be empty")
+        cdi_kind_for_driver(self.driver_name)
+
+
+class PluginRuntime:
+    def __init__(self, config: PluginConfig, backend: GpuBackend, claims: ClaimSource) -> None:
+        config.validate()
+        self.config = config
+        self.backend = backend
+        self.claims = claims
+        self.sockets: SocketPaths = socket_paths(
+            config.driver_name, config.registry_dir, config.plugin_dir, config.rolling_update_uid
+        )
+        self.driver: Driver | None = None
+        self.server: PluginServer | None = None
+        self.reconcile_report: ReconcileReport | None = None
+
+    async def start(self) -> None:
+        cfg = self.config
+        os.makedirs(cfg.plugin_dir, exist_ok=True)
+        inventory = await self.backend.inventory()
+        ctx = NodeContext(
+            driver_name=cfg.driver_name,
+            node_name=cfg.node_name,
+            pool_name=PoolName(cfg.node_name),
+            cdi_kind=cdi_kind_for_driver(cfg.driver_name),
+        )
+        self.driver = Driver(
+            ctx=ctx,
+            inventory=inventory,
+            claims=self.claims,
+            checkpoints=CheckpointStore(
+                os.path.join(cfg.plugin_dir, CHECKPOINT_FILE), read_boot_id(cfg.boot_id_file)
+            ),
+            cdi=CdiStore(cfg.cdi_root, ctx.cdi_kind),
+            lock=NodeLock(os.path.join(cfg.plugin_dir, LOCK_FILE)),
+        )
+        self.reconcile_report = await self.driver.reconcile()
+        hub = HealthHub(healthy_inventory(inventory, ctx.pool_name))
+        self.server = PluginServer(cfg.driver_name, self.sockets, self.driver, hub)
+        await self.server.start()
+        log.info(
+            "kubelet plugin for %s on node %s serving %d GPU(s) from the %s backend",
+            cfg.driver_name,
+            cfg.node_name,
+            len(inventory.gpus),
+            self.backend.name,
+        )
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+        if self.driver is not None:
+            await self.driver.close()
+            self.driver.lock.close()
+            self.driver = None
+        await self.backend.close()
+
+
+async def run_until_signalled(runtime: PluginRuntime) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down and remove the sockets."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await runtime.start()
+    try:
+        await stop.wait()
+        log.info("signal received; shutting down")
+    finally:
+        await runtime.stop()

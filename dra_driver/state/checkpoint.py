@@ -1,0 +1,246 @@
+"""The plugin's checkpoint: which claims are prepared, and how.
+
+Our own versioned schema (never upstream types, whose new fields would change
+the checksum). The file is::
+
+    {"kind": "FractionalGpuDraCheckpoint", "version": 1,
+     "checksum": "sha256:<hex of the canonical JSON of data>",
+     "data": {"bootId": "...", "claims": {"<uid>": {...}}}}
+
+Claims go through two phases: ``PrepareStarted`` is recorded before any side
+effect (CDI spec), ``PrepareCompleted`` after all of them; an entry still
+``PrepareStarted`` at start-up is a prepare that died half-way and is rolled
+back. The boot id ties entries to one boot: after a reboot nothing prepared
+survives (device nodes, MIG instances and /var/run/cdi are gone), so a
+checkpoint from another boot is read as empty.
+
+Decoding is lenient about unknown fields (a newer driver may add some and a
+downgrade must still read the file) and strict about the checksum.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dra_driver.core.errors import CheckpointCorruptError, CheckpointError
+from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.core.plan import DeviceUse, Mode
+from dra_driver.state.files import atomic_write
+
+log = logging.getLogger(__name__)
+
+KIND = "FractionalGpuDraCheckpoint"
+VERSION = 1
+
+
+class ClaimState(enum.StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class CheckpointDevice:
+    request_names: tuple[str, ...]
+    pool_name: PoolName
+    device_name: DeviceName
+    share_id: str | None
+    gpu_uuid: GpuUUID
+    mode: Mode
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointClaim:
+    ref: ClaimRef
+    state: ClaimState
+    devices: tuple[CheckpointDevice, ...] = ()
+    cdi_spec_file: str | None = None
+    """Absolute path of the claim's transient CDI spec."""
+    cdi_spec: Mapping[str, Any] | None = None
+    """The rendered spec, so a missing file can be rewritten without re-planning."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    boot_id: str
+    claims: Mapping[ClaimUID, CheckpointClaim] = field(default_factory=dict)
+
+    def with_claim(self, claim: CheckpointClaim) -> Checkpoint:
+        return replace(self, claims={**self.claims, claim.ref.uid: claim})
+
+    def without(self, *uids: ClaimUID) -> Checkpoint:
+        return replace(self, claims={u: c for u, c in self.claims.items() if u not in uids})
+
+    def device_uses(self) -> dict[DeviceName, list[DeviceUse]]:
+        """Devices held by recorded claims, for the plan's double-use check."""
+        uses: dict[DeviceName, list[DeviceUse]] = {}
+        for claim in self.claims.values():
+            for device in claim.devices:
+                uses.setdefault(device.device_name, []).append(
+                    DeviceUse(claim_uid=claim.ref.uid, mode=device.mode)
+                )
+        return uses
+
+
+# --- encoding -----------------------------------------------------------------
+
+
+def _device_to_json(d: CheckpointDevice) -> dict[str, Any]:
+    return {
+        "requestNames": list(d.request_names),
+        "poolName": d.pool_name,
+        "deviceName": d.device_name,
+        "shareID": d.share_id,
+        "gpuUUID": d.gpu_uuid,
+        "mode": d.mode.value,
+        "cdiDeviceIDs": list(d.cdi_device_ids),
+    }
+
+
+def _claim_to_json(c: CheckpointClaim) -> dict[str, Any]:
+    return {
+        "namespace": c.ref.namespace,
+        "name": c.ref.name,
+        "uid": c.ref.uid,
+        "state": c.state.value,
+        "devices": [_device_to_json(d) for d in c.devices],
+        "cdiSpecFile": c.cdi_spec_file,
+        "cdiSpec": c.cdi_spec,
+    }
+
+
+def _canonical(data: Mapping[str, Any]) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode(checkpoint: Checkpoint) -> bytes:
+    data = {
+        "bootId": checkpoint.boot_id,
+        "claims": {uid: _claim_to_json(c) for uid, c in sorted(checkpoint.claims.items())},
+    }
+    checksum = "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
+    doc = {"kind": KIND, "version": VERSION, "checksum": checksum, "data": data}
+    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def _device_from_json(raw: Mapping[str, Any]) -> CheckpointDevice:
+    return CheckpointDevice(
+        request_names=tuple(raw.get("requestNames") or ()),
+        pool_name=PoolName(raw["poolName"]),
+        device_name=DeviceName(raw["deviceName"]),
+        share_id=raw.get("shareID"),
+        gpu_uuid=GpuUUID(raw.get("gpuUUID") or ""),
+        mode=Mode(raw.get("mode", Mode.EXCLUSIVE.value)),
+        cdi_device_ids=tuple(raw.get("cdiDeviceIDs") or ()),
+    )
+
+
+def _claim_from_json(raw: Mapping[str, Any]) -> CheckpointClaim:
+    return CheckpointClaim(
+        ref=ClaimRef(raw["namespace"], raw["name"], ClaimUID(raw["uid"])),
+        state=ClaimState(raw["state"]),
+        devices=tuple(_device_from_json(d) for d in raw.get("devices") or ()),
+        cdi_spec_file=raw.get("cdiSpecFile"),
+        cdi_spec=raw.get("cdiSpec"),
+    )
+
+
+def decode(blob: bytes, where: str) -> Checkpoint:
+    """Parse and verify a checkpoint file's bytes; ``where`` names it in errors."""
+    fix = f"move {where} aside and restart the plugin; the kubelet prepares the claims again"
+    try:
+        doc = json.loads(blob)
+    except ValueError as err:
+        raise CheckpointCorruptError(
+            f"checkpoint {where} is not valid JSON ({err}); {fix}"
+        ) from err
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise CheckpointCorruptError(f"checkpoint {where} is not a {KIND} document; {fix}")
+    version = doc.get("version")
+    if version != VERSION:
+        raise CheckpointError(
+            f"checkpoint {where} has version {version!r}; this driver reads version {VERSION}. "
+            "It was written by a different driver release: roll back to it, or " + fix
+        )
+    data = doc.get("data")
+    if not isinstance(data, dict):
+        raise CheckpointCorruptError(f"checkpoint {where} has no data; {fix}")
+    expected = "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
+    if doc.get("checksum") != expected:
+        raise CheckpointCorruptError(
+            f"checkpoint {where} fails its checksum (stored {doc.get('checksum')!r}, "
+            f"computed {expected!r}): the file was modified or truncated; {fix}"
+        )
+    try:
+        claims = {
+            ClaimUID(uid): _claim_from_json(raw) for uid, raw in (data.get("claims") or {}).items()
+        }
+        return Checkpoint(boot_id=str(data.get("bootId", "")), claims=claims)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointCorruptError(
+            f"checkpoint {where} has a malformed entry ({err!r}); {fix}"
+        ) from err
+
+
+# --- the file -------------------------------------------------------------------
+
+
+def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError as err:
+        raise CheckpointError(f"cannot read the boot id from {path}: {err}") from err
+
+
+class CheckpointStore:
+    """Reads and writes the checkpoint file.
+
+    Callers hold the node lock (:mod:`dra_driver.state.locks`) around a
+    load, mutate, save sequence: another plugin process may share the file
+    during a rolling update, so every sequence starts with :meth:`load`.
+    Re-parsing is skipped when the bytes on disk are the ones we wrote last.
+    """
+
+    def __init__(self, path: str, boot_id: str) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self._last: tuple[bytes, Checkpoint] | None = None
+
+    def load(self) -> Checkpoint:
+        try:
+            with open(self.path, "rb") as handle:
+                blob = handle.read()
+        except FileNotFoundError:
+            return Checkpoint(boot_id=self.boot_id)
+        except OSError as err:
+            raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from err
+        if self._last is not None and self._last[0] == blob:
+            return self._last[1]
+        checkpoint = decode(blob, self.path)
+        if checkpoint.boot_id != self.boot_id:
+            log.warning(
+                "checkpoint %s is from another boot (%s, now %s): its %d claim(s) are not "
+                "trusted and will be prepared again",
+                self.path,
+                checkpoint.boot_id,
+                self.boot_id,
+                len(checkpoint.claims),
+            )
+            checkpoint = Checkpoint(boot_id=self.boot_id)
+        self._last = (blob, checkpoint)
+        return checkpoint
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        blob = encode(checkpoint)
+        try:
+            atomic_write(self.path, blob, mode=0o600)
+        except OSError as err:
+            raise CheckpointError(f"cannot write checkpoint {self.path}: {err}") from err
+        self._last = (blob, checkpoint)

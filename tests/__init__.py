@@ -1,0 +1,1 @@
+"""Test suite of the fractional GPU DRA driver."""

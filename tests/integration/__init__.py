@@ -1,0 +1,1 @@
+"""Integration tests: adapters against real servers (fake API over HTTP, sockets)."""

@@ -1,0 +1,33 @@
+"""Fixtures for integration tests: real sockets, real files, in short temp dirs.
+
+Unix socket paths are limited to 107 bytes, and pytest's tmp_path is long, so
+plugin directories live under a short ``/tmp/dra-*`` directory instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.node import NodeDirs
+
+
+@pytest.fixture
+def node_dirs() -> Iterator[NodeDirs]:
+    root = tempfile.mkdtemp(prefix="dra-", dir="/tmp")
+    dirs = NodeDirs(
+        root=root,
+        registry=os.path.join(root, "reg"),
+        plugin=os.path.join(root, "plugin"),
+        cdi=os.path.join(root, "cdi"),
+        boot_id_file=os.path.join(root, "boot_id"),
+    )
+    for folder in (dirs.registry, dirs.plugin, dirs.cdi):
+        os.makedirs(folder)
+    dirs.set_boot_id("boot-1")
+    yield dirs
+    shutil.rmtree(root, ignore_errors=True)

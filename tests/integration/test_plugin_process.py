@@ -1,0 +1,209 @@
+"""The real ``dra-driver kubelet-plugin`` process: real claim source over HTTP, signals.
+
+The plugin runs as a subprocess reading ResourceClaims with the official
+Kubernetes client from the fake API server (real HTTP). The test kills it
+with SIGKILL in the middle of a prepare storm, restarts it, and checks that
+every claim is either fully prepared or absent, with no orphan CDI spec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.state.checkpoint import CheckpointStore, ClaimState
+from dra_driver.testing.kubelet import FakeKubelet
+from dra_driver.testing.objects import Allocated, resource_claim
+from tests.support.fakekube import FakeKubeApi
+from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+GPUS = 8
+
+
+def ref_of(obj: dict[str, Any]) -> ClaimRef:
+    meta = obj["metadata"]
+    return ClaimRef(meta["namespace"], meta["name"], ClaimUID(meta["uid"]))
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeApi]:
+    fake = FakeKubeApi().start()
+    yield fake
+    fake.close()
+
+
+def write_kubeconfig(dirs: NodeDirs, url: str) -> str:
+    path = os.path.join(dirs.root, "kubeconfig")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
+            "users: [{name: fake, user: {}}]\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+            "current-context: fake\n"
+        )
+    return path
+
+
+def start_plugin(dirs: NodeDirs, kubeconfig: str) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable, "-m", "dra_driver", "kubelet-plugin",
+        "--node-name", NODE,
+        "--registry-dir", dirs.registry,
+        "--plugin-dir", dirs.plugin,
+        "--cdi-root", dirs.cdi,
+        "--fake-gpus", f"h100-80gb:{GPUS}",
+        "--kubeconfig", kubeconfig,
+        "--boot-id-file", dirs.boot_id_file,
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    log = open(os.path.join(dirs.root, "plugin.log"), "ab")  # noqa: SIM115 - child owns it
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def socket_identity(path: str) -> tuple[int, int]:
+    # Inode numbers are reused at once on ext4: add the change time.
+    st = os.stat(path)
+    return st.st_ino, st.st_ctime_ns
+
+
+def wait_for_fresh_socket(
+    path: str, old: tuple[int, int] | None, proc: subprocess.Popen[bytes]
+) -> None:
+    """Wait until ``path`` is a socket other than ``old`` (the stale one)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"plugin exited with {proc.returncode}"
+        try:
+            if socket_identity(path) != old:
+                return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(f"{path} did not appear")
+
+
+def check_consistent(dirs: NodeDirs) -> set[ClaimUID]:
+    """Every checkpoint entry complete with its spec; every spec of ours has an entry."""
+    checkpoint = CheckpointStore(os.path.join(dirs.plugin, "checkpoint.json"), "boot-1").load()
+    assert {c.state for c in checkpoint.claims.values()} <= {ClaimState.PREPARE_COMPLETED}
+    specs = {
+        name.removeprefix("k8s.gpu.fractional.dev-claim_").removesuffix(".json")
+        for name in dirs.cdi_files()
+    }
+    assert not [n for n in dirs.cdi_files() if n.endswith(".tmp")], "temp files left"
+    assert specs == set(checkpoint.claims), "CDI specs and checkpoint disagree"
+    return set(checkpoint.claims)
+
+
+def test_sigkill_during_prepare_storm_then_restart(  # noqa: PLR0915 - one story, told in order
+    node_dirs: NodeDirs, api: FakeKubeApi
+) -> None:
+    claims = [
+        resource_claim(
+            "storm", f"c{i}", devices=[Allocated(f"gpu-{i % GPUS}", share_id=str(uuid.uuid4()))]
+        )
+        for i in range(80)
+    ]
+    # The API server assigns the UIDs the kubelet will send.
+    claims = [api.create(claim) for claim in claims]
+    kubeconfig = write_kubeconfig(node_dirs, api.url)
+    reg_socket = os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock")
+
+    proc = start_plugin(node_dirs, kubeconfig)
+    acknowledged: set[str] = set()
+    try:
+        wait_for_fresh_socket(reg_socket, None, proc)
+
+        async def storm() -> None:
+            kubelet = FakeKubelet(node_dirs.registry)
+            plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)
+            queue = list(claims)
+
+            async def caller() -> None:
+                while queue:
+                    claim = queue.pop()
+                    try:
+                        result = await plugin.prepare([ref_of(claim)], timeout=10)
+                    except grpc.aio.AioRpcError:
+                        return  # the plugin died under us
+                    if not result[ref_of(claim).uid].error:
+                        acknowledged.add(ref_of(claim).uid)
+                    if len(acknowledged) == 25:
+                        proc.send_signal(signal.SIGKILL)
+
+            await asyncio.gather(*(caller() for _ in range(8)))
+            await kubelet.close()
+
+        run_checked(storm())
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert 25 <= len(acknowledged) < len(claims), "the kill must land mid-storm"
+        stale = socket_identity(reg_socket)  # the dead process left its socket
+
+        proc = start_plugin(node_dirs, kubeconfig)
+        wait_for_fresh_socket(reg_socket, stale, proc)
+        prepared = check_consistent(node_dirs)
+        # Everything the kubelet was told is prepared survived the crash.
+        assert acknowledged <= prepared
+
+        async def finish() -> None:
+            kubelet = FakeKubelet(node_dirs.registry)
+            plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)
+            refs = [ref_of(c) for c in claims]
+            results = await plugin.prepare(refs)
+            assert {uid: r.error for uid, r in results.items()} == {r.uid: "" for r in refs}
+            assert check_consistent(node_dirs) == {r.uid for r in refs}
+            assert not any((await plugin.unprepare(refs)).values())
+            await kubelet.close()
+
+        run_checked(finish())
+        assert node_dirs.cdi_files() == []
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert os.listdir(node_dirs.registry) == []
+        assert not os.path.exists(os.path.join(node_dirs.plugin, "dra.sock"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_claims_read_through_the_api(node_dirs: NodeDirs, api: FakeKubeApi) -> None:
+    """The official client path: replaced and deleted claims fail alone."""
+    good = api.create(resource_claim("ns", "good", devices=[Allocated("gpu-0")]))
+    replaced = api.create(resource_claim("ns", "replaced", devices=[Allocated("gpu-1")]))
+    stale_ref = ClaimRef("ns", "replaced", ClaimUID(str(uuid.uuid4())))
+    deleted_ref = ClaimRef("ns", "gone", ClaimUID(str(uuid.uuid4())))
+    proc = start_plugin(node_dirs, write_kubeconfig(node_dirs, api.url))
+    try:
+        wait_for_fresh_socket(os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock"), None, proc)
+
+        async def scenario() -> None:
+            kubelet = FakeKubelet(node_dirs.registry)
+            plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)
+            results = await plugin.prepare([ref_of(good), stale_ref, deleted_ref])
+            assert results[ref_of(good).uid].error == ""
+            assert "re-created" in results[stale_ref.uid].error
+            assert str(stale_ref) in results[stale_ref.uid].error
+            assert "does not exist" in results[deleted_ref.uid].error
+            assert ref_of(replaced).uid != stale_ref.uid
+            await kubelet.close()
+
+        run_checked(scenario())
+        requests = [path for method, path in api.requests if method == "GET"]
+        assert "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/good" in requests
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)

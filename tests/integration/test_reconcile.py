@@ -1,0 +1,158 @@
+"""Start-up reconciliation and two plugin instances sharing one plugin dir."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import uuid
+from typing import Any
+
+from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.state.checkpoint import CheckpointStore, ClaimState
+from dra_driver.testing.kubelet import FakeKubelet
+from dra_driver.testing.memory_claims import InMemoryClaimSource
+from dra_driver.testing.objects import Allocated, resource_claim
+from tests.support.node import DRIVER, NodeDirs, run_checked
+
+
+def ref_of(obj: dict[str, Any]) -> ClaimRef:
+    meta = obj["metadata"]
+    return ClaimRef(meta["namespace"], meta["name"], ClaimUID(meta["uid"]))
+
+
+async def prepare_via_plugin(
+    dirs: NodeDirs, source: InMemoryClaimSource, refs: list[ClaimRef]
+) -> None:
+    runtime = dirs.runtime(source)
+    await runtime.start()
+    kubelet = FakeKubelet(dirs.registry)
+    try:
+        plugin = await kubelet.wait_for_plugin(DRIVER)
+        results = await plugin.prepare(refs)
+        assert all(not r.error for r in results.values()), results
+    finally:
+        await kubelet.close()
+        await runtime.stop()
+
+
+def test_reboot_drops_prepared_claims_and_their_specs(node_dirs: NodeDirs) -> None:
+    claim = resource_claim("ns", "c", devices=[Allocated("gpu-0")])
+    source = InMemoryClaimSource([claim])
+
+    async def scenario() -> None:
+        await prepare_via_plugin(node_dirs, source, [ref_of(claim)])
+        assert len(node_dirs.cdi_files()) == 1
+        node_dirs.set_boot_id("boot-2")  # the node rebooted; /var/run/cdi survived here
+        runtime = node_dirs.runtime(source)
+        await runtime.start()
+        await runtime.stop()
+        assert runtime.reconcile_report is not None
+        assert len(runtime.reconcile_report.orphans_removed) == 1
+        assert node_dirs.cdi_files() == []
+        store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-2")
+        assert store.load().claims == {}
+
+    run_checked(scenario())
+
+
+def test_missing_spec_is_rewritten_on_start(node_dirs: NodeDirs) -> None:
+    claim = resource_claim("ns", "c", devices=[Allocated("gpu-1")])
+    source = InMemoryClaimSource([claim])
+
+    async def scenario() -> None:
+        await prepare_via_plugin(node_dirs, source, [ref_of(claim)])
+        [name] = node_dirs.cdi_files()
+        path = os.path.join(node_dirs.cdi, name)
+        with open(path, "rb") as handle:
+            before = handle.read()
+        os.unlink(path)
+        runtime = node_dirs.runtime(source)
+        await runtime.start()
+        await runtime.stop()
+        assert runtime.reconcile_report is not None
+        assert runtime.reconcile_report.rewritten == (ref_of(claim).uid,)
+        with open(path, "rb") as handle:
+            assert handle.read() == before
+
+    run_checked(scenario())
+
+
+def test_half_prepared_claim_is_rolled_back_and_orphans_removed(node_dirs: NodeDirs) -> None:
+    claim = resource_claim("ns", "c", devices=[Allocated("gpu-2")])
+    source = InMemoryClaimSource([claim])
+    orphan = os.path.join(node_dirs.cdi, f"k8s.gpu.fractional.dev-claim_{uuid.uuid4()}.json")
+    temp = os.path.join(node_dirs.cdi, ".k8s.gpu.fractional.dev-claim_x.json.1234.tmp")
+    foreign = os.path.join(node_dirs.cdi, "nvidia.com-gpu.yaml")
+
+    async def scenario() -> None:
+        await prepare_via_plugin(node_dirs, source, [ref_of(claim)])
+        # Turn the entry back into a prepare that died after writing its spec.
+        store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-1")
+        checkpoint = store.load()
+        entry = checkpoint.claims[ref_of(claim).uid]
+        started = dataclasses.replace(entry, state=ClaimState.PREPARE_STARTED)
+        store.save(checkpoint.with_claim(started))
+        for path in (orphan, temp, foreign):
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write("{}")
+
+        runtime = node_dirs.runtime(source)
+        await runtime.start()
+        await runtime.stop()
+        report = runtime.reconcile_report
+        assert report is not None
+        assert report.rolled_back == (ref_of(claim).uid,)
+        assert report.orphans_removed == (orphan,)
+        # Only files that are ours are touched.
+        assert node_dirs.cdi_files() == ["nvidia.com-gpu.yaml"]
+        assert store.load().claims == {}
+
+    run_checked(scenario())
+
+
+def test_two_instances_share_the_plugin_dir(node_dirs: NodeDirs) -> None:
+    """A maxSurge rolling update: old and new pod both registered, calls on either."""
+    claims = [
+        resource_claim(
+            "ns", f"c{i}", devices=[Allocated(f"gpu-{i % 4}", share_id=str(uuid.uuid4()))]
+        )
+        for i in range(40)
+    ]
+    source = InMemoryClaimSource(claims)
+
+    async def scenario() -> None:
+        old = node_dirs.runtime(source, rolling_update_uid="old-pod-uid")
+        new = node_dirs.runtime(source, rolling_update_uid="new-pod-uid")
+        await old.start()
+        await new.start()
+        kubelet = FakeKubelet(node_dirs.registry)
+        try:
+            first = await kubelet.register_socket(old.sockets.registration)
+            second = await kubelet.register_socket(new.sockets.registration)
+            assert first.endpoint != second.endpoint
+            plugins = [first, second]
+            results = await asyncio.gather(
+                *(plugins[i % 2].prepare([ref_of(c)]) for i, c in enumerate(claims))
+            )
+            assert all(not r[ref_of(c).uid].error for r, c in zip(results, claims, strict=True))
+            # A repeat through the other instance finds the recorded result.
+            again = await asyncio.gather(
+                *(plugins[(i + 1) % 2].prepare([ref_of(c)]) for i, c in enumerate(claims))
+            )
+            assert again == results
+            store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-1")
+            assert len(store.load().claims) == 40
+            assert len(node_dirs.cdi_files()) == 40
+            await asyncio.gather(
+                *(plugins[i % 2].unprepare([ref_of(c)]) for i, c in enumerate(claims))
+            )
+            assert store.load().claims == {}
+            assert node_dirs.cdi_files() == []
+        finally:
+            await kubelet.close()
+            await old.stop()
+            await new.stop()
+        assert os.listdir(node_dirs.registry) == []
+
+    run_checked(scenario())

@@ -1,0 +1,1 @@
+"""Shared test helpers: fakes and builders (import from here, never from test modules)."""

@@ -1,0 +1,304 @@
+"""HTTP side of the fake API server: routing, verbs, chunked watch streams."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.support.fakekube_selectors import parse_field_selector, parse_label_selector
+from tests.support.fakekube_store import Store, WatchFilter, without
+from tests.support.fakekube_types import (
+    FakeApiError,
+    JsonObj,
+    ResourceKind,
+    bad_request,
+    unknown_path,
+)
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the fake received it."""
+
+    method: str
+    path: str
+    """Without the query string."""
+    query: Mapping[str, list[str]]
+    content_type: str | None
+
+
+@dataclass
+class Fault:
+    """An injected failure for the next ``remaining`` matching requests."""
+
+    method: str
+    """Upper-case HTTP method, or ``*``."""
+    path_substring: str
+    status: int | None
+    """``None``: close the connection without any response."""
+    remaining: int
+    message: str
+    retry_after: int | None
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a REST path names."""
+
+    kind: ResourceKind
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+class Server(ThreadingHTTPServer):
+    """Serves ``store`` on 127.0.0.1 at a free port, one thread per connection.
+
+    ``record`` logs each request and returns the fault it triggers, if any;
+    ``track`` is told of each connection opening (True) and closing (False).
+    """
+
+    daemon_threads = True
+    request_queue_size = 128  # the default 5 drops SYNs when tests connect in parallel
+
+    def __init__(
+        self,
+        store: Store,
+        record: Callable[[RecordedRequest, str], Fault | None],
+        track: Callable[[socket.socket, bool], None],
+    ) -> None:
+        self.store = store
+        self.record = record
+        self.track = track
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client hanging up mid-response is normal in tests; anything else is a bug.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+_WATCH_TRUE = ("true", "1")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked watch streams
+    server: Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, False)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the per-request stderr log; tests read ``FakeKubeApi.requests``."""
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        store = self.server.store
+        url = urlsplit(self.path)
+        query = parse_qs(url.query, keep_blank_values=True)
+        content_type = self.headers.get("Content-Type")
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fault = self.server.record(
+            RecordedRequest(method, url.path, query, content_type), self.path
+        )
+        if fault is not None:
+            self._send_fault(fault)
+            return
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            self._send_json(400, bad_request("the request body is not valid JSON").status())
+            return
+        try:
+            route = route_for(store.kinds, url.path)
+
+            def param(name: str) -> str:
+                return query.get(name, [""])[-1]
+
+            if method == "GET" and route.name is None and param("watch") in _WATCH_TRUE:
+                self._serve_watch(route, param)
+                return
+            code, obj = _handle(
+                store, method, route, body=body, content_type=content_type or "", param=param
+            )
+        except FakeApiError as err:
+            code, obj = err.code, err.status()
+        except Exception as err:  # a bug in the fake: make the test fail loudly, not hang
+            code, obj = 500, FakeApiError(500, f"fake API server bug: {err!r}").status()
+        self._send_json(code, obj)
+
+    def _send_json(self, code: int, obj: JsonObj, headers: Mapping[str, str] | None = None) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_fault(self, fault: Fault) -> None:
+        if fault.status is None:
+            self.close_connection = True  # the client sees the connection drop
+            return
+        headers = {} if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
+        self._send_json(fault.status, FakeApiError(fault.status, fault.message).status(), headers)
+
+    def _serve_watch(self, route: Route, param: Callable[[str], str]) -> None:
+        store = self.server.store
+        flt = WatchFilter(
+            route.kind,
+            route.namespace,
+            parse_label_selector(param("labelSelector")),
+            parse_field_selector(param("fieldSelector")),
+        )
+        timeout = param("timeoutSeconds")
+        if timeout and not timeout.isdigit():
+            raise bad_request(f"invalid timeoutSeconds {timeout!r}")
+        deadline = time.monotonic() + int(timeout) if timeout else None
+        expired: FakeApiError | None = None
+        initial: list[JsonObj] = []
+        cursor = 0
+        try:
+            initial, cursor = store.watch_start(flt, param("resourceVersion"))
+        except FakeApiError as err:
+            if err.code != 410:
+                raise
+            expired = err  # like the API server: 200, then an ERROR event
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+        store.watch_opened()
+        try:
+            if expired is None:
+                self._stream(store, flt, initial, cursor, deadline)
+            else:
+                self._write_event("ERROR", expired.status())
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass  # the client went away
+        finally:
+            store.watch_closed()
+
+    def _stream(
+        self,
+        store: Store,
+        flt: WatchFilter,
+        initial: list[JsonObj],
+        cursor: int,
+        deadline: float | None,
+    ) -> None:
+        for obj in initial:
+            self._write_event("ADDED", obj)
+        while True:
+            try:
+                events, cursor, done = store.next_events(flt, cursor, deadline)
+            except FakeApiError as err:  # history trimmed under a slow watcher
+                self._write_event("ERROR", err.status())
+                return
+            for event_type, obj in events:
+                self._write_event(event_type, obj)
+            if done:
+                return
+
+    def _write_event(self, event_type: str, obj: JsonObj) -> None:
+        line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+        self.wfile.write(b"%X\r\n%s\r\n" % (len(line), line))
+
+
+def _handle(
+    store: Store,
+    method: str,
+    route: Route,
+    *,
+    body: Any,
+    content_type: str,
+    param: Callable[[str], str],
+) -> tuple[int, JsonObj]:
+    """Everything but watch: one verb on one route, returning (HTTP code, body)."""
+    kind, namespace, name = route.kind, route.namespace, route.name
+    if name is None:
+        if method == "GET":
+            items, rv = store.list_objects(
+                kind,
+                namespace,
+                parse_label_selector(param("labelSelector")),
+                parse_field_selector(param("fieldSelector")),
+            )
+            return 200, {
+                "kind": f"{kind.kind}List",
+                "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(rv)},
+                "items": [without(i, "kind", "apiVersion") for i in items],
+            }
+        if method == "POST" and (namespace is not None or not kind.namespaced):
+            return 201, store.create(kind, namespace, body)
+    else:
+        status_only = route.subresource == "status"
+        if method == "GET":
+            return 200, store.get(kind, namespace, name)
+        if method == "PUT":
+            return 200, store.replace(kind, namespace, name, body, status_only=status_only)
+        if method == "PATCH":
+            return 200, store.patch(
+                kind, namespace, name, body, content_type, status_only=status_only
+            )
+        if method == "DELETE" and not status_only:
+            gone, obj = store.delete(kind, namespace, name, body)
+            return (200 if gone else 202), obj
+    raise FakeApiError(405, "the server does not allow this method on the requested resource")
+
+
+def route_for(kinds: tuple[ResourceKind, ...], path: str) -> Route:
+    """Parse a REST path; 404 (no details) for anything not served."""
+    parts = [unquote(p) for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, version, rest = "", "v1", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        raise unknown_path()
+    namespace = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    plural = rest[0] if rest else ""
+    found = [k for k in kinds if (k.group, k.version, k.plural) == (group, version, plural)]
+    if not found or len(rest) > 3:
+        raise unknown_path()
+    kind = found[0]
+    name = rest[1] if len(rest) > 1 else None
+    subresource = rest[2] if len(rest) > 2 else None
+    # A namespaced kind is also listed and watched across namespaces at its cluster path.
+    scoped = (namespace is not None) == kind.namespaced or (kind.namespaced and name is None)
+    status_ok = subresource is None or (subresource == "status" and kind.status_subresource)
+    if not scoped or not status_ok:
+        raise unknown_path()
+    return Route(kind, namespace, name, subresource)

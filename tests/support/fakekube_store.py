@@ -1,0 +1,402 @@
+"""The fake API server's state: objects, one resourceVersion counter, watch history.
+
+Independent of HTTP: the server and the test-side API both call :class:`Store`,
+so objects seeded from Python produce the same watch events as HTTP writes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import secrets
+import string
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.support.fakekube_patch import json_patch, merge_patch
+from tests.support.fakekube_selectors import Predicate
+from tests.support.fakekube_types import (
+    FakeApiError,
+    JsonObj,
+    ResourceKind,
+    bad_request,
+    not_found,
+    unknown_path,
+)
+
+
+@dataclass(frozen=True)
+class _Event:
+    rv: int
+    kind: ResourceKind
+    type: str
+    obj: JsonObj
+    old: JsonObj | None
+
+
+@dataclass(frozen=True)
+class WatchFilter:
+    """Which events one watch sees."""
+
+    kind: ResourceKind
+    namespace: str | None
+    labels: Predicate
+    fields: Predicate
+
+    def matches(self, obj: JsonObj) -> bool:
+        meta = obj.get("metadata") or {}
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        return self.labels(meta.get("labels") or {}) and self.fields(obj)
+
+    def view(self, event: _Event) -> tuple[str, JsonObj] | None:
+        """The event this watch sends for ``event``, if any."""
+        if event.kind != self.kind:
+            return None
+        now = self.matches(event.obj)
+        before = event.old is not None and self.matches(event.old)
+        if event.type != "MODIFIED":
+            return (event.type, event.obj) if now else None
+        if now:
+            return ("MODIFIED" if before else "ADDED", event.obj)
+        return ("DELETED", event.obj) if before else None
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def without(obj: JsonObj, *keys: str) -> JsonObj:
+    return {k: v for k, v in obj.items() if k not in keys}
+
+
+_SERVER_METADATA = ("uid", "creationTimestamp", "deletionTimestamp", "generation")
+
+_Key = tuple[str, str, str, str]
+"""(group, plural, namespace or "", name)"""
+
+
+class Store:
+    """All objects and the event history, guarded by one condition variable.
+
+    Every method deep-copies what goes in and out, so callers never alias
+    stored state.
+    """
+
+    def __init__(self, kinds: tuple[ResourceKind, ...], history_limit: int) -> None:
+        self.kinds = kinds
+        self._cond = threading.Condition()
+        self._closing = False
+        self._active_watches = 0
+        self._objects: dict[_Key, JsonObj] = {}
+        self._rv = 0
+        self._history: list[_Event] = []
+        self._history_limit = history_limit
+        self._oldest_rv = 0
+        """Watches may resume from any resourceVersion >= this."""
+
+    # Reads
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def get(self, kind: ResourceKind, namespace: str | None, name: str) -> JsonObj:
+        with self._cond:
+            return copy.deepcopy(self._get(kind, namespace, name))
+
+    def list_objects(
+        self, kind: ResourceKind, namespace: str | None, labels: Predicate, fields: Predicate
+    ) -> tuple[list[JsonObj], int]:
+        flt = WatchFilter(kind, namespace, labels, fields)
+        with self._cond:
+            items = [copy.deepcopy(o) for o in self._matching(flt)]
+            return items, self._rv
+
+    # Writes
+
+    def create(
+        self, kind: ResourceKind, namespace: str | None, body: Any, *, keep_uid: bool = False
+    ) -> JsonObj:
+        """POST. ``keep_uid`` keeps a given ``metadata.uid`` (seeding tests); the API never does."""
+        obj = self._checked_body(kind, body)
+        meta = obj["metadata"]
+        if kind.namespaced:
+            if meta.get("namespace") not in (None, "", namespace):
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        if meta.get("resourceVersion"):
+            raise bad_request("resourceVersion should not be set on objects to be created")
+        with self._cond:
+            if not meta.get("name"):
+                if not meta.get("generateName"):
+                    raise FakeApiError(422, "metadata.name or metadata.generateName is required")
+                meta["name"] = self._generated_name(kind, namespace, meta["generateName"])
+            key = self._key(kind, namespace, meta["name"])
+            if key in self._objects:
+                raise FakeApiError(
+                    409,
+                    f'{kind.qualified} "{meta["name"]}" already exists',
+                    reason="AlreadyExists",
+                    kind=kind,
+                    name=meta["name"],
+                )
+            meta.pop("deletionTimestamp", None)
+            if not (keep_uid and meta.get("uid")):
+                meta["uid"] = str(uuid.uuid4())
+            meta.update(creationTimestamp=_now(), generation=1)
+            self._commit(kind, key, "ADDED", obj, None)
+            return copy.deepcopy(obj)
+
+    def replace(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        status_only: bool = False,
+    ) -> JsonObj:
+        """PUT, on the main resource or (``status_only``) the status subresource."""
+        new = self._checked_body(kind, body)
+        with self._cond:
+            return self._write(kind, namespace, name, new, status_only=status_only)
+
+    def patch(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        content_type: str,
+        *,
+        status_only: bool = False,
+    ) -> JsonObj:
+        media = content_type.split(";", 1)[0].strip().lower()
+        with self._cond:
+            current = self._get(kind, namespace, name)
+            if media in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+                patched = merge_patch(current, patch)
+            elif media == "application/json-patch+json":
+                patched = json_patch(current, patch)
+            else:
+                raise FakeApiError(415, f"the body of the request was in an unknown format {media}")
+            new = self._checked_body(kind, patched)
+            return self._write(kind, namespace, name, new, status_only=status_only)
+
+    def delete(
+        self, kind: ResourceKind, namespace: str | None, name: str, options: Any
+    ) -> tuple[bool, JsonObj]:
+        """Delete; returns (gone now, object). With finalizers only marks it."""
+        preconditions = (options or {}).get("preconditions") or {}
+        with self._cond:
+            current = self._get(kind, namespace, name)
+            meta = current["metadata"]
+            for field_name in ("uid", "resourceVersion"):
+                wanted = preconditions.get(field_name)
+                if wanted and wanted != meta.get(field_name):
+                    raise FakeApiError(
+                        409,
+                        f"Precondition failed: {field_name} in precondition: {wanted}, "
+                        f"{field_name} in object meta: {meta.get(field_name)}",
+                        kind=kind,
+                        name=name,
+                    )
+            key = self._key(kind, namespace, name)
+            obj = copy.deepcopy(current)
+            if obj["metadata"].get("finalizers"):
+                if not obj["metadata"].get("deletionTimestamp"):
+                    obj["metadata"]["deletionTimestamp"] = _now()
+                    self._commit(kind, key, "MODIFIED", obj, current)
+                return False, copy.deepcopy(self._objects[key])
+            self._commit(kind, key, "DELETED", obj, current)
+            return True, copy.deepcopy(obj)
+
+    # Watch
+
+    def watch_start(self, flt: WatchFilter, resource_version: str) -> tuple[list[JsonObj], int]:
+        """Initial ADDED objects and the resourceVersion to stream after."""
+        with self._cond:
+            if resource_version in ("", "0"):
+                return [copy.deepcopy(o) for o in self._matching(flt)], self._rv
+            try:
+                start = int(resource_version)
+            except ValueError:
+                raise bad_request(f"invalid resourceVersion {resource_version!r}") from None
+            self._check_retained(start)
+            return [], start
+
+    def next_events(
+        self, flt: WatchFilter, after: int, deadline: float | None
+    ) -> tuple[list[tuple[str, JsonObj]], int, bool]:
+        """Block until events after ``after`` exist; returns (events, new cursor, stream done)."""
+        with self._cond:
+            while True:
+                if self._closing:
+                    return [], after, True
+                self._check_retained(after)
+                start = bisect.bisect_right(self._history, after, key=lambda e: e.rv)
+                if start < len(self._history):
+                    batch = self._history[start:]
+                    views = [v for v in map(flt.view, batch) if v is not None]
+                    return copy.deepcopy(views), batch[-1].rv, False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return [], after, True
+                self._cond.wait(remaining)
+
+    def watch_opened(self) -> None:
+        with self._cond:
+            self._active_watches += 1
+
+    def watch_closed(self) -> None:
+        with self._cond:
+            self._active_watches -= 1
+            self._cond.notify_all()
+
+    def end_watches(self) -> None:
+        """Make every open and future watch stream end (server shutdown)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def wait_watches_ended(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._active_watches == 0, timeout=timeout)
+
+    def reopen(self) -> None:
+        with self._cond:
+            self._closing = False
+
+    def compact(self) -> None:
+        """Forget the event history, as etcd compaction does."""
+        with self._cond:
+            self._history.clear()
+            self._oldest_rv = self._rv
+
+    # Internals (call with the lock held)
+
+    def _key(self, kind: ResourceKind, namespace: str | None, name: str) -> _Key:
+        return (kind.group, kind.plural, namespace or "", name)
+
+    def _get(self, kind: ResourceKind, namespace: str | None, name: str) -> JsonObj:
+        obj = self._objects.get(self._key(kind, namespace, name))
+        if obj is None:
+            raise not_found(kind, name)
+        return obj
+
+    def _matching(self, flt: WatchFilter) -> Iterator[JsonObj]:
+        for key in sorted(self._objects):
+            obj = self._objects[key]
+            if key[:2] == (flt.kind.group, flt.kind.plural) and flt.matches(obj):
+                yield obj
+
+    def _generated_name(self, kind: ResourceKind, namespace: str | None, prefix: str) -> str:
+        alphabet = string.ascii_lowercase + string.digits
+        while True:
+            name = prefix + "".join(secrets.choice(alphabet) for _ in range(5))
+            if self._key(kind, namespace, name) not in self._objects:
+                return name
+
+    def _checked_body(self, kind: ResourceKind, body: Any) -> JsonObj:
+        if not isinstance(body, dict) or not isinstance(body.get("metadata", {}), dict):
+            raise bad_request("the request body must be a JSON object with object metadata")
+        obj = copy.deepcopy(body)
+        for attr, expected in (("apiVersion", kind.api_version), ("kind", kind.kind)):
+            if obj.get(attr) not in (None, "", expected):
+                raise bad_request(f"{attr} {obj[attr]!r} does not match {expected!r}")
+            obj[attr] = expected
+        obj.setdefault("metadata", {})
+        return obj
+
+    def _write(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        name: str,
+        new: JsonObj,
+        *,
+        status_only: bool,
+    ) -> JsonObj:
+        if status_only and not kind.status_subresource:
+            raise unknown_path()
+        current = self._get(kind, namespace, name)
+        cur_meta, new_meta = current["metadata"], new["metadata"]
+        if new_meta.get("name") not in (None, "", name):
+            raise bad_request(f"the name of the object ({new_meta['name']}) does not match {name}")
+        if kind.namespaced and new_meta.get("namespace") not in (None, "", namespace):
+            raise bad_request(
+                "the namespace of the provided object does not match the namespace sent "
+                "on the request"
+            )
+        wanted_rv = new_meta.get("resourceVersion")
+        if wanted_rv and wanted_rv != cur_meta["resourceVersion"]:
+            raise FakeApiError(
+                409,
+                f'Operation cannot be fulfilled on {kind.qualified} "{name}": the object has '
+                "been modified; please apply your changes to the latest version and try again",
+                kind=kind,
+                name=name,
+            )
+        if kind.status_subresource:
+            # Each endpoint owns its half: the status subresource writes only
+            # status, the main resource everything but status.
+            base, source = (current, new) if status_only else (new, current)
+            obj = without(base, "status")
+            if "status" in source:
+                obj["status"] = source["status"]
+            obj = copy.deepcopy(obj)
+        else:
+            obj = new
+        meta = obj["metadata"] = copy.deepcopy(new_meta if not status_only else cur_meta)
+        for attr in (*_SERVER_METADATA, "namespace", "resourceVersion"):
+            if attr in cur_meta:
+                meta[attr] = cur_meta[attr]
+            else:
+                meta.pop(attr, None)
+        if obj == current:
+            return copy.deepcopy(current)  # a no-op write keeps its resourceVersion
+        if without(obj, "metadata", "status") != without(current, "metadata", "status"):
+            meta["generation"] = int(cur_meta.get("generation", 0)) + 1
+        key = self._key(kind, namespace, name)
+        gone = bool(meta.get("deletionTimestamp")) and not meta.get("finalizers")
+        self._commit(kind, key, "DELETED" if gone else "MODIFIED", obj, current)
+        return copy.deepcopy(obj)
+
+    def _commit(
+        self,
+        kind: ResourceKind,
+        key: _Key,
+        event_type: str,
+        obj: JsonObj,
+        old: JsonObj | None,
+    ) -> None:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        if event_type == "DELETED":
+            del self._objects[key]
+        else:
+            self._objects[key] = obj
+        self._history.append(_Event(self._rv, kind, event_type, copy.deepcopy(obj), old))
+        if len(self._history) > self._history_limit:
+            dropped = self._history[: len(self._history) - self._history_limit]
+            del self._history[: len(dropped)]
+            self._oldest_rv = dropped[-1].rv
+        self._cond.notify_all()
+
+    def _check_retained(self, resource_version: int) -> None:
+        if resource_version < self._oldest_rv:
+            raise FakeApiError(
+                410, f"too old resource version: {resource_version} ({self._oldest_rv})"
+            )

@@ -1,0 +1,70 @@
+"""One simulated node for integration tests: its directories and plugin runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.plugin.runtime import PluginConfig, PluginRuntime
+from dra_driver.testing.memory_claims import InMemoryClaimSource
+
+T = TypeVar("T")
+
+DRIVER = "gpu.fractional.dev"
+NODE = "node-a"
+
+
+def run_checked(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` that fails the test if the coroutine leaks a running task."""
+
+    async def wrapper() -> T:
+        result = await coro
+        await asyncio.sleep(0)
+        leaked = [
+            t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()
+        ]
+        assert not leaked, f"leaked asyncio tasks: {leaked}"
+        return result
+
+    return asyncio.run(wrapper())
+
+
+@dataclass
+class NodeDirs:
+    """The host paths one simulated node's plugin uses."""
+
+    root: str
+    registry: str
+    plugin: str
+    cdi: str
+    boot_id_file: str
+
+    def set_boot_id(self, boot_id: str) -> None:
+        with open(self.boot_id_file, "w", encoding="ascii") as handle:
+            handle.write(boot_id + "\n")
+
+    def config(self, rolling_update_uid: str | None = None) -> PluginConfig:
+        return PluginConfig(
+            driver_name=DRIVER,
+            node_name=NODE,
+            registry_dir=self.registry,
+            plugin_dir=self.plugin,
+            cdi_root=self.cdi,
+            rolling_update_uid=rolling_update_uid,
+            boot_id_file=self.boot_id_file,
+        )
+
+    def runtime(
+        self,
+        claims: InMemoryClaimSource,
+        gpus: str = "h100-80gb:4",
+        rolling_update_uid: str | None = None,
+    ) -> PluginRuntime:
+        return PluginRuntime(self.config(rolling_update_uid), FakeGpuBackend(gpus, NODE), claims)
+
+    def cdi_files(self) -> list[str]:
+        return sorted(os.listdir(self.cdi)) if os.path.isdir(self.cdi) else []
