@@ -31,6 +31,28 @@ def env_name(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_").upper()
 
 
+class EnvTwinParser(argparse.ArgumentParser):
+    """Checks values that came from environment twins as strictly as flags.
+
+    argparse applies ``type`` to a string default but never checks it against
+    ``choices``; an invalid ``LOG_LEVEL`` must fail like ``--log-level`` does.
+    Subparsers inherit this class, so each subcommand checks its own flags.
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(parsed, action.dest, None)
+            if action.choices is None or value is None or value in action.choices:
+                continue
+            flag = action.option_strings[0] if action.option_strings else action.dest
+            choices = ", ".join(map(str, action.choices))
+            self.error(f"{env_name(flag)}={value!r} is not a valid {flag} (choose from {choices})")
+        return parsed, extras
+
+
 def add_flag(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs: Any) -> None:
     """Add ``flag`` whose default comes from its environment twin when set."""
     env = env_name(flag)
@@ -52,7 +74,7 @@ def _common(parser: argparse.ArgumentParser, log_level: str = "INFO") -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = EnvTwinParser(
         prog="dra-driver", description="Kubernetes DRA driver for fractional NVIDIA GPUs"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -14,12 +14,12 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.core.ids import ClaimRef
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, PluginConfig, PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet, PrepareResult
 from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, resource_claim
+from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
 
 NODE = "demo-node"
 
@@ -49,11 +49,6 @@ def example_claims(node: str, driver: str) -> list[dict[str, Any]]:
         ),
         resource_claim("default", "not-allocated", node=node, driver=driver, allocated=False),
     ]
-
-
-def _ref(obj: dict[str, Any]) -> ClaimRef:
-    meta = obj["metadata"]
-    return ClaimRef(meta["namespace"], meta["name"], ClaimUID(meta["uid"]))
 
 
 def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -130,7 +125,7 @@ async def run_demo(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
             file=out,
         )
 
-        refs = [_ref(c) for c in claims]
+        refs = [claim_ref(c) for c in claims]
         results = await plugin.prepare(refs)
         kind_prefix = f"k8s.{DEFAULT_DRIVER_NAME}-claim_"
         print(

@@ -16,8 +16,10 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "${ROOT}/.venv/bin/python" ]]; then PYTHON="${ROOT}/.venv/bin/python"; else PYTHON=python3; fi
 fi
 OUT="${1:-${ROOT}/dra_driver/_gen}"
+# We cd into proto/ below: make relative paths absolute first.
+if [[ "${PYTHON}" == */* ]]; then PYTHON="$(cd "$(dirname "${PYTHON}")" && pwd)/$(basename "${PYTHON}")"; fi
+mkdir -p "${OUT}" && OUT="$(cd "${OUT}" && pwd)"
 
-mkdir -p "${OUT}"
 cd "${ROOT}/proto"
 mapfile -t PROTOS < <(find . -name '*.proto' -printf '%P\n' | LC_ALL=C sort)
 "${PYTHON}" -m grpc_tools.protoc -I . \

@@ -17,8 +17,9 @@ from dra_driver.core.errors import ConfigError
 
 CDI_CLASS = "claim"
 
-# Vendor and class: start with a letter; letters, digits, '_', '-', '.'.
-_KIND_PART = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+# Vendor and class: start with a letter, end with a letter or digit; letters,
+# digits, '_', '-', '.' between.
+_KIND_PART = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 # Device name: letters, digits, '-', '_', '.', ':'; must start and end alphanumeric.
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
@@ -98,7 +99,8 @@ def validate_kind(kind: str) -> None:
     if not sep or not _KIND_PART.match(vendor) or not _KIND_PART.match(cls):
         raise ConfigError(
             f"invalid CDI kind {kind!r}: expected <vendor>/<class>, each starting with a "
-            "letter and made of letters, digits, '_', '-' and '.'"
+            "letter, ending with a letter or digit, and made of letters, digits, '_', '-' "
+            "and '.'; the vendor is k8s.<driver name>, so check --driver-name"
         )
 
 

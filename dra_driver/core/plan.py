@@ -139,6 +139,25 @@ def _check_conflicts(
             )
 
 
+def _check_own_results(
+    claim: ResourceClaim, groups: Mapping[tuple[DeviceName, str | None], Sequence[DeviceResult]]
+) -> None:
+    """A device held exclusively cannot also be one of the claim's shares."""
+    uses: dict[DeviceName, int] = {}
+    exclusive: set[DeviceName] = set()
+    for (device, _), group in groups.items():
+        uses[device] = uses.get(device, 0) + 1
+        if any(_mode(r) is Mode.EXCLUSIVE for r in group):
+            exclusive.add(device)
+    for device in sorted(exclusive):
+        if uses[device] > 1:
+            raise AllocationError(
+                claim.ref,
+                f"the allocation holds device {device} both exclusively and as a share; "
+                "delete the claim so it is allocated again",
+            )
+
+
 def plan_prepare(
     claim: ResourceClaim,
     inventory: Inventory,
@@ -152,6 +171,8 @@ def plan_prepare(
     groups: dict[tuple[DeviceName, str | None], list[DeviceResult]] = {}
     for result in results:
         groups.setdefault((result.device, result.share_id), []).append(result)
+
+    _check_own_results(claim, groups)
 
     planned: list[PlannedDevice] = []
     cdi_devices: list[CdiDevice] = []

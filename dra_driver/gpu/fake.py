@@ -63,10 +63,20 @@ def parse_shorthand(spec: str) -> list[Mapping[str, Any]]:
     return entries
 
 
+def _looks_like_path(spec: str) -> bool:
+    # So that a shorthand such as "l4" is never read from a file named l4.
+    return "/" in spec or spec.endswith((".yaml", ".yml", ".json"))
+
+
 def load_spec(spec: str) -> list[Mapping[str, Any]]:
-    """A shorthand, or the path of a YAML/JSON file with a ``gpus`` list."""
-    if not os.path.isfile(spec):
+    """A shorthand, or the path of a YAML/JSON file with a ``gpus`` list.
+
+    A file is named by a path with a ``/`` or a .yaml/.yml/.json extension.
+    """
+    if not _looks_like_path(spec):
         return parse_shorthand(spec)
+    if not os.path.isfile(spec):
+        raise ConfigError(f"--fake-gpus file {spec} does not exist")
     try:
         with open(spec, encoding="utf-8") as handle:
             doc = yaml.safe_load(handle)
@@ -78,6 +88,12 @@ def load_spec(spec: str) -> list[Mapping[str, Any]]:
     for i, entry in enumerate(gpus):
         if not isinstance(entry, dict) or "model" not in entry:
             raise ConfigError(f"--fake-gpus file {spec}: gpus[{i}] needs a 'model'")
+        minor = entry.get("minor", 0)
+        if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
+            raise ConfigError(
+                f"--fake-gpus file {spec}: gpus[{i}].minor must be a non-negative integer, "
+                f"not {minor!r}"
+            )
     return gpus
 
 

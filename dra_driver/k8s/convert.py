@@ -17,7 +17,9 @@ from dra_driver.core.model import DeviceResult, OpaqueConfig, ResourceClaim
 
 
 def claim_ref_from_dict(obj: Mapping[str, Any]) -> ClaimRef:
-    meta = obj.get("metadata") or {}
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        meta = {}
     return ClaimRef(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -28,10 +30,10 @@ def claim_ref_from_dict(obj: Mapping[str, Any]) -> ClaimRef:
 def claim_from_dict(obj: Mapping[str, Any]) -> ResourceClaim:
     """Convert a ResourceClaim object (as JSON) to :class:`ResourceClaim`."""
     ref = claim_ref_from_dict(obj)
-    allocation = (obj.get("status") or {}).get("allocation")
-    if not allocation:
-        return ResourceClaim(ref=ref, allocated=False)
     try:
+        allocation = (obj.get("status") or {}).get("allocation")
+        if not allocation:
+            return ResourceClaim(ref=ref, allocated=False)
         devices = allocation.get("devices") or {}
         results = tuple(_result(r) for r in devices.get("results") or ())
         configs = tuple(_config(c) for c in devices.get("config") or ())
@@ -53,10 +55,18 @@ def _result(raw: Mapping[str, Any]) -> DeviceResult:
         driver=raw["driver"],
         pool=PoolName(raw["pool"]),
         device=DeviceName(raw["device"]),
-        share_id=raw.get("shareID") or None,
+        share_id=_optional_str(raw.get("shareID"), "shareID"),
         admin_access=bool(raw.get("adminAccess") or False),
         consumed_capacity={str(k): str(v) for k, v in consumed.items()},
     )
+
+
+def _optional_str(value: Any, key: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, not {value!r}")
+    return value
 
 
 def _config(raw: Mapping[str, Any]) -> OpaqueConfig:

@@ -56,38 +56,34 @@ class ClaimHandler(Protocol):
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, ClaimOutcome]: ...
 
 
-def _refs(claims: Sequence[Any]) -> list[ClaimRef] | None:
+async def _refs_or_abort(
+    claims: Sequence[Any], context: grpc.aio.ServicerContext
+) -> list[ClaimRef]:
     refs = []
     for claim in claims:
         if not (claim.namespace and claim.name and claim.uid):
-            return None
+            # The kubelet always sends all three: a malformed request fails whole.
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "every claim needs namespace, name and uid"
+            )
         refs.append(ClaimRef(claim.namespace, claim.name, ClaimUID(claim.uid)))
     return refs
 
 
-class _Service:
-    """One implementation, parameterised by the generated module of a version."""
+class DRAPluginService:
+    """NodePrepare/NodeUnprepareResources for one API version.
 
-    def __init__(self, handler: ClaimHandler, pb2: ModuleType, with_share_id: bool) -> None:
+    One class serves both versions: it is given the version's generated
+    message module, and sends ``share_id`` only where that module has it.
+    """
+
+    def __init__(self, handler: ClaimHandler, pb2: ModuleType) -> None:
         self.handler = handler
         self.pb2 = pb2
-        self.with_share_id = with_share_id
+        self.with_share_id = "share_id" in pb2.Device.DESCRIPTOR.fields_by_name
 
-    async def _refs_or_abort(
-        self, claims: Sequence[Any], context: grpc.aio.ServicerContext
-    ) -> list[ClaimRef]:
-        refs = _refs(claims)
-        if refs is None:
-            # Malformed request (kubelet always sends all three): whole-call error.
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "every claim needs namespace, name and uid",
-            )
-            raise AssertionError("unreachable")  # abort raises
-        return refs
-
-    async def prepare(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        refs = await self._refs_or_abort(request.claims, context)
+    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        refs = await _refs_or_abort(request.claims, context)
         outcomes = await self.handler.prepare(refs)
         response = self.pb2.NodePrepareResourcesResponse()
         for ref in refs:
@@ -107,8 +103,8 @@ class _Service:
                     out.share_id = device.share_id
         return response
 
-    async def unprepare(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        refs = await self._refs_or_abort(request.claims, context)
+    async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        refs = await _refs_or_abort(request.claims, context)
         outcomes = await self.handler.unprepare(refs)
         response = self.pb2.NodeUnprepareResourcesResponse()
         for ref in refs:
@@ -117,28 +113,6 @@ class _Service:
         return response
 
 
-class DRAPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
-    def __init__(self, handler: ClaimHandler) -> None:
-        self._service = _Service(handler, v1_pb2, with_share_id=True)
-
-    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return await self._service.prepare(request, context)
-
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return await self._service.unprepare(request, context)
-
-
-class DRAPluginV1beta1(v1beta1_grpc.DRAPluginServicer):  # type: ignore[misc]
-    def __init__(self, handler: ClaimHandler) -> None:
-        self._service = _Service(handler, v1beta1_pb2, with_share_id=False)
-
-    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return await self._service.prepare(request, context)
-
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return await self._service.unprepare(request, context)
-
-
 def add_dra_services(server: grpc.aio.Server, handler: ClaimHandler) -> None:
-    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(handler), server)
-    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(handler), server)
+    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginService(handler, v1_pb2), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginService(handler, v1beta1_pb2), server)

@@ -107,28 +107,20 @@ def _response(pb2: ModuleType, devices: Iterable[DeviceHealthState]) -> Any:
     return response
 
 
-class HealthV1alpha1(v1alpha1_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
-    def __init__(self, hub: HealthHub) -> None:
+class HealthService:
+    """NodeWatchResources for one API version (given its generated message module)."""
+
+    def __init__(self, hub: HealthHub, pb2: ModuleType) -> None:
         self.hub = hub
+        self.pb2 = pb2
 
     async def NodeWatchResources(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for devices in self.hub.watch():
-            yield _response(v1alpha1_pb2, devices)
-
-
-class HealthV1(v1_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
-    def __init__(self, hub: HealthHub) -> None:
-        self.hub = hub
-
-    async def NodeWatchResources(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for devices in self.hub.watch():
-            yield _response(v1_pb2, devices)
+            yield _response(self.pb2, devices)
 
 
 def add_health_services(server: grpc.aio.Server, hub: HealthHub) -> None:
-    v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(HealthV1alpha1(hub), server)
-    v1_grpc.add_DRAResourceHealthServicer_to_server(HealthV1(hub), server)
+    v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(HealthService(hub, v1alpha1_pb2), server)
+    v1_grpc.add_DRAResourceHealthServicer_to_server(HealthService(hub, v1_pb2), server)

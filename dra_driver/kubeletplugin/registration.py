@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import grpc
 
 from dra_driver._gen.pluginregistration.v1 import api_pb2 as reg_pb2
-from dra_driver._gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,9 @@ class RegistrationState:
         self.changed.set()
 
 
-class RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
+class RegistrationServicer:
+    """``pluginregistration.Registration``, served on the registration socket."""
+
     def __init__(self, driver_name: str, dra_endpoint: str, state: RegistrationState) -> None:
         self.driver_name = driver_name
         self.dra_endpoint = dra_endpoint

@@ -27,14 +27,13 @@ from dra_driver.core.cdi import render_spec
 from dra_driver.core.errors import DriverError
 from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import Inventory, ResourceClaim
-from dra_driver.core.plan import NodeContext, PreparePlan, plan_prepare
+from dra_driver.core.plan import NodeContext, plan_prepare
 from dra_driver.core.ports import ClaimSource
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,
-    CheckpointDevice,
     CheckpointStore,
     ClaimState,
 )
@@ -76,21 +75,6 @@ def _unique(refs: Sequence[ClaimRef]) -> list[ClaimRef]:
     for ref in refs:
         seen.setdefault(ref.uid, ref)
     return list(seen.values())
-
-
-def _devices_of(plan: PreparePlan) -> tuple[CheckpointDevice, ...]:
-    return tuple(
-        CheckpointDevice(
-            request_names=d.request_names,
-            pool_name=d.pool_name,
-            device_name=d.device_name,
-            share_id=d.share_id,
-            gpu_uuid=d.gpu_uuid,
-            mode=d.mode,
-            cdi_device_ids=d.cdi_device_ids,
-        )
-        for d in plan.devices
-    )
 
 
 class Driver:
@@ -273,7 +257,7 @@ class Driver:
         return CheckpointClaim(
             ref=ref,
             state=ClaimState.PREPARE_STARTED,
-            devices=_devices_of(plan),
+            devices=plan.devices,
             cdi_spec_file=self.cdi.path_for(ref.uid),
             cdi_spec=render_spec(plan.cdi_spec),
         )

@@ -15,7 +15,10 @@ survives (device nodes, MIG instances and /var/run/cdi are gone), so a
 checkpoint from another boot is read as empty.
 
 Decoding is lenient about unknown fields (a newer driver may add some and a
-downgrade must still read the file) and strict about the checksum.
+downgrade must still read the file) and strict about the checksum and about
+the values it interprets: a new ``state`` or ``mode`` value is a schema change,
+so a release that adds one bumps ``VERSION`` and converts older files forward;
+an older driver then says which release wrote the file instead of guessing.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 from dra_driver.core.errors import CheckpointCorruptError, CheckpointError
 from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.plan import DeviceUse, Mode
+from dra_driver.core.plan import DeviceUse, Mode, PlannedDevice
 from dra_driver.state.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -45,21 +48,10 @@ class ClaimState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class CheckpointDevice:
-    request_names: tuple[str, ...]
-    pool_name: PoolName
-    device_name: DeviceName
-    share_id: str | None
-    gpu_uuid: GpuUUID
-    mode: Mode
-    cdi_device_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class CheckpointClaim:
     ref: ClaimRef
     state: ClaimState
-    devices: tuple[CheckpointDevice, ...] = ()
+    devices: tuple[PlannedDevice, ...] = ()
     cdi_spec_file: str | None = None
     """Absolute path of the claim's transient CDI spec."""
     cdi_spec: Mapping[str, Any] | None = None
@@ -91,7 +83,7 @@ class Checkpoint:
 # --- encoding -----------------------------------------------------------------
 
 
-def _device_to_json(d: CheckpointDevice) -> dict[str, Any]:
+def _device_to_json(d: PlannedDevice) -> dict[str, Any]:
     return {
         "requestNames": list(d.request_names),
         "poolName": d.pool_name,
@@ -129,8 +121,8 @@ def encode(checkpoint: Checkpoint) -> bytes:
     return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
 
-def _device_from_json(raw: Mapping[str, Any]) -> CheckpointDevice:
-    return CheckpointDevice(
+def _device_from_json(raw: Mapping[str, Any]) -> PlannedDevice:
+    return PlannedDevice(
         request_names=tuple(raw.get("requestNames") or ()),
         pool_name=PoolName(raw["poolName"]),
         device_name=DeviceName(raw["deviceName"]),
@@ -182,7 +174,7 @@ def decode(blob: bytes, where: str) -> Checkpoint:
             ClaimUID(uid): _claim_from_json(raw) for uid, raw in (data.get("claims") or {}).items()
         }
         return Checkpoint(boot_id=str(data.get("bootId", "")), claims=claims)
-    except (KeyError, TypeError, ValueError) as err:
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise CheckpointCorruptError(
             f"checkpoint {where} has a malformed entry ({err!r}); {fix}"
         ) from err

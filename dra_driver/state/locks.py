@@ -48,7 +48,7 @@ class NodeLock:
                     if time.monotonic() >= deadline:
                         raise LockTimeoutError(
                             f"node lock {self.path} held by another process for over "
-                            f"{self.timeout:.0f}s; is a second plugin instance stuck?"
+                            f"{self.timeout:g}s; is a second plugin instance stuck?"
                         ) from None
                     await asyncio.sleep(self.poll_interval)
             try:

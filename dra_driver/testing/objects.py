@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from dra_driver.core.ids import ClaimRef, ClaimUID
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class Allocated:
     share_id: str | None = None
     admin_access: bool = False
     driver: str | None = None
+    consumed_capacity: Mapping[str, str] | None = None
 
 
 def resource_claim(
@@ -27,12 +30,20 @@ def resource_claim(
     *,
     uid: str | None = None,
     node: str | None = "node-a",
-    devices: Sequence[Allocated] = (),
+    devices: Sequence[Allocated] = (Allocated("gpu-0"),),
     driver: str = "gpu.fractional.dev",
     device_class: str = "gpu.fractional.dev",
     allocated: bool = True,
+    configs: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """A ResourceClaim; allocated (with a node-pinned nodeSelector) when ``devices`` are given."""
+    """A ResourceClaim as the API server stores it once the scheduler allocated it.
+
+    With ``allocated`` it carries ``status.allocation``: one result per
+    :class:`Allocated`, a nodeSelector pinning it to ``node`` (matchFields on
+    ``metadata.name``, as for node-local pools), a ``reservedFor`` pod, and each
+    of ``configs`` as opaque ``FromClaim`` parameters for ``driver`` (also in
+    the spec, where the user wrote them).
+    """
     requests = sorted({d.request.split("/", 1)[0] for d in devices} or {"gpu"})
     obj: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
@@ -51,6 +62,12 @@ def resource_claim(
         },
         "status": {},
     }
+    opaque = [
+        {"requests": requests, "opaque": {"driver": driver, "parameters": dict(params)}}
+        for params in configs
+    ]
+    if opaque:
+        obj["spec"]["devices"]["config"] = opaque
     if allocated and devices:
         results = []
         for d in devices:
@@ -64,8 +81,12 @@ def resource_claim(
                 result["shareID"] = d.share_id
             if d.admin_access:
                 result["adminAccess"] = True
+            if d.consumed_capacity:
+                result["consumedCapacity"] = dict(d.consumed_capacity)
             results.append(result)
         allocation: dict[str, Any] = {"devices": {"results": results}}
+        if opaque:
+            allocation["devices"]["config"] = [{"source": "FromClaim", **c} for c in opaque]
         if node:
             allocation["nodeSelector"] = {
                 "nodeSelectorTerms": [
@@ -77,3 +98,19 @@ def resource_claim(
             {"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}
         ]
     return obj
+
+
+def node_object(name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A minimal core/v1 Node."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {},
+    }
+
+
+def claim_ref(obj: Mapping[str, Any]) -> ClaimRef:
+    """The reference the kubelet sends for a claim object."""
+    meta = obj["metadata"]
+    return ClaimRef(meta["namespace"], meta["name"], ClaimUID(meta["uid"]))

@@ -29,8 +29,10 @@ from dra_driver.core.ports import ClaimSource
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.errors import BODY_MAX_CHARS, translate_api_errors
-from tests.support.claims import DRIVER, make_claim
+from dra_driver.testing.objects import Allocated, resource_claim
 from tests.support.fakekube import DEFAULT_KINDS, FakeKubeApi
+
+DRIVER = "gpu.fractional.dev"
 
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"
 GPU_CONFIG = {"apiVersion": "gpu.fractional.dev/v1alpha1", "kind": "GpuConfig"}
@@ -64,14 +66,15 @@ def test_allocated_claim_is_converted(
     fake_kube: FakeKubeApi, source: KubernetesClaimSource
 ) -> None:
     fake_kube.create(
-        make_claim(
+        resource_claim(
             "default",
             "c1",
             uid="uid-1",
             node="node-a",
-            devices=["gpu-0", "gpu-1"],
-            share_ids=["share-0", None],
-            consumed_capacity={"memory": "10Gi"},
+            devices=[
+                Allocated("gpu-0", share_id="share-0", consumed_capacity={"memory": "10Gi"}),
+                Allocated("gpu-1", consumed_capacity={"memory": "10Gi"}),
+            ],
             configs=[{**GPU_CONFIG, "sharing": {"strategy": "MPS"}}],
         )
     )
@@ -110,7 +113,7 @@ def test_allocated_claim_is_converted(
 
 
 def test_unallocated_claim(fake_kube: FakeKubeApi, source: KubernetesClaimSource) -> None:
-    fake_kube.create(make_claim("default", "c1", uid="uid-1", allocated=False))
+    fake_kube.create(resource_claim("default", "c1", uid="uid-1", allocated=False))
     assert get(source, ref("uid-1")) == ResourceClaim(ref=ref("uid-1"), allocated=False)
 
 
@@ -119,7 +122,7 @@ def test_claims_are_read_concurrently(
 ) -> None:
     refs = [ref(f"uid-{i}", f"c{i}") for i in range(6)]
     for claim_ref in refs:
-        fake_kube.create(make_claim("default", claim_ref.name, uid=claim_ref.uid))
+        fake_kube.create(resource_claim("default", claim_ref.name, uid=claim_ref.uid))
 
     async def read_all() -> list[ResourceClaim]:
         return list(await asyncio.gather(*(source.get_claim(r) for r in refs)))
@@ -128,7 +131,7 @@ def test_claims_are_read_concurrently(
 
 
 def test_deleted_claim_is_not_found(fake_kube: FakeKubeApi, source: KubernetesClaimSource) -> None:
-    fake_kube.create(make_claim("default", "c1", uid="uid-1"))
+    fake_kube.create(resource_claim("default", "c1", uid="uid-1"))
     fake_kube.delete("ResourceClaim", "c1", "default")
     with pytest.raises(ClaimNotFoundError) as err:
         get(source, ref("uid-1"))
@@ -139,7 +142,7 @@ def test_deleted_claim_is_not_found(fake_kube: FakeKubeApi, source: KubernetesCl
 
 
 def test_recreated_claim_is_replaced(fake_kube: FakeKubeApi, source: KubernetesClaimSource) -> None:
-    fake_kube.create(make_claim("default", "c1", uid="uid-new"))
+    fake_kube.create(resource_claim("default", "c1", uid="uid-new"))
     with pytest.raises(ClaimReplacedError) as err:
         get(source, ref("uid-old"))
     assert "uid-new" in str(err.value)
@@ -148,7 +151,7 @@ def test_recreated_claim_is_replaced(fake_kube: FakeKubeApi, source: KubernetesC
 def test_malformed_allocation_is_a_claim_error(
     fake_kube: FakeKubeApi, source: KubernetesClaimSource
 ) -> None:
-    claim = make_claim("default", "c1", uid="uid-1")
+    claim = resource_claim("default", "c1", uid="uid-1")
     del claim["status"]["allocation"]["devices"]["results"][0]["device"]
     fake_kube.create(claim)
     with pytest.raises(ClaimError, match=r"malformed status\.allocation"):
@@ -174,7 +177,7 @@ def test_api_failures_are_translated(
     error: type[ApiError],
     retryable: bool,
 ) -> None:
-    fake_kube.create(make_claim("default", "c1", uid="uid-1"))
+    fake_kube.create(resource_claim("default", "c1", uid="uid-1"))
     fake_kube.fail_next("GET", "/resourceclaims/c1", status, message=f"injected {status}")
     with pytest.raises(ApiError) as err:
         get(source, ref("uid-1"))

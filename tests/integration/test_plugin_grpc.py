@@ -20,15 +20,10 @@ from dra_driver.kubeletplugin.health import DeviceHealthState, Health
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet, RegistrationFailed
 from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, resource_claim
-from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
+from tests.support.node import DRIVER, NODE, NodeDirs, run_checked, serving
 
 KIND = "k8s.gpu.fractional.dev/claim"
-
-
-def ref_of(obj: dict[str, Any]) -> ClaimRef:
-    meta = obj["metadata"]
-    return ClaimRef(meta["namespace"], meta["name"], ClaimUID(meta["uid"]))
 
 
 def checkpoint_of(dirs: NodeDirs) -> CheckpointStore:
@@ -168,30 +163,26 @@ def test_prepare_and_unprepare_several_claims_in_one_call(
     source = InMemoryClaimSource(claims.values())
 
     async def scenario() -> None:
-        runtime = node_dirs.runtime(source)
-        await runtime.start()
-        kubelet = FakeKubelet(node_dirs.registry, known_services=services)
-        try:
-            plugin = await kubelet.wait_for_plugin(DRIVER)
+        async with serving(node_dirs, source, known_services=services) as (_, plugin):
             assert plugin.service == services[0]
-            refs = [ref_of(c) for c in claims.values()]
+            refs = [claim_ref(c) for c in claims.values()]
             results = await plugin.prepare(refs)
             assert {uid: r.error for uid, r in results.items()} == {r.uid: "" for r in refs}
 
-            exclusive = results[ref_of(claims["exclusive"]).uid].devices
+            exclusive = results[claim_ref(claims["exclusive"]).uid].devices
             assert [(d.pool_name, d.device_name, d.request_names) for d in exclusive] == [
                 (NODE, "gpu-0", ("gpu",))
             ]
-            uid = ref_of(claims["exclusive"]).uid
+            uid = claim_ref(claims["exclusive"]).uid
             assert exclusive[0].cdi_device_ids == (f"{KIND}={uid}-gpu-0",)
             assert exclusive[0].share_id is None
 
-            pair = results[ref_of(claims["two-requests"]).uid].devices
+            pair = results[claim_ref(claims["two-requests"]).uid].devices
             assert [(d.device_name, d.request_names) for d in pair] == [
                 ("gpu-1", ("a",)),
                 ("gpu-2", ("b",)),  # sub-request "b/small" → main request "b"
             ]
-            share = results[ref_of(claims["share"]).uid].devices
+            share = results[claim_ref(claims["share"]).uid].devices
             # v1beta1 has no share_id field: the kubelet just does not learn it.
             shared = "9f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f"
             assert share[0].share_id == (shared if services == ["v1.DRAPlugin"] else None)
@@ -217,9 +208,6 @@ def test_prepare_and_unprepare_several_claims_in_one_call(
             assert await plugin.unprepare(refs) == {r.uid: "" for r in refs}
             assert node_dirs.cdi_files() == []
             assert checkpoint_of(node_dirs).load().claims == {}
-        finally:
-            await kubelet.close()
-            await runtime.stop()
 
     run_checked(scenario())
 
@@ -235,40 +223,33 @@ def test_bad_claims_fail_alone(node_dirs: NodeDirs) -> None:
     old_replaced_ref = ClaimRef("ns", "replaced", ClaimUID(str(uuid.uuid4())))
 
     async def scenario() -> None:
-        runtime = node_dirs.runtime(source)
-        await runtime.start()
-        kubelet = FakeKubelet(node_dirs.registry)
-        try:
-            plugin = await kubelet.wait_for_plugin(DRIVER)
+        async with serving(node_dirs, source) as (_, plugin):
             refs = [
-                ref_of(good),
-                ref_of(unallocated),
-                ref_of(elsewhere),
+                claim_ref(good),
+                claim_ref(unallocated),
+                claim_ref(elsewhere),
                 old_replaced_ref,
-                ref_of(deleted),
-                ref_of(unknown_device),
+                claim_ref(deleted),
+                claim_ref(unknown_device),
             ]
             results = await plugin.prepare(refs)
-            assert results[ref_of(good).uid].error == ""
-            assert results[ref_of(good).uid].devices[0].device_name == "gpu-0"
+            assert results[claim_ref(good).uid].error == ""
+            assert results[claim_ref(good).uid].devices[0].device_name == "gpu-0"
             expectations = {
-                ref_of(unallocated): "not allocated",
-                ref_of(elsewhere): "allocated to node node-b",
+                claim_ref(unallocated): "not allocated",
+                claim_ref(elsewhere): "allocated to node node-b",
                 old_replaced_ref: "deleted and re-created",
-                ref_of(deleted): "does not exist",
-                ref_of(unknown_device): "device gpu-9 is not on this node",
+                claim_ref(deleted): "does not exist",
+                claim_ref(unknown_device): "device gpu-9 is not on this node",
             }
             for ref, cause in expectations.items():
                 error = results[ref.uid].error
                 assert str(ref) in error, error
                 assert cause in error, error
                 assert results[ref.uid].devices == ()
-            good_spec = f"k8s.gpu.fractional.dev-claim_{ref_of(good).uid}.json"
+            good_spec = f"k8s.gpu.fractional.dev-claim_{claim_ref(good).uid}.json"
             assert node_dirs.cdi_files() == [good_spec]
-            assert set(checkpoint_of(node_dirs).load().claims) == {ref_of(good).uid}
-        finally:
-            await kubelet.close()
-            await runtime.stop()
+            assert set(checkpoint_of(node_dirs).load().claims) == {claim_ref(good).uid}
 
     run_checked(scenario())
 
@@ -278,29 +259,22 @@ def test_prepare_is_idempotent_and_unprepare_of_unknown_succeeds(node_dirs: Node
     source = InMemoryClaimSource([claim])
 
     async def scenario() -> None:
-        runtime = node_dirs.runtime(source)
-        await runtime.start()
-        kubelet = FakeKubelet(node_dirs.registry)
-        try:
-            plugin = await kubelet.wait_for_plugin(DRIVER)
-            first = await plugin.prepare([ref_of(claim)])
+        async with serving(node_dirs, source) as (_, plugin):
+            first = await plugin.prepare([claim_ref(claim)])
             spec_path = os.path.join(node_dirs.cdi, node_dirs.cdi_files()[0])
             mtime = os.stat(spec_path).st_mtime_ns
             # The claim may even be gone from the API: the recorded result stands.
             source.delete("ns", "c")
-            second = await plugin.prepare([ref_of(claim)])
-            assert first == second and first[ref_of(claim).uid].error == ""
+            second = await plugin.prepare([claim_ref(claim)])
+            assert first == second and first[claim_ref(claim).uid].error == ""
             assert os.stat(spec_path).st_mtime_ns == mtime, "repeat must not rewrite the spec"
             unknown = ClaimRef("ns", "never", ClaimUID("3c1d"))
-            assert await plugin.unprepare([ref_of(claim), unknown]) == {
-                ref_of(claim).uid: "",
+            assert await plugin.unprepare([claim_ref(claim), unknown]) == {
+                claim_ref(claim).uid: "",
                 "3c1d": "",
             }
-            assert await plugin.unprepare([ref_of(claim)]) == {ref_of(claim).uid: ""}
+            assert await plugin.unprepare([claim_ref(claim)]) == {claim_ref(claim).uid: ""}
             assert node_dirs.cdi_files() == []
-        finally:
-            await kubelet.close()
-            await runtime.stop()
 
     run_checked(scenario())
 
@@ -311,19 +285,12 @@ def test_exclusive_device_is_never_given_twice(node_dirs: NodeDirs) -> None:
     source = InMemoryClaimSource([first, second])
 
     async def scenario() -> None:
-        runtime = node_dirs.runtime(source)
-        await runtime.start()
-        kubelet = FakeKubelet(node_dirs.registry)
-        try:
-            plugin = await kubelet.wait_for_plugin(DRIVER)
-            assert (await plugin.prepare([ref_of(first)]))[ref_of(first).uid].error == ""
-            error = (await plugin.prepare([ref_of(second)]))[ref_of(second).uid].error
-            assert "already prepared for claim" in error and str(ref_of(second)) in error
-            await plugin.unprepare([ref_of(first)])
-            assert (await plugin.prepare([ref_of(second)]))[ref_of(second).uid].error == ""
-        finally:
-            await kubelet.close()
-            await runtime.stop()
+        async with serving(node_dirs, source) as (_, plugin):
+            assert (await plugin.prepare([claim_ref(first)]))[claim_ref(first).uid].error == ""
+            error = (await plugin.prepare([claim_ref(second)]))[claim_ref(second).uid].error
+            assert "already prepared for claim" in error and str(claim_ref(second)) in error
+            await plugin.unprepare([claim_ref(first)])
+            assert (await plugin.prepare([claim_ref(second)]))[claim_ref(second).uid].error == ""
 
     run_checked(scenario())
 
@@ -338,38 +305,29 @@ def test_fifty_concurrent_prepare_calls(node_dirs: NodeDirs) -> None:
     source = InMemoryClaimSource(claims)
 
     async def scenario() -> None:
-        runtime = node_dirs.runtime(source, gpus="h100-80gb:8")
-        await runtime.start()
-        kubelet = FakeKubelet(node_dirs.registry)
-        try:
-            plugin = await kubelet.wait_for_plugin(DRIVER)
-            results = await asyncio.gather(*(plugin.prepare([ref_of(c)]) for c in claims))
-            assert all(r[ref_of(c).uid].error == "" for r, c in zip(results, claims, strict=True))
+        async with serving(node_dirs, source, gpus="h100-80gb:8") as (_, plugin):
+            results = await asyncio.gather(*(plugin.prepare([claim_ref(c)]) for c in claims))
+            assert all(
+                r[claim_ref(c).uid].error == "" for r, c in zip(results, claims, strict=True)
+            )
             checkpoint = checkpoint_of(node_dirs).load()
-            assert sorted(checkpoint.claims) == sorted(ref_of(c).uid for c in claims)
+            assert sorted(checkpoint.claims) == sorted(claim_ref(c).uid for c in claims)
             assert len(node_dirs.cdi_files()) == 50
             # Each claim's devices are its own, not another claim's.
             for result, claim in zip(results, claims, strict=True):
-                uid = ref_of(claim).uid
+                uid = claim_ref(claim).uid
                 assert result[uid].devices[0].cdi_device_ids[0].startswith(f"{KIND}={uid}-")
-            unprepared = await asyncio.gather(*(plugin.unprepare([ref_of(c)]) for c in claims))
+            unprepared = await asyncio.gather(*(plugin.unprepare([claim_ref(c)]) for c in claims))
             assert all(not any(u.values()) for u in unprepared)
             assert checkpoint_of(node_dirs).load().claims == {}
             assert node_dirs.cdi_files() == []
-        finally:
-            await kubelet.close()
-            await runtime.stop()
 
     run_checked(scenario())
 
 
 def test_health_streams_v1alpha1_and_v1(node_dirs: NodeDirs) -> None:
     async def scenario() -> None:
-        runtime = node_dirs.runtime(InMemoryClaimSource(), gpus="l4:2")
-        await runtime.start()
-        kubelet = FakeKubelet(node_dirs.registry)
-        try:
-            plugin = await kubelet.wait_for_plugin(DRIVER)
+        async with serving(node_dirs, InMemoryClaimSource(), gpus="l4:2") as (runtime, plugin):
             assert runtime.server is not None
             initial = runtime.server.health.snapshot()[1]
             for version in ("v1alpha1", "v1"):
@@ -386,8 +344,5 @@ def test_health_streams_v1alpha1_and_v1(node_dirs: NodeDirs) -> None:
                 assert [(d.device.device_name, d.health) for d in second.devices] == [("gpu-0", 2)]
                 assert len(second.devices[0].message) == 1024
                 await stream.aclose()
-        finally:
-            await kubelet.close()
-            await runtime.stop()
 
     run_checked(scenario())

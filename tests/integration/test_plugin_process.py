@@ -16,7 +16,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import pytest
@@ -24,16 +23,11 @@ import pytest
 from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.objects import Allocated, resource_claim
+from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 GPUS = 8
-
-
-def ref_of(obj: dict[str, Any]) -> ClaimRef:
-    meta = obj["metadata"]
-    return ClaimRef(meta["namespace"], meta["name"], ClaimUID(meta["uid"]))
 
 
 @pytest.fixture
@@ -135,11 +129,11 @@ def test_sigkill_during_prepare_storm_then_restart(  # noqa: PLR0915 - one story
                 while queue:
                     claim = queue.pop()
                     try:
-                        result = await plugin.prepare([ref_of(claim)], timeout=10)
+                        result = await plugin.prepare([claim_ref(claim)], timeout=10)
                     except grpc.aio.AioRpcError:
                         return  # the plugin died under us
-                    if not result[ref_of(claim).uid].error:
-                        acknowledged.add(ref_of(claim).uid)
+                    if not result[claim_ref(claim).uid].error:
+                        acknowledged.add(claim_ref(claim).uid)
                     if len(acknowledged) == 25:
                         proc.send_signal(signal.SIGKILL)
 
@@ -160,7 +154,7 @@ def test_sigkill_during_prepare_storm_then_restart(  # noqa: PLR0915 - one story
         async def finish() -> None:
             kubelet = FakeKubelet(node_dirs.registry)
             plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)
-            refs = [ref_of(c) for c in claims]
+            refs = [claim_ref(c) for c in claims]
             results = await plugin.prepare(refs)
             assert {uid: r.error for uid, r in results.items()} == {r.uid: "" for r in refs}
             assert check_consistent(node_dirs) == {r.uid for r in refs}
@@ -193,12 +187,12 @@ def test_claims_read_through_the_api(node_dirs: NodeDirs, api: FakeKubeApi) -> N
         async def scenario() -> None:
             kubelet = FakeKubelet(node_dirs.registry)
             plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)
-            results = await plugin.prepare([ref_of(good), stale_ref, deleted_ref])
-            assert results[ref_of(good).uid].error == ""
+            results = await plugin.prepare([claim_ref(good), stale_ref, deleted_ref])
+            assert results[claim_ref(good).uid].error == ""
             assert "re-created" in results[stale_ref.uid].error
             assert str(stale_ref) in results[stale_ref.uid].error
             assert "does not exist" in results[deleted_ref.uid].error
-            assert ref_of(replaced).uid != stale_ref.uid
+            assert claim_ref(replaced).uid != stale_ref.uid
             await kubelet.close()
 
         run_checked(scenario())

@@ -6,19 +6,13 @@ import asyncio
 import dataclasses
 import os
 import uuid
-from typing import Any
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.core.ids import ClaimRef
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, resource_claim
+from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
 from tests.support.node import DRIVER, NodeDirs, run_checked
-
-
-def ref_of(obj: dict[str, Any]) -> ClaimRef:
-    meta = obj["metadata"]
-    return ClaimRef(meta["namespace"], meta["name"], ClaimUID(meta["uid"]))
 
 
 async def prepare_via_plugin(
@@ -41,7 +35,7 @@ def test_reboot_drops_prepared_claims_and_their_specs(node_dirs: NodeDirs) -> No
     source = InMemoryClaimSource([claim])
 
     async def scenario() -> None:
-        await prepare_via_plugin(node_dirs, source, [ref_of(claim)])
+        await prepare_via_plugin(node_dirs, source, [claim_ref(claim)])
         assert len(node_dirs.cdi_files()) == 1
         node_dirs.set_boot_id("boot-2")  # the node rebooted; /var/run/cdi survived here
         runtime = node_dirs.runtime(source)
@@ -61,7 +55,7 @@ def test_missing_spec_is_rewritten_on_start(node_dirs: NodeDirs) -> None:
     source = InMemoryClaimSource([claim])
 
     async def scenario() -> None:
-        await prepare_via_plugin(node_dirs, source, [ref_of(claim)])
+        await prepare_via_plugin(node_dirs, source, [claim_ref(claim)])
         [name] = node_dirs.cdi_files()
         path = os.path.join(node_dirs.cdi, name)
         with open(path, "rb") as handle:
@@ -71,7 +65,7 @@ def test_missing_spec_is_rewritten_on_start(node_dirs: NodeDirs) -> None:
         await runtime.start()
         await runtime.stop()
         assert runtime.reconcile_report is not None
-        assert runtime.reconcile_report.rewritten == (ref_of(claim).uid,)
+        assert runtime.reconcile_report.rewritten == (claim_ref(claim).uid,)
         with open(path, "rb") as handle:
             assert handle.read() == before
 
@@ -86,11 +80,11 @@ def test_half_prepared_claim_is_rolled_back_and_orphans_removed(node_dirs: NodeD
     foreign = os.path.join(node_dirs.cdi, "nvidia.com-gpu.yaml")
 
     async def scenario() -> None:
-        await prepare_via_plugin(node_dirs, source, [ref_of(claim)])
+        await prepare_via_plugin(node_dirs, source, [claim_ref(claim)])
         # Turn the entry back into a prepare that died after writing its spec.
         store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-1")
         checkpoint = store.load()
-        entry = checkpoint.claims[ref_of(claim).uid]
+        entry = checkpoint.claims[claim_ref(claim).uid]
         started = dataclasses.replace(entry, state=ClaimState.PREPARE_STARTED)
         store.save(checkpoint.with_claim(started))
         for path in (orphan, temp, foreign):
@@ -102,7 +96,7 @@ def test_half_prepared_claim_is_rolled_back_and_orphans_removed(node_dirs: NodeD
         await runtime.stop()
         report = runtime.reconcile_report
         assert report is not None
-        assert report.rolled_back == (ref_of(claim).uid,)
+        assert report.rolled_back == (claim_ref(claim).uid,)
         assert report.orphans_removed == (orphan,)
         # Only files that are ours are touched.
         assert node_dirs.cdi_files() == ["nvidia.com-gpu.yaml"]
@@ -133,19 +127,19 @@ def test_two_instances_share_the_plugin_dir(node_dirs: NodeDirs) -> None:
             assert first.endpoint != second.endpoint
             plugins = [first, second]
             results = await asyncio.gather(
-                *(plugins[i % 2].prepare([ref_of(c)]) for i, c in enumerate(claims))
+                *(plugins[i % 2].prepare([claim_ref(c)]) for i, c in enumerate(claims))
             )
-            assert all(not r[ref_of(c).uid].error for r, c in zip(results, claims, strict=True))
+            assert all(not r[claim_ref(c).uid].error for r, c in zip(results, claims, strict=True))
             # A repeat through the other instance finds the recorded result.
             again = await asyncio.gather(
-                *(plugins[(i + 1) % 2].prepare([ref_of(c)]) for i, c in enumerate(claims))
+                *(plugins[(i + 1) % 2].prepare([claim_ref(c)]) for i, c in enumerate(claims))
             )
             assert again == results
             store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-1")
             assert len(store.load().claims) == 40
             assert len(node_dirs.cdi_files()) == 40
             await asyncio.gather(
-                *(plugins[i % 2].unprepare([ref_of(c)]) for i, c in enumerate(claims))
+                *(plugins[i % 2].unprepare([claim_ref(c)]) for i, c in enumerate(claims))
             )
             assert store.load().claims == {}
             assert node_dirs.cdi_files() == []

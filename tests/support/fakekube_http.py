@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -191,13 +192,15 @@ class _Handler(BaseHTTPRequestHandler):
             if err.code != 410:
                 raise
             expired = err  # like the API server: 200, then an ERROR event
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.close_connection = True
+        # Counted before the headers go out, so close() waits for this stream
+        # once a client can see it open.
         store.watch_opened()
         try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.close_connection = True
             if expired is None:
                 self._stream(store, flt, initial, cursor, deadline)
             else:
@@ -205,6 +208,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
             pass  # the client went away
+        except Exception as err:  # a bug in the fake: end the stream with an error event
+            with contextlib.suppress(OSError):
+                self._write_event("ERROR", FakeApiError(500, f"fake bug: {err!r}").status())
+                self.wfile.write(b"0\r\n\r\n")
         finally:
             store.watch_closed()
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.plugin.runtime import PluginConfig, PluginRuntime
+from dra_driver.testing.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 
 T = TypeVar("T")
@@ -68,3 +70,22 @@ class NodeDirs:
 
     def cdi_files(self) -> list[str]:
         return sorted(os.listdir(self.cdi)) if os.path.isdir(self.cdi) else []
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    dirs: NodeDirs,
+    claims: InMemoryClaimSource,
+    *,
+    gpus: str = "h100-80gb:4",
+    known_services: Sequence[str] = KUBELET_DRA_SERVICES,
+) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin]]:
+    """A started plugin, registered with a kubelet-like client; both closed after."""
+    runtime = dirs.runtime(claims, gpus=gpus)
+    await runtime.start()
+    kubelet = FakeKubelet(dirs.registry, known_services)
+    try:
+        yield runtime, await kubelet.wait_for_plugin(DRIVER)
+    finally:
+        await kubelet.close()
+        await runtime.stop()

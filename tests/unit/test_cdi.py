@@ -351,11 +351,6 @@ def test_invalid_driver_name_is_config_error() -> None:
         cdi_kind_for_driver("gpu fractional")
 
 
-@pytest.mark.xfail(
-    reason="BUG: core/cdi.py _KIND_PART lets a vendor/class end in '-', '_' or '.', "
-    "which the CDI validator rejects ('should end with a letter or digit')",
-    strict=True,
-)
 @pytest.mark.parametrize("kind", ["k8s.gpu-/claim", "acme/claim."], ids=["vendor", "class"])
 def test_kind_must_end_alphanumeric(kind: str) -> None:
     assert not cdi_kind_ok(kind)

@@ -16,11 +16,10 @@ import pytest
 
 from dra_driver.core.errors import CheckpointCorruptError, CheckpointError
 from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.plan import DeviceUse, Mode
+from dra_driver.core.plan import DeviceUse, Mode, PlannedDevice
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,
-    CheckpointDevice,
     CheckpointStore,
     ClaimState,
     decode,
@@ -34,8 +33,8 @@ UID_A = ClaimUID("aaaaaaaa-0000-4000-8000-000000000001")
 UID_B = ClaimUID("bbbbbbbb-0000-4000-8000-000000000002")
 
 
-def device(name: str, mode: Mode = Mode.EXCLUSIVE, share_id: str | None = None) -> CheckpointDevice:
-    return CheckpointDevice(
+def device(name: str, mode: Mode = Mode.EXCLUSIVE, share_id: str | None = None) -> PlannedDevice:
+    return PlannedDevice(
         request_names=("gpu",),
         pool_name=PoolName("node-a"),
         device_name=DeviceName(name),
@@ -169,12 +168,6 @@ def test_corrupt(blob: bytes, fragment: str) -> None:
     assert "move /plugin/checkpoint.json aside and restart the plugin" in message
 
 
-@pytest.mark.xfail(
-    reason="BUG: state/checkpoint.py decode() catches KeyError/TypeError/ValueError but not "
-    "AttributeError, so a checksummed file whose claims/devices are not objects escapes as "
-    "AttributeError instead of CheckpointCorruptError",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "data",
     [

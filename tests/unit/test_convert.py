@@ -282,3 +282,17 @@ def test_malformed_allocation(edit: Callable[[dict[str, Any]], object], fragment
     assert fragment in message
     assert info.value.claim == REF
     assert info.value.__cause__ is not None
+
+
+def test_non_string_share_id_fails_the_claim() -> None:
+    obj = resource_claim("ns", "c", devices=[Allocated("gpu-0", share_id="x")])
+    obj["status"]["allocation"]["devices"]["results"][0]["shareID"] = 7
+    with pytest.raises(ClaimError, match="shareID must be a string"):
+        claim_from_dict(obj)
+
+
+def test_status_that_is_not_an_object_fails_the_claim() -> None:
+    obj = resource_claim("ns", "c", devices=[Allocated("gpu-0")])
+    obj["status"] = ["not", "an", "object"]
+    with pytest.raises(ClaimError, match="ns/c:"):
+        claim_from_dict(obj)

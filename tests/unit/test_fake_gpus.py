@@ -139,11 +139,6 @@ def test_unknown_model_in_file(tmp_path: Path) -> None:
         inventory(str(path))
 
 
-@pytest.mark.xfail(
-    reason="BUG: gpu/fake.py build_inventory does int(entry.get('minor', index)) unchecked; "
-    "a non-integer minor in a --fake-gpus file escapes as ValueError, not ConfigError",
-    strict=True,
-)
 def test_bad_minor_in_file(tmp_path: Path) -> None:
     path = tmp_path / "gpus.yaml"
     path.write_text("gpus:\n- model: l4\n  minor: first\n")
@@ -182,3 +177,16 @@ def test_backend() -> None:
 def test_backend_rejects_bad_spec() -> None:
     with pytest.raises(ConfigError):
         FakeGpuBackend("nope:1", "node-a")
+
+
+def test_shorthand_is_never_read_from_a_same_named_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "l4").write_text("gpus:\n- model: a100-80gb\n")
+    assert [g.product_name for g in inventory("l4").gpus] == ["NVIDIA L4"]
+
+
+def test_missing_file_is_config_error() -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        inventory("/nonexistent/gpus.yaml")

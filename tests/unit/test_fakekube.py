@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client, watch
 
 from dra_driver.k8s.client import make_api_client
-from tests.support.claims import make_claim, make_node
+from dra_driver.testing.objects import node_object, resource_claim
 from tests.support.fakekube import DEFAULT_KINDS, FakeApiError, FakeKubeApi, ResourceKind
 from tests.support.fakekube_patch import json_patch, merge_patch
 from tests.support.fakekube_selectors import parse_label_selector
@@ -65,7 +65,7 @@ def api(fake_kube: FakeKubeApi) -> Iterator[client.ApiClient]:
 
 
 def test_create_sets_server_fields_and_get_returns_it(fake_kube: FakeKubeApi) -> None:
-    claim = make_claim("default", "c1", uid="client-side-uid")
+    claim = resource_claim("default", "c1", uid="client-side-uid")
     code, created = call(fake_kube, "POST", CLAIMS, claim)
     assert code == 201
     meta = created["metadata"]
@@ -98,7 +98,7 @@ def test_create_sets_server_fields_and_get_returns_it(fake_kube: FakeKubeApi) ->
         (
             "POST",
             CLAIMS,
-            make_claim("default", "c1"),
+            resource_claim("default", "c1"),
             {
                 "code": 409,
                 "reason": "AlreadyExists",
@@ -118,7 +118,7 @@ def test_create_sets_server_fields_and_get_returns_it(fake_kube: FakeKubeApi) ->
         (
             "POST",
             "/apis/resource.k8s.io/v1/namespaces/other/resourceclaims",
-            make_claim("default", "c2"),
+            resource_claim("default", "c2"),
             {"code": 400, "reason": "BadRequest"},
         ),
         ("GET", f"{ALL_CLAIMS}?labelSelector=a%20in%20x", None, {"code": 400}),
@@ -139,7 +139,7 @@ def test_create_sets_server_fields_and_get_returns_it(fake_kube: FakeKubeApi) ->
 def test_errors_are_status_objects(
     fake_kube: FakeKubeApi, method: str, path: str, body: Any, expected: dict[str, Any]
 ) -> None:
-    fake_kube.create(make_claim("default", "c1"))
+    fake_kube.create(resource_claim("default", "c1"))
     code, status = call(fake_kube, method, path, body)
     assert code == expected["code"]
     assert status["kind"] == "Status"
@@ -152,7 +152,7 @@ def test_errors_are_status_objects(
 
 def test_list_shape_and_cluster_wide_list(fake_kube: FakeKubeApi) -> None:
     for namespace, name in [("b", "c2"), ("a", "c3"), ("a", "c1")]:
-        fake_kube.create(make_claim(namespace, name))
+        fake_kube.create(resource_claim(namespace, name))
     code, listed = call(fake_kube, "GET", ALL_CLAIMS)
     assert code == 200
     assert listed["kind"] == "ResourceClaimList"
@@ -166,7 +166,7 @@ def test_list_shape_and_cluster_wide_list(fake_kube: FakeKubeApi) -> None:
 
 
 def test_update_conflicts_on_stale_resource_version(fake_kube: FakeKubeApi) -> None:
-    created = fake_kube.create(make_claim("default", "c1"))
+    created = fake_kube.create(resource_claim("default", "c1"))
     changed = json.loads(json.dumps(created))
     changed["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
     code, updated = call(fake_kube, "PUT", f"{CLAIMS}/c1", changed)
@@ -179,7 +179,7 @@ def test_update_conflicts_on_stale_resource_version(fake_kube: FakeKubeApi) -> N
 
 
 def test_noop_update_keeps_resource_version(fake_kube: FakeKubeApi) -> None:
-    created = fake_kube.create(make_node("n1"))
+    created = fake_kube.create(node_object("n1"))
     code, same = call(fake_kube, "PUT", f"{NODES}/n1", created)
     assert code == 200
     assert same["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
@@ -188,7 +188,7 @@ def test_noop_update_keeps_resource_version(fake_kube: FakeKubeApi) -> None:
 def test_main_resource_writes_keep_status_and_status_writes_keep_the_rest(
     fake_kube: FakeKubeApi,
 ) -> None:
-    created = fake_kube.create(make_claim("default", "c1"))
+    created = fake_kube.create(resource_claim("default", "c1"))
     no_status = {k: v for k, v in created.items() if k != "status"}
     _, updated = call(fake_kube, "PUT", f"{CLAIMS}/c1", {**no_status, "metadata": {"name": "c1"}})
     assert updated["status"] == created["status"]
@@ -211,7 +211,7 @@ def test_main_resource_writes_keep_status_and_status_writes_keep_the_rest(
     ids=["merge", "strategic-as-merge"],
 )
 def test_merge_patch(fake_kube: FakeKubeApi, content_type: str) -> None:
-    fake_kube.create(make_node("n1", labels={"keep": "1", "drop": "1"}))
+    fake_kube.create(node_object("n1", labels={"keep": "1", "drop": "1"}))
     patch = {"metadata": {"labels": {"drop": None, "new": "2"}}, "status": {"x": 1}}
     code, patched = call(fake_kube, "PATCH", f"{NODES}/n1", patch, content_type)
     assert code == 200
@@ -220,14 +220,14 @@ def test_merge_patch(fake_kube: FakeKubeApi, content_type: str) -> None:
 
 
 def test_patch_with_stale_resource_version_conflicts(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("n1"))
+    fake_kube.create(node_object("n1"))
     patch = {"metadata": {"resourceVersion": "999", "labels": {"a": "b"}}}
     code, status = call(fake_kube, "PATCH", f"{NODES}/n1", patch, MERGE)
     assert (code, status["reason"]) == (409, "Conflict")
 
 
 def test_json_patch_over_http(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("n1", labels={"a": "1"}))
+    fake_kube.create(node_object("n1", labels={"a": "1"}))
     ops = [
         {"op": "test", "path": "/metadata/labels/a", "value": "1"},
         {"op": "add", "path": "/metadata/labels/b~1c", "value": "2"},
@@ -242,13 +242,13 @@ def test_json_patch_over_http(fake_kube: FakeKubeApi) -> None:
 
 
 def test_delete_returns_object_and_honours_finalizers(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("plain"))
+    fake_kube.create(node_object("plain"))
     code, deleted = call(fake_kube, "DELETE", f"{NODES}/plain")
     assert code == 200
     assert deleted["metadata"]["name"] == "plain"
     assert call(fake_kube, "GET", f"{NODES}/plain")[0] == 404
 
-    guarded = make_node("guarded")
+    guarded = node_object("guarded")
     guarded["metadata"]["finalizers"] = ["example.com/protect"]
     fake_kube.create(guarded)
     code, marked = call(fake_kube, "DELETE", f"{NODES}/guarded")
@@ -262,7 +262,7 @@ def test_delete_returns_object_and_honours_finalizers(fake_kube: FakeKubeApi) ->
 
 
 def test_delete_precondition_on_uid(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("n1"))
+    fake_kube.create(node_object("n1"))
     options = {"preconditions": {"uid": "someone-else"}}
     code, status = call(fake_kube, "DELETE", f"{NODES}/n1", options)
     assert (code, status["reason"]) == (409, "Conflict")
@@ -296,7 +296,7 @@ def test_label_selector(fake_kube: FakeKubeApi, selector: str, expected: list[st
         "n4": {},
     }
     for name, node_labels in labels.items():
-        fake_kube.create(make_node(name, labels=node_labels))
+        fake_kube.create(node_object(name, labels=node_labels))
     query = urllib.parse.urlencode({"labelSelector": selector})
     _, listed = call(fake_kube, "GET", f"{NODES}?{query}")
     assert [i["metadata"]["name"] for i in listed["items"]] == expected
@@ -390,11 +390,11 @@ def test_json_patch_rfc6902(ops: list[dict[str, Any]], expected: Any) -> None:
 
 
 def test_watch_sends_initial_objects_then_changes(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("n1"))
+    fake_kube.create(node_object("n1"))
     with urllib.request.urlopen(f"{fake_kube.url}{NODES}?watch=true", timeout=5) as response:
         assert response.headers["Transfer-Encoding"] == "chunked"
         first = json.loads(response.readline())
-        fake_kube.create(make_node("n2"))
+        fake_kube.create(node_object("n2"))
         fake_kube.patch("Node", "n1", {"metadata": {"labels": {"x": "y"}}})
         fake_kube.delete("Node", "n2")
         rest = [json.loads(response.readline()) for _ in range(3)]
@@ -409,18 +409,18 @@ def test_watch_sends_initial_objects_then_changes(fake_kube: FakeKubeApi) -> Non
 
 
 def test_watch_resumes_after_resource_version(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("n1"))
+    fake_kube.create(node_object("n1"))
     start = fake_kube.resource_version
-    fake_kube.create(make_node("n2"))
-    fake_kube.create(make_claim("default", "c1"))  # another kind: not replayed
+    fake_kube.create(node_object("n2"))
+    fake_kube.create(resource_claim("default", "c1"))  # another kind: not replayed
     fake_kube.delete("Node", "n1")
     lines = watch_lines(fake_kube, f"{NODES}?watch=1&resourceVersion={start}", 2)
     assert events(lines) == [("ADDED", "n2"), ("DELETED", "n1")]
 
 
 def test_watch_from_compacted_version_is_expired(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("n1"))
-    fake_kube.create(make_node("n2"))
+    fake_kube.create(node_object("n1"))
+    fake_kube.create(node_object("n2"))
     fake_kube.compact()
     (line,) = watch_lines(fake_kube, f"{NODES}?watch=true&resourceVersion=1", 1)
     assert line["type"] == "ERROR"
@@ -432,7 +432,7 @@ def test_watch_from_compacted_version_is_expired(fake_kube: FakeKubeApi) -> None
 def test_history_limit_expires_old_versions() -> None:
     with FakeKubeApi(history_limit=1) as fake:
         for name in ("n1", "n2", "n3"):
-            fake.create(make_node(name))
+            fake.create(node_object(name))
         (initial,) = watch_lines(fake, f"{NODES}?watch=true&resourceVersion=0", 1)
         assert initial["type"] == "ADDED"  # 0 means "from now, with initial objects"
         (line,) = watch_lines(fake, f"{NODES}?watch=true&resourceVersion=1", 1)
@@ -443,7 +443,7 @@ def test_history_limit_expires_old_versions() -> None:
 
 
 def test_watch_with_selector_sees_objects_enter_and_leave(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("n1"))
+    fake_kube.create(node_object("n1"))
     path = (
         f"{NODES}?watch=true&labelSelector=gpu%3Dtrue&resourceVersion={fake_kube.resource_version}"
     )
@@ -465,18 +465,20 @@ def test_watch_timeout_ends_the_stream(fake_kube: FakeKubeApi) -> None:
 
 def test_close_ends_open_watches_promptly() -> None:
     fake = FakeKubeApi().start()
+    opened = threading.Event()
     ended = threading.Event()
 
     def watch_forever() -> None:
         with urllib.request.urlopen(f"{fake.url}{NODES}?watch=true", timeout=10) as response:
+            opened.set()  # headers received: the stream is open on the server
             response.read()
         ended.set()
 
     watcher = threading.Thread(target=watch_forever)
     watcher.start()
-    deadline = time.monotonic() + 5
-    while ("GET", NODES) not in fake.requests and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # Closing before the handler has opened the stream is a different case
+    # (the client gets a reset, as from a real server going away).
+    assert opened.wait(5)
     started = time.monotonic()
     fake.close()
     assert ended.wait(2)
@@ -488,7 +490,7 @@ def test_close_ends_open_watches_promptly() -> None:
 
 
 def test_fail_next_injects_status_then_recovers(fake_kube: FakeKubeApi) -> None:
-    fake_kube.create(make_node("n1"))
+    fake_kube.create(node_object("n1"))
     fake_kube.fail_next("GET", "/nodes/n1", 500, times=2)
     assert call(fake_kube, "GET", f"{NODES}/n1")[0] == 500
     code, status = call(fake_kube, "GET", f"{NODES}/n1")
@@ -520,7 +522,7 @@ def test_drop_next_closes_the_connection(fake_kube: FakeKubeApi) -> None:
 
 def test_concurrent_writes_get_distinct_resource_versions(fake_kube: FakeKubeApi) -> None:
     def create(i: int) -> None:
-        call(fake_kube, "POST", NODES, make_node(f"n{i}"))
+        call(fake_kube, "POST", NODES, node_object(f"n{i}"))
 
     threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
     for thread in threads:
@@ -544,8 +546,8 @@ def claim_watch() -> Any:
 
 def test_official_client_core_v1_nodes(fake_kube: FakeKubeApi, api: client.ApiClient) -> None:
     core: Any = client.CoreV1Api(api)
-    core.create_node(make_node("n1", labels={"gpu": "true"}))
-    core.create_node(make_node("n2"))
+    core.create_node(node_object("n1", labels={"gpu": "true"}))
+    core.create_node(node_object("n2"))
     assert [n.metadata.name for n in core.list_node(label_selector="gpu=true").items] == ["n1"]
     patched = core.patch_node("n1", {"metadata": {"labels": {"zone": "a"}}})
     assert patched.metadata.labels == {"gpu": "true", "zone": "a"}
@@ -557,7 +559,7 @@ def test_official_client_core_v1_nodes(fake_kube: FakeKubeApi, api: client.ApiCl
 
 def test_official_client_resource_claims(fake_kube: FakeKubeApi, api: client.ApiClient) -> None:
     resource: Any = client.ResourceV1Api(api)
-    created = resource.create_namespaced_resource_claim("default", make_claim("default", "c1"))
+    created = resource.create_namespaced_resource_claim("default", resource_claim("default", "c1"))
     assert created.status.allocation.devices.results[0].device == "gpu-0"
     listed = resource.list_resource_claim_for_all_namespaces(field_selector="metadata.name=c1")
     assert [c.metadata.name for c in listed.items] == ["c1"]
@@ -566,17 +568,17 @@ def test_official_client_resource_claims(fake_kube: FakeKubeApi, api: client.Api
     )
     assert status.status.allocation is None
     with pytest.raises(client.ApiException) as err:
-        resource.create_namespaced_resource_claim("default", make_claim("default", "c1"))
+        resource.create_namespaced_resource_claim("default", resource_claim("default", "c1"))
     assert err.value.status == 409
 
 
 def test_official_watch_resumes_and_expires(fake_kube: FakeKubeApi, api: client.ApiClient) -> None:
     resource: Any = client.ResourceV1Api(api)
-    fake_kube.create(make_claim("default", "c1"))
+    fake_kube.create(resource_claim("default", "c1"))
     start = str(fake_kube.resource_version)
-    fake_kube.create(make_claim("default", "c2"))
+    fake_kube.create(resource_claim("default", "c2"))
     fake_kube.patch("ResourceClaim", "c1", {"metadata": {"labels": {"a": "b"}}})
-    fake_kube.create(make_claim("other", "c3"))
+    fake_kube.create(resource_claim("other", "c3"))
 
     watcher = claim_watch()
     seen: list[tuple[str, str]] = []

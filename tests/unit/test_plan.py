@@ -297,3 +297,20 @@ def test_result_order_does_not_matter(seed: int) -> None:
     random.Random(seed).shuffle(shuffled)
     assert shuffled != MANY
     assert plan(claim(*shuffled)) == plan(claim(*MANY))
+
+
+def test_exclusive_and_share_of_one_device_in_one_claim_is_refused() -> None:
+    claim = claim_from_dict(
+        resource_claim(
+            "ns",
+            "mixed",
+            uid=UID,
+            devices=[
+                Allocated("gpu-0", request="whole"),
+                Allocated("gpu-0", request="part", share_id="5a1e2d3c-0000-4000-8000-000000000001"),
+            ],
+        )
+    )
+    with pytest.raises(AllocationError, match="both exclusively and as a share") as info:
+        plan_prepare(claim, INVENTORY, CTX)
+    assert str(claim.ref) in str(info.value)
