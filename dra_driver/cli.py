@@ -149,8 +149,10 @@ def _run_plugin(args: argparse.Namespace) -> int:
     config.validate()
     backend = FakeGpuBackend(args.fake_gpus, config.node_name)
     claims = KubernetesClaimSource(make_api_client(args.kubeconfig))
-    runtime = PluginRuntime(config, backend, claims)
-    asyncio.run(run_until_signalled(runtime))
+    try:
+        asyncio.run(run_until_signalled(PluginRuntime(config, backend, claims)))
+    finally:
+        claims.close()
     return 0
 
 

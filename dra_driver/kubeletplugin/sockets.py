@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import socket
 import stat
 from dataclasses import dataclass
 
@@ -75,7 +76,12 @@ def socket_paths(
 
 
 def remove_stale_socket(path: str) -> bool:
-    """Remove a socket file of ours left by a previous run; refuse to touch other files."""
+    """Remove a socket file of ours left by a previous run; refuse to touch other files.
+
+    A socket that still accepts connections belongs to a live plugin (a second
+    instance started without ``--rolling-update-uid``): taking it over would cut
+    that instance off from the kubelet, so that is an error instead.
+    """
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -84,5 +90,17 @@ def remove_stale_socket(path: str) -> bool:
         raise ConfigError(
             f"{path} exists and is not a socket; remove it or choose another directory"
         )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        pass  # nobody listens: stale
+    else:
+        raise ConfigError(
+            f"another process is serving on {path}; give each plugin instance its own "
+            "sockets with --rolling-update-uid (the pod UID)"
+        )
+    finally:
+        probe.close()
     os.unlink(path)
     return True

@@ -55,7 +55,7 @@ class _Work:
 
     prepare: bool
     refs: list[ClaimRef]
-    fetched: dict[ClaimUID, ResourceClaim | DriverError | BaseException]
+    fetched: dict[ClaimUID, ResourceClaim | BaseException]
     future: asyncio.Future[dict[ClaimUID, ClaimOutcome]]
     outcomes: dict[ClaimUID, ClaimOutcome] = field(default_factory=dict)
 
@@ -171,7 +171,7 @@ class Driver:
             self._write_specs_and_complete(plan)
 
     def _decide(self, batch: list[_Work], checkpoint: Checkpoint) -> _BatchPlan:
-        """Decide every claim of the batch in arrival order; no side effects."""
+        """Decide every claim of the batch in arrival order; writes nothing."""
         plan = _BatchPlan(checkpoint)
         for work in batch:
             for ref in work.refs:
@@ -236,6 +236,15 @@ class Driver:
         """Record the outcome for a claim that needs no work, or return its new entry."""
         recorded = checkpoint.claims.get(ref.uid)
         if recorded is not None and recorded.state is ClaimState.PREPARE_COMPLETED:
+            if (
+                recorded.cdi_spec is not None
+                and recorded.cdi_spec_file
+                and not os.path.exists(recorded.cdi_spec_file)
+            ):
+                # Someone emptied the CDI dir under a prepared claim: the
+                # runtime would fail to start the container, so write it again.
+                log.warning("CDI spec of prepared claim %s is missing; writing it again", ref)
+                return replace(recorded, state=ClaimState.PREPARE_STARTED)
             work.outcomes[ref.uid] = ClaimOutcome(devices=recorded.devices)
             return None
         fetched = work.fetched[ref.uid]
@@ -279,6 +288,8 @@ class Driver:
                 or not os.path.exists(entry.cdi_spec_file)
             ):
                 path = self.cdi.write(uid, entry.cdi_spec)
+                if entry.cdi_spec_file and entry.cdi_spec_file != path:
+                    self.cdi.remove(entry.cdi_spec_file)  # --cdi-root changed
                 checkpoint = checkpoint.with_claim(replace(entry, cdi_spec_file=path))
                 rewritten.append(uid)
                 log.warning("rewrote missing CDI spec %s for claim %s", path, entry.ref)

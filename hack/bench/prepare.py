@@ -51,7 +51,7 @@ def make_claims(count: int) -> list[dict[str, Any]]:
     ]
 
 
-def serve(root: str, claims: list[dict[str, Any]]) -> None:
+def serve(root: str, claims: list[dict[str, Any]], profile: str | None) -> None:
     config = PluginConfig(
         driver_name=DRIVER,
         node_name=NODE,
@@ -63,7 +63,14 @@ def serve(root: str, claims: list[dict[str, Any]]) -> None:
     runtime = PluginRuntime(
         config, FakeGpuBackend(f"h100-80gb:{GPUS}", NODE), InMemoryClaimSource(claims)
     )
-    asyncio.run(run_until_signalled(runtime))
+    if profile is None:
+        asyncio.run(run_until_signalled(runtime))
+        return
+    import cProfile  # noqa: PLC0415 - only when asked
+
+    with cProfile.Profile() as profiler:
+        asyncio.run(run_until_signalled(runtime))
+    profiler.dump_stats(profile)
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -120,6 +127,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--claims", type=int, default=1000, help="claims per concurrency level")
     parser.add_argument("--concurrency", default="1,8,32", help="comma-separated caller counts")
+    parser.add_argument("--profile", help="write the plugin process's cProfile stats here")
     args = parser.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     claims = make_claims(args.claims)
@@ -129,7 +137,7 @@ def main() -> int:
         with open(os.path.join(root, "boot_id"), "w", encoding="ascii") as handle:
             handle.write("bench\n")
         ctx = multiprocessing.get_context("spawn")
-        plugin = ctx.Process(target=serve, args=(root, claims), daemon=True)
+        plugin = ctx.Process(target=serve, args=(root, claims, args.profile), daemon=True)
         plugin.start()
         try:
             for level in levels:

@@ -13,6 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
+from dra_driver._gen.dra.v1 import api_pb2 as v1_pb2
+from dra_driver._gen.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._gen.pluginregistration.v1 import api_pb2 as reg_pb2
 from dra_driver._gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from dra_driver.core.ids import ClaimRef, ClaimUID
@@ -344,5 +346,20 @@ def test_health_streams_v1alpha1_and_v1(node_dirs: NodeDirs) -> None:
                 assert [(d.device.device_name, d.health) for d in second.devices] == [("gpu-0", 2)]
                 assert len(second.devices[0].message) == 1024
                 await stream.aclose()
+
+    run_checked(scenario())
+
+
+def test_request_without_claim_uid_is_a_whole_call_error(node_dirs: NodeDirs) -> None:
+    async def scenario() -> None:
+        async with serving(node_dirs, InMemoryClaimSource()) as (_, plugin):
+            stub = v1_grpc.DRAPluginStub(plugin.channel)
+            request = v1_pb2.NodePrepareResourcesRequest(
+                claims=[v1_pb2.Claim(namespace="ns", name="no-uid")]
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.NodePrepareResources(request)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "namespace, name and uid" in (info.value.details() or "")
 
     run_checked(scenario())

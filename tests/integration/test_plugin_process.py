@@ -50,7 +50,9 @@ def write_kubeconfig(dirs: NodeDirs, url: str) -> str:
     return path
 
 
-def start_plugin(dirs: NodeDirs, kubeconfig: str) -> subprocess.Popen[bytes]:
+def start_plugin(
+    dirs: NodeDirs, kubeconfig: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "dra_driver", "kubelet-plugin",
         "--node-name", NODE,
@@ -62,8 +64,10 @@ def start_plugin(dirs: NodeDirs, kubeconfig: str) -> subprocess.Popen[bytes]:
         "--boot-id-file", dirs.boot_id_file,
         "--log-level", "WARNING",
     ]  # fmt: skip
-    log = open(os.path.join(dirs.root, "plugin.log"), "ab")  # noqa: SIM115 - child owns it
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    with open(os.path.join(dirs.root, "plugin.log"), "ab") as log:
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
 
 
 def socket_identity(path: str) -> tuple[int, int]:
@@ -201,3 +205,58 @@ def test_claims_read_through_the_api(node_dirs: NodeDirs, api: FakeKubeApi) -> N
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)
+
+
+def test_two_plugin_processes_during_a_rolling_update(
+    node_dirs: NodeDirs, api: FakeKubeApi
+) -> None:
+    """Old and new pod both serve (maxSurge); the flock keeps their shared state whole."""
+    claims = [
+        api.create(
+            resource_claim(
+                "roll", f"c{i}", devices=[Allocated(f"gpu-{i % GPUS}", share_id=str(uuid.uuid4()))]
+            )
+        )
+        for i in range(60)
+    ]
+    kubeconfig = write_kubeconfig(node_dirs, api.url)
+    # The pod UID comes through the flag's environment twin, as the chart sets it.
+    procs = {
+        uid: start_plugin(node_dirs, kubeconfig, env={"ROLLING_UPDATE_UID": uid})
+        for uid in ("old-pod", "new-pod")
+    }
+    sockets = {uid: os.path.join(node_dirs.registry, f"{DRIVER}-{uid}-reg.sock") for uid in procs}
+    try:
+        for uid, proc in procs.items():
+            wait_for_fresh_socket(sockets[uid], None, proc)
+
+        async def scenario() -> None:
+            kubelet = FakeKubelet(node_dirs.registry)
+            plugins = [await kubelet.register_socket(sockets[uid]) for uid in procs]
+            assert plugins[0].endpoint != plugins[1].endpoint
+            refs = [claim_ref(c) for c in claims]
+            first = await asyncio.gather(
+                *(plugins[i % 2].prepare([ref]) for i, ref in enumerate(refs))
+            )
+            assert all(not r[ref.uid].error for r, ref in zip(first, refs, strict=True))
+            again = await asyncio.gather(
+                *(plugins[(i + 1) % 2].prepare([ref]) for i, ref in enumerate(refs))
+            )
+            assert again == first, "each instance returns what the other recorded"
+            assert check_consistent(node_dirs) == {ref.uid for ref in refs}
+
+            # The old pod goes away: only its own sockets disappear.
+            procs["old-pod"].send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(procs["old-pod"].wait, 15) == 0
+            assert not os.path.exists(sockets["old-pod"])
+            assert os.path.exists(sockets["new-pod"])
+            assert not any((await plugins[1].unprepare(refs)).values())
+            assert check_consistent(node_dirs) == set()
+            await kubelet.close()
+
+        run_checked(scenario())
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=15)

@@ -7,27 +7,23 @@ import dataclasses
 import os
 import uuid
 
+import pytest
+
+from dra_driver.core.errors import CheckpointCorruptError
 from dra_driver.core.ids import ClaimRef
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
-from tests.support.node import DRIVER, NodeDirs, run_checked
+from tests.support.node import NodeDirs, run_checked, serving
 
 
 async def prepare_via_plugin(
     dirs: NodeDirs, source: InMemoryClaimSource, refs: list[ClaimRef]
 ) -> None:
-    runtime = dirs.runtime(source)
-    await runtime.start()
-    kubelet = FakeKubelet(dirs.registry)
-    try:
-        plugin = await kubelet.wait_for_plugin(DRIVER)
+    async with serving(dirs, source) as (_, plugin):
         results = await plugin.prepare(refs)
         assert all(not r.error for r in results.values()), results
-    finally:
-        await kubelet.close()
-        await runtime.stop()
 
 
 def test_reboot_drops_prepared_claims_and_their_specs(node_dirs: NodeDirs) -> None:
@@ -148,5 +144,39 @@ def test_two_instances_share_the_plugin_dir(node_dirs: NodeDirs) -> None:
             await old.stop()
             await new.stop()
         assert os.listdir(node_dirs.registry) == []
+
+    run_checked(scenario())
+
+
+def test_repeat_prepare_rewrites_a_spec_removed_at_runtime(node_dirs: NodeDirs) -> None:
+    claim = resource_claim("ns", "c", devices=[Allocated("gpu-0")])
+    source = InMemoryClaimSource([claim])
+
+    async def scenario() -> None:
+        async with serving(node_dirs, source) as (_, plugin):
+            first = await plugin.prepare([claim_ref(claim)])
+            [name] = node_dirs.cdi_files()
+            path = os.path.join(node_dirs.cdi, name)
+            with open(path, "rb") as handle:
+                before = handle.read()
+            os.unlink(path)
+            assert await plugin.prepare([claim_ref(claim)]) == first
+            with open(path, "rb") as handle:
+                assert handle.read() == before
+
+    run_checked(scenario())
+
+
+def test_corrupt_checkpoint_stops_the_plugin_with_a_clear_error(node_dirs: NodeDirs) -> None:
+    checkpoint = os.path.join(node_dirs.plugin, "checkpoint.json")
+    with open(checkpoint, "w", encoding="utf-8") as handle:
+        handle.write('{"kind": "FractionalGpuDraCheckpoint", "version": 1, "checksum": "x", ')
+
+    async def scenario() -> None:
+        runtime = node_dirs.runtime(InMemoryClaimSource())
+        with pytest.raises(CheckpointCorruptError, match=f"move {checkpoint} aside"):
+            await runtime.start()
+        await runtime.stop()
+        assert os.listdir(node_dirs.registry) == [], "no socket before the state is sound"
 
     run_checked(scenario())

@@ -170,3 +170,18 @@ def test_remove_stale_socket_refuses_other_files(tmp_path: Path, kind: str) -> N
     assert str(path) in str(info.value)
     assert "not a socket" in str(info.value)
     assert os.path.lexists(path)
+
+
+def test_a_live_socket_is_not_taken_over(tmp_path: Path) -> None:
+    path = str(tmp_path / "dra.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    try:
+        with pytest.raises(ConfigError, match="--rolling-update-uid"):
+            remove_stale_socket(path)
+        assert os.path.exists(path)
+    finally:
+        listener.close()
+    assert remove_stale_socket(path)  # closed now: stale
+    assert not os.path.exists(path)
