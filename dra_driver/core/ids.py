@@ -17,6 +17,9 @@ PoolName = NewType("PoolName", str)
 GpuUUID = NewType("GpuUUID", str)
 """NVML's GPU UUID, e.g. ``GPU-5ed1b7c8-...``."""
 
+MigUUID = NewType("MigUUID", str)
+"""A MIG device's UUID, e.g. ``MIG-2d7f...``."""
+
 
 @dataclass(frozen=True, order=True)
 class ClaimRef:

@@ -6,11 +6,12 @@ a fake for what this machine lacks (a cluster, a GPU), behind the same shape.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 from dra_driver.core.errors import ClaimReplacedError
 from dra_driver.core.ids import ClaimRef
-from dra_driver.core.model import Inventory, ResourceClaim
+from dra_driver.core.model import HealthEvent, Inventory, ResourceClaim
 
 
 class ClaimSource(Protocol):
@@ -37,6 +38,10 @@ class GpuBackend(Protocol):
 
     async def inventory(self) -> Inventory:
         """Discover the GPUs; raises InventoryError on failure."""
+        ...
+
+    def health_events(self) -> AsyncIterator[HealthEvent]:
+        """XID and similar events, as they happen, until :meth:`close`."""
         ...
 
     async def close(self) -> None:

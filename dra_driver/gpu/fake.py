@@ -15,16 +15,17 @@ so two nodes never share one and a restart keeps them stable.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import yaml
 
 from dra_driver.core.errors import ConfigError
 from dra_driver.core.ids import GpuUUID
-from dra_driver.core.model import GpuInfo, Inventory
+from dra_driver.core.model import GpuInfo, HealthEvent, Inventory
 from dra_driver.gpu.models import KNOWN_MODELS, GpuModel
 
 _UUID_NAMESPACE = uuid.UUID("5b3f0c8e-1d7a-4c62-9a0e-6f1f2b9d7c41")
@@ -118,6 +119,15 @@ class FakeGpuBackend:
 
     def __init__(self, spec: str, node_name: str) -> None:
         self._inventory = build_inventory(load_spec(spec), node_name)
+        self._events: asyncio.Queue[HealthEvent | None] = asyncio.Queue()
+
+    def inject(self, event: HealthEvent) -> None:
+        """Report ``event`` as if NVML had (tests, the demo)."""
+        self._events.put_nowait(event)
+
+    async def health_events(self) -> AsyncIterator[HealthEvent]:
+        while (event := await self._events.get()) is not None:
+            yield event
 
     @property
     def name(self) -> str:
@@ -127,4 +137,4 @@ class FakeGpuBackend:
         return self._inventory
 
     async def close(self) -> None:
-        return None
+        self._events.put_nowait(None)

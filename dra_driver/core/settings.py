@@ -1,0 +1,72 @@
+"""What shapes the slices besides the hardware: node settings and cluster capabilities."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+
+class Sharing(enum.StrEnum):
+    """How a (non-MIG) GPU is shared; a node setting, never a claim's choice."""
+
+    MPS = "mps"
+    TIMESLICING = "timeslicing"
+    EXCLUSIVE = "exclusive"
+
+
+class Allocator(enum.StrEnum):
+    """Who allocates a GPU's devices: the kube-scheduler, or our controller."""
+
+    SCHEDULER = "scheduler"
+    CONTROLLER = "controller"
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    sharing: Sharing = Sharing.MPS
+    allocator: Allocator = Allocator.SCHEDULER
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Per-node configuration (flags, or a file the chart fills)."""
+
+    default: GpuSettings = field(default_factory=GpuSettings)
+    per_gpu: Mapping[str, GpuSettings] = field(default_factory=dict)
+    """Overrides keyed by GPU index (``"0"``) or UUID."""
+    memory_reserve_bytes: int = 0
+    """Device memory kept back from shares on each GPU (driver, MPS server)."""
+    memory_step_bytes: int = 256 * MIB
+    """Granularity of memory shares: ``validRange.min`` and ``step``."""
+    max_clients: int = 48
+    """Shares per GPU (the ``clients`` capacity); MPS allows 48 clients per server."""
+
+    def for_gpu(self, index: int, uuid: str) -> GpuSettings:
+        return self.per_gpu.get(uuid) or self.per_gpu.get(str(index)) or self.default
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the cluster's API server keeps (feature gates), learnt by a dry-run probe."""
+
+    consumable_capacity: bool = False
+    """allowMultipleAllocations, requestPolicy (DRAConsumableCapacity)."""
+    partitionable_devices: bool = False
+    """sharedCounters, consumesCounters (DRAPartitionableDevices)."""
+    device_taints: bool = False
+    """Device taints (DRADeviceTaints)."""
+    counters_in_own_slice: bool = True
+    """1.35+: a slice holds devices or sharedCounters, never both."""
+
+    @classmethod
+    def for_version(cls, minor: int) -> Capabilities:
+        """The defaults of Kubernetes 1.<minor> (what ``--kube-version`` stands for)."""
+        return cls(
+            consumable_capacity=minor >= 36,
+            partitionable_devices=minor >= 36,
+            device_taints=minor >= 36,
+            counters_in_own_slice=minor >= 35,
+        )
