@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -16,7 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dra_driver import __version__
-from dra_driver.core.errors import DriverError
+from dra_driver.core.errors import ConfigError, DriverError
+from dra_driver.core.ports import GpuBackend
+from dra_driver.core.settings import NodeSettings
 from dra_driver.plugin.runtime import (
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
@@ -73,6 +76,45 @@ def _common(parser: argparse.ArgumentParser, log_level: str = "INFO") -> None:
     )
 
 
+def _node_flags(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
+    add_flag(parser, "--node-name", "this node's name (downward API spec.nodeName)")
+
+
+def _gpu_flags(parser: argparse.ArgumentParser, fake_gpus: str = "h100-80gb:2") -> None:
+    add_flag(
+        parser,
+        "--backend",
+        "GPU discovery: nvml (the node's driver) or fake (no GPU needed)",
+        default="fake",
+        choices=["fake", "nvml"],
+    )
+    add_flag(
+        parser,
+        "--fake-gpus",
+        "fake GPUs: MODEL[:COUNT[:mig]],... or a YAML/JSON file",
+        default=fake_gpus,
+    )
+    add_flag(
+        parser,
+        "--sharing",
+        "how each non-MIG GPU is shared (a node setting)",
+        default="mps",
+        choices=["mps", "timeslicing", "exclusive"],
+    )
+    add_flag(
+        parser,
+        "--allocator",
+        "who allocates this node's GPUs: the kube-scheduler or our controller",
+        default="scheduler",
+        choices=["scheduler", "controller"],
+    )
+    add_flag(parser, "--memory-reserve", "device memory kept back on each GPU", default="0")
+    add_flag(parser, "--memory-step", "granularity of memory shares", default="256Mi")
+    add_flag(parser, "--max-clients", "shares per GPU (MPS allows 48)", default="48")
+    add_flag(parser, "--node-config", "YAML file with node settings and per-GPU overrides")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = EnvTwinParser(
         prog="dra-driver", description="Kubernetes DRA driver for fractional NVIDIA GPUs"
@@ -80,8 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     plugin = sub.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
-    add_flag(plugin, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
-    add_flag(plugin, "--node-name", "this node's name (downward API spec.nodeName)")
+    _node_flags(plugin)
     add_flag(
         plugin, "--registry-dir", "kubelet plugin registry directory", default=DEFAULT_REGISTRY_DIR
     )
@@ -97,19 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rolling-update-uid",
         "pod UID; gives this pod its own socket names so a maxSurge update can overlap",
     )
-    add_flag(
-        plugin,
-        "--backend",
-        "GPU discovery backend (nvml arrives with the inventory issue)",
-        default="fake",
-        choices=["fake"],
-    )
-    add_flag(
-        plugin,
-        "--fake-gpus",
-        "fake GPUs: MODEL[:COUNT],... or a YAML/JSON file",
-        default="h100-80gb:2",
-    )
+    _gpu_flags(plugin)
     add_flag(plugin, "--kubeconfig", "kubeconfig file; in-cluster config when unset")
     add_flag(
         plugin,
@@ -118,6 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="/proc/sys/kernel/random/boot_id",
     )
     _common(plugin)
+
+    render = sub.add_parser(
+        "render-slices", help="print the ResourceSlices the plugin would publish, as YAML"
+    )
+    _node_flags(render)
+    _gpu_flags(render)
+    add_flag(
+        render,
+        "--kube-version",
+        "the cluster to render for (stands in for the plugin's capability probe)",
+        default="1.36",
+        choices=["1.34", "1.35", "1.36", "1.37"],
+    )
+    _common(render)
 
     demo = sub.add_parser("demo", help="run the node flow on fake GPUs and print who got what")
     add_flag(demo, "--fake-gpus", "fake GPUs for the demo", default="h100-80gb:2,l4:1")
@@ -131,11 +174,88 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_plugin(args: argparse.Namespace) -> int:
+def _node_settings(args: argparse.Namespace) -> NodeSettings:
+    from dra_driver.plugin.node_config import NodeFlags, load_node_settings
+
+    try:
+        max_clients = int(args.max_clients)
+    except ValueError:
+        raise ConfigError(
+            f"--max-clients (MAX_CLIENTS): {args.max_clients!r} is not a whole number"
+        ) from None
+    return load_node_settings(
+        NodeFlags(
+            sharing=args.sharing,
+            allocator=args.allocator,
+            memory_reserve=args.memory_reserve,
+            memory_step=args.memory_step,
+            max_clients=max_clients,
+            config_file=args.node_config or None,
+        )
+    )
+
+
+def _backend(args: argparse.Namespace, node_name: str) -> GpuBackend:
+    if args.backend == "nvml":
+        from dra_driver.gpu.nvml import NvmlGpuBackend
+
+        return NvmlGpuBackend()
     from dra_driver.gpu.fake import FakeGpuBackend
+
+    return FakeGpuBackend(args.fake_gpus, node_name)
+
+
+def _render_slices(args: argparse.Namespace) -> int:
+    import yaml
+
+    from dra_driver.core.settings import Capabilities
+    from dra_driver.core.slice_rules import validate_pool
+    from dra_driver.core.slices import build_slices
+    from dra_driver.k8s.publisher import slice_name
+
+    node_name = args.node_name or "node-a"
+    backend = _backend(args, node_name)
+    try:
+        inventory = asyncio.run(backend.inventory())
+    finally:
+        asyncio.run(backend.close())
+    capabilities = Capabilities.for_version(int(args.kube_version.split(".")[1]))
+    slices = build_slices(
+        inventory,
+        driver_name=args.driver_name,
+        node_name=node_name,
+        settings=_node_settings(args),
+        capabilities=capabilities,
+    )
+    validate_pool([s.spec for s in slices], capabilities)
+    documents = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name(node_name, args.driver_name, s.key)},
+            "spec": dict(s.spec),
+        }
+        for s in slices
+    ]
+    print(
+        f"# {len(documents)} ResourceSlice(s) for node {node_name} on Kubernetes "
+        f"{args.kube_version}"
+    )
+    print(yaml.safe_dump_all(documents, sort_keys=False), end="")
+    return 0
+
+
+def _run_plugin(args: argparse.Namespace) -> int:
+    from dra_driver.k8s.capabilities import probe_capabilities
     from dra_driver.k8s.claims import KubernetesClaimSource
     from dra_driver.k8s.client import make_api_client
-    from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
+    from dra_driver.k8s.publisher import SlicePublisher
+    from dra_driver.plugin.runtime import (
+        PluginConfig,
+        PluginRuntime,
+        SliceOptions,
+        run_until_signalled,
+    )
 
     config = PluginConfig(
         driver_name=args.driver_name,
@@ -147,12 +267,25 @@ def _run_plugin(args: argparse.Namespace) -> int:
         boot_id_file=args.boot_id_file,
     )
     config.validate()
-    backend = FakeGpuBackend(args.fake_gpus, config.node_name)
-    claims = KubernetesClaimSource(make_api_client(args.kubeconfig))
+    settings = _node_settings(args)
+    backend = _backend(args, config.node_name)
+    api_client = make_api_client(args.kubeconfig)
+    claims = KubernetesClaimSource(api_client)
+    publisher = SlicePublisher(
+        api_client, driver_name=config.driver_name, node_name=config.node_name
+    )
+    slices = SliceOptions(
+        publisher=publisher,
+        probe=functools.partial(
+            probe_capabilities, api_client, config.driver_name, config.node_name
+        ),
+        settings=settings,
+    )
     try:
-        asyncio.run(run_until_signalled(PluginRuntime(config, backend, claims)))
+        asyncio.run(run_until_signalled(PluginRuntime(config, backend, claims, slices)))
     finally:
         claims.close()
+        publisher.close()
     return 0
 
 
@@ -165,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "version":
             print(f"dra-driver {__version__}")
             return 0
+        if args.command == "render-slices":
+            return _render_slices(args)
         if args.command == "demo":
             from dra_driver import demo
 

@@ -7,9 +7,17 @@ metadata and the pool's generation; everything else is decided here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement, MigProfile
+from dra_driver.core.quantity import format_bytes, format_count
+from dra_driver.core.semver import normalise_version
+from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -22,3 +30,341 @@ class DesiredSlice:
     spec: Mapping[str, Any]
     """``ResourceSlice.spec`` as JSON (resource.k8s.io/v1). ``pool.generation`` is 0
     here; the publisher sets it. ``pool.resourceSliceCount`` is already right."""
+
+
+# --- builder --------------------------------------------------------------------------
+
+DEVICES_PER_SLICE = 64
+"""Devices per slice. 128 would be allowed for plain devices, but 64 is the limit once a
+device has taints or consumes counters (1.35+), so a later health taint never forces a
+re-layout."""
+COUNTER_SETS_PER_SLICE = 8
+"""1.35+: at most 8 counter sets in one slice."""
+MAX_STRING = 64
+"""Longest ``string`` attribute the API accepts; longer NVML strings are cut."""
+MIB = 2**20
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+"""The standard attribute for a device's PCI address."""
+
+_MIG_COUNTERS = (
+    # (counter name, MigProfile field, capacity name)
+    ("compute-slices", "compute_slices", None),
+    ("copy-engines", "copy_engines", "copyEngines"),
+    ("decoders", "decoders", "decoders"),
+    ("encoders", "encoders", "encoders"),
+    ("jpeg-engines", "jpeg_engines", "jpegEngines"),
+    ("ofa-engines", "ofa_engines", "ofaEngines"),
+)
+
+
+def build_slices(
+    inventory: Inventory,
+    *,
+    driver_name: str,
+    node_name: str,
+    settings: NodeSettings,
+    capabilities: Capabilities,
+) -> list[DesiredSlice]:
+    """The node's pool (name = node name) as ResourceSlices; deterministic.
+
+    Layout, in this order:
+
+    * ``counters-<k>`` (1.35+, partitionable devices): the counter sets of the
+      MIG GPUs, at most 8 per slice, no devices.
+    * ``devices-<k>``: every device that consumes no counters (whole GPUs, and
+      pre-existing MIG instances when the cluster has no partitionable devices),
+      at most 64 per slice, in GPU-index order.
+    * ``gpu-<index>`` (partitionable devices): one slice per MIG GPU with its MIG
+      partitions (overflow beyond 64 in ``gpu-<index>-part-<k>``); before 1.35
+      it also holds that GPU's counter set.
+
+    A GPU that has nothing to publish (MIG on, no partitionable devices and no
+    MIG instances) contributes no slice; an empty inventory gives no slices.
+    """
+    plain: list[dict[str, Any]] = []
+    mig_gpus: list[tuple[GpuInfo, dict[str, Any], list[dict[str, Any]]]] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        gpu_settings = settings.for_gpu(gpu.index, gpu.uuid)
+        if not gpu.mig_enabled:
+            plain.append(_whole_gpu(gpu, gpu_settings, settings, capabilities))
+        elif capabilities.partitionable_devices:
+            partitioned = _partitioned_gpu(gpu, gpu_settings)
+            if partitioned is not None:
+                mig_gpus.append((gpu, *partitioned))
+        else:
+            instances = sorted(_static_mig_devices(gpu, gpu_settings, None), key=lambda i: i[0])
+            plain.extend(device for _, device in instances)
+
+    bodies: list[tuple[str, dict[str, Any]]] = []
+    split = capabilities.counters_in_own_slice
+    if split:
+        sets = [counter_set for _, counter_set, _ in mig_gpus]
+        for k, chunk in enumerate(_chunks(sets, COUNTER_SETS_PER_SLICE)):
+            bodies.append((f"counters-{k}", {"sharedCounters": chunk}))
+    for k, chunk in enumerate(_chunks(plain, DEVICES_PER_SLICE)):
+        bodies.append((f"devices-{k}", {"devices": chunk}))
+    for gpu, counter_set, devices in mig_gpus:
+        if not split:
+            # 1.34: a device may only consume counters of its own slice.
+            bodies.append(
+                (f"gpu-{gpu.index}", {"sharedCounters": [counter_set], "devices": devices})
+            )
+            continue
+        for k, chunk in enumerate(_chunks(devices, DEVICES_PER_SLICE)):
+            key = f"gpu-{gpu.index}" if k == 0 else f"gpu-{gpu.index}-part-{k}"
+            bodies.append((key, {"devices": chunk}))
+
+    pool = {"name": node_name, "generation": 0, "resourceSliceCount": len(bodies)}
+    return [
+        DesiredSlice(
+            key=key,
+            spec={"driver": driver_name, "pool": dict(pool), "nodeName": node_name, **body},
+        )
+        for key, body in bodies
+    ]
+
+
+def _chunks(items: list[_T], size: int) -> list[list[_T]]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+# --- whole GPUs -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SharePolicy:
+    usable: int
+    step: int
+    default: int
+    clients: int
+
+
+def _share_policy(gpu: GpuInfo, settings: NodeSettings) -> _SharePolicy | None:
+    """The memory policy of a shared GPU, or None when the GPU cannot be shared.
+
+    The API requires ``min + step ≤ value`` and ``(default - min) % step == 0``
+    (dra-facts 5.2). With ``min = step`` the default is the usable memory
+    rounded down to a whole number of steps. A GPU whose usable memory is under
+    two steps, or a node allowing fewer than two clients, is published exclusive.
+    """
+    step = settings.memory_step_bytes
+    usable = gpu.memory_bytes - settings.memory_reserve_bytes
+    if step <= 0 or usable < 2 * step or settings.max_clients < 2:
+        return None
+    return _SharePolicy(
+        usable=usable, step=step, default=usable // step * step, clients=settings.max_clients
+    )
+
+
+def _whole_gpu(
+    gpu: GpuInfo, gpu_settings: GpuSettings, settings: NodeSettings, capabilities: Capabilities
+) -> dict[str, Any]:
+    policy = None
+    if gpu_settings.sharing in (Sharing.MPS, Sharing.TIMESLICING):
+        policy = _share_policy(gpu, settings)
+    sharing = gpu_settings.sharing if policy is not None else Sharing.EXCLUSIVE
+    attributes: dict[str, Any] = {
+        "type": {"string": "gpu"},
+        "uuid": {"string": _cut(gpu.uuid)},
+        "index": {"int": gpu.index},
+        **_hardware_attributes(gpu),
+        "migCapable": {"bool": gpu.mig_capable},
+        "sharing": {"string": str(sharing)},
+        "allocator": {"string": str(gpu_settings.allocator)},
+    }
+    device: dict[str, Any] = {"name": gpu.device_name}
+    if policy is not None and capabilities.consumable_capacity:
+        device["allowMultipleAllocations"] = True
+        device["attributes"] = attributes
+        device["capacity"] = {
+            "memory": {
+                "value": format_bytes(policy.usable),
+                "requestPolicy": {
+                    # Default = all of it: a claim naming no amount gets the whole GPU.
+                    "default": format_bytes(policy.default),
+                    "validRange": {
+                        "min": format_bytes(policy.step),
+                        "step": format_bytes(policy.step),
+                    },
+                },
+            },
+            "computePercent": {
+                # An MPS cap, not a guarantee: a share that names none takes 0.
+                "value": "100",
+                "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": "1"}},
+            },
+            "clients": {
+                # Each share is one MPS client.
+                "value": format_count(policy.clients),
+                "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
+            },
+        }
+        return device
+    if policy is not None:
+        # The cluster drops consumable capacity: publish an ordinary device and carry
+        # the policy as attributes for our controller (ARCHITECTURE 3.2).
+        attributes |= {
+            "memoryUsable": {"int": policy.usable},
+            "memoryMin": {"int": policy.step},
+            "memoryStep": {"int": policy.step},
+            "memoryDefault": {"int": policy.default},
+            "clientsMax": {"int": policy.clients},
+        }
+    device["attributes"] = attributes
+    device["capacity"] = {"memory": {"value": format_bytes(gpu.memory_bytes)}}
+    return device
+
+
+# --- MIG ------------------------------------------------------------------------------
+
+
+def _partitioned_gpu(
+    gpu: GpuInfo, gpu_settings: GpuSettings
+) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A MIG GPU's counter set and partition devices, or None when it has none.
+
+    Memory slices are one counter each (value 1), so two partitions whose
+    placements overlap can never be allocated together; the other counters
+    hold the GPU's compute slices and engines (max over profiles). Placements
+    that overlap a MIG instance that already exists are left out; the instance
+    itself is published as a static device.
+    """
+    set_name = f"gpu-{gpu.index}-counters"
+    placements = [p for profile in gpu.mig_profiles for p in profile.placements]
+    placements += [existing.placement for existing in gpu.mig_devices]
+    memory_slices = max((p.start + p.size for p in placements), default=0)
+    counters: dict[str, Any] = {f"memory-slice-{i}": {"value": "1"} for i in range(memory_slices)}
+    for counter, attr, _ in _MIG_COUNTERS:
+        most = max((getattr(profile, attr) for profile in gpu.mig_profiles), default=0)
+        if most > 0:
+            counters[counter] = {"value": format_count(most)}
+
+    devices = _static_mig_devices(gpu, gpu_settings, set_name)
+    taken = [existing.placement for existing in gpu.mig_devices]
+    for profile in gpu.mig_profiles:
+        for placement in profile.placements:
+            if any(placement.overlaps(other) for other in taken):
+                continue
+            name = _mig_device_name(gpu, profile.name, profile.id, placement.start)
+            device = _mig_device(
+                gpu, gpu_settings, name=name, profile_name=profile.name, profile=profile
+            )
+            device["consumesCounters"] = [_consumption(set_name, profile, placement)]
+            devices.append(((profile.id, placement.start), device))
+    if not counters or not devices:
+        return None
+    devices.sort(key=lambda item: item[0])
+    return {"name": set_name, "counters": counters}, [device for _, device in devices]
+
+
+def _static_mig_devices(
+    gpu: GpuInfo, gpu_settings: GpuSettings, set_name: str | None
+) -> list[tuple[tuple[int, int], dict[str, Any]]]:
+    """The MIG instances that exist now, keyed by (profile id, start) for ordering.
+
+    With ``set_name`` they consume counters from it like the partitions do.
+    """
+    profiles = {profile.id: profile for profile in gpu.mig_profiles}
+    devices = []
+    for existing in gpu.mig_devices:
+        profile = profiles.get(existing.profile_id)
+        name = _mig_device_name(
+            gpu, existing.profile_name, existing.profile_id, existing.placement.start
+        )
+        device = _mig_device(
+            gpu,
+            gpu_settings,
+            name=name,
+            profile_name=existing.profile_name,
+            profile=profile,
+            existing=existing,
+        )
+        if set_name is not None:
+            device["consumesCounters"] = [_consumption(set_name, profile, existing.placement)]
+        devices.append(((existing.profile_id, existing.placement.start), device))
+    return devices
+
+
+def _mig_device_name(gpu: GpuInfo, profile_name: str, profile_id: int, start: int) -> str:
+    """``gpu-<index>-mig-<profile, alphanumerics only>-<profile id>-<start>``, a DNS label."""
+    compact = re.sub(r"[^a-z0-9]", "", profile_name.lower())
+    return f"gpu-{gpu.index}-mig-{compact}-{profile_id}-{start}"
+
+
+def _mig_device(
+    gpu: GpuInfo,
+    gpu_settings: GpuSettings,
+    *,
+    name: str,
+    profile_name: str,
+    profile: MigProfile | None,
+    existing: MigDevice | None = None,
+) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "type": {"string": "mig"},
+        "profile": {"string": _cut(profile_name)},
+        "parentUUID": {"string": _cut(gpu.uuid)},
+        "parentIndex": {"int": gpu.index},
+        **_hardware_attributes(gpu),
+        "sharing": {"string": str(Sharing.EXCLUSIVE)},
+        "allocator": {"string": str(gpu_settings.allocator)},
+        "static": {"bool": existing is not None},
+    }
+    if existing is not None:
+        attributes["migUUID"] = {"string": _cut(existing.uuid)}
+    memory_mib = existing.memory_mib if existing is not None else 0
+    if profile is not None and not memory_mib:
+        memory_mib = profile.memory_mib
+    capacity: dict[str, Any] = {"memory": {"value": format_bytes(memory_mib * MIB)}}
+    if profile is not None:
+        capacity["multiprocessors"] = {"value": format_count(profile.multiprocessors)}
+        for _, attr, capacity_name in _MIG_COUNTERS:
+            if capacity_name is not None:
+                capacity[capacity_name] = {"value": format_count(getattr(profile, attr))}
+    return {"name": name, "attributes": attributes, "capacity": capacity}
+
+
+def _consumption(
+    set_name: str, profile: MigProfile | None, placement: MigPlacement
+) -> dict[str, Any]:
+    """What one partition draws: its memory slices and (if the profile is known) its engines."""
+    counters: dict[str, Any] = {
+        f"memory-slice-{i}": {"value": "1"}
+        for i in range(placement.start, placement.start + placement.size)
+    }
+    if profile is not None:
+        for counter, attr, _ in _MIG_COUNTERS:
+            amount = getattr(profile, attr)
+            if amount > 0:
+                counters[counter] = {"value": format_count(amount)}
+    return {"counterSet": set_name, "counters": counters}
+
+
+# --- attributes -----------------------------------------------------------------------
+
+
+def _cut(text: str) -> str:
+    return text[:MAX_STRING]
+
+
+def _hardware_attributes(gpu: GpuInfo) -> dict[str, Any]:
+    """Attributes a GPU and its MIG devices share; empty or unparsable values are left out."""
+    attributes: dict[str, Any] = {}
+    if gpu.product_name:
+        attributes["productName"] = {"string": _cut(gpu.product_name)}
+    if gpu.architecture:
+        attributes["architecture"] = {"string": _cut(gpu.architecture)}
+    for name, raw in (
+        ("cudaComputeCapability", gpu.cuda_compute_capability),
+        ("driverVersion", gpu.driver_version),
+        ("cudaDriverVersion", gpu.cuda_driver_version),
+    ):
+        if not raw:
+            continue
+        try:
+            attributes[name] = {"version": normalise_version(raw)}
+        except ValueError:
+            continue  # better no attribute than a slice the API server refuses
+    if gpu.pci_bus_id:
+        attributes[PCI_BUS_ID] = {"string": _cut(gpu.pci_bus_id)}
+    return attributes

@@ -1,16 +1,35 @@
 """Fake GPU backend: GPUs described by a shorthand or a file, no hardware needed.
 
-Used by the demo, tests and kind CI. The shorthand is ``model:count`` items
-separated by commas (``h100-80gb:2,l4:1``); a file (YAML or JSON) lists GPUs
-explicitly::
+Used by the demo, tests and kind CI. Each GPU is one of the models in
+``gpu/profiles/`` (see :mod:`dra_driver.gpu.models`) and reports what NVML
+would: product name, memory, architecture, versions, PCI bus id and, for
+MIG-capable models, MIG mode, profiles and existing MIG devices.
+
+The shorthand is ``MODEL[:COUNT[:mig]]`` items separated by commas; ``:mig``
+turns MIG mode on for those GPUs (``MODEL:mig`` is short for ``MODEL:1:mig``).
+Two H100s with MIG off and one with MIG on::
+
+    h100-80gb:2,h100-80gb:1:mig
+
+A file (YAML or JSON, named by a path with a ``/`` or a .yaml/.yml/.json
+extension) lists GPUs explicitly; every key but ``model`` is optional::
 
     gpus:
     - model: h100-80gb
+      uuid: GPU-00000000-0000-0000-0000-000000000001  # default: derived, see below
+      minor: 4                 # /dev/nvidia4; default: the GPU's index
+      mig: true                # MIG mode now (default false)
+      migPending: true         # MIG mode after the next GPU reset (default: = mig)
+      migInstances:            # MIG devices that exist already (needs mig: true)
+      - {profile: 3g.40gb, start: 0}
+      - {profile: 1g.10gb, start: 4}
     - model: l4
-      uuid: GPU-00000000-0000-0000-0000-000000000001   # optional
 
 UUIDs default to a deterministic value derived from the node name and index,
-so two nodes never share one and a restart keeps them stable.
+so two nodes never share one and a restart keeps them stable. A pre-existing
+MIG device gets GPU-instance id 1, 2, ... in listing order, compute-instance
+id 0, and a MIG UUID derived from its GPU's UUID and GI id. As with NVML, a
+GPU lists its MIG profiles only while MIG mode is enabled.
 """
 
 from __future__ import annotations
@@ -18,17 +37,22 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from dra_driver.core.errors import ConfigError
-from dra_driver.core.ids import GpuUUID
-from dra_driver.core.model import GpuInfo, HealthEvent, Inventory
-from dra_driver.gpu.models import KNOWN_MODELS, GpuModel
+from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.core.model import GpuInfo, HealthEvent, Inventory, MigDevice, MigPlacement
+from dra_driver.gpu.models import KNOWN_MODELS, GpuModel, MigGeometry, MigProfileSpec
 
 _UUID_NAMESPACE = uuid.UUID("5b3f0c8e-1d7a-4c62-9a0e-6f1f2b9d7c41")
+
+_ENTRY_KEYS = ("model", "uuid", "minor", "mig", "migPending", "migInstances")
+_INSTANCE_KEYS = ("profile", "start")
+_SHORTHAND = "MODEL[:COUNT[:mig]]"
 
 
 def _model(key: str, where: str) -> GpuModel:
@@ -40,28 +64,196 @@ def _model(key: str, where: str) -> GpuModel:
         ) from None
 
 
+def _mig_models() -> str:
+    return ", ".join(key for key, model in KNOWN_MODELS.items() if model.mig_capable)
+
+
 def _fake_uuid(node_name: str, index: int) -> GpuUUID:
     return GpuUUID(f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/{index}')}")
 
 
+def fake_mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int = 0) -> MigUUID:
+    """The MIG UUID the fake gives the device (GI ``gi_id``, CI ``ci_id``) on ``gpu_uuid``."""
+    return MigUUID(f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/{gi_id}/{ci_id}')}")
+
+
+def fake_pci_bus_id(index: int) -> str:
+    """A distinct, stable PCI bus id per GPU index: ``0000:18:00.0``, ``0000:28:00.0``, ...
+
+    Bus numbers past 0xff continue in the next PCI domain.
+    """
+    domain, bus = divmod(0x18 + 0x10 * index, 0x100)
+    return f"{domain:04x}:{bus:02x}:00.0"
+
+
+# --- shorthand ---------------------------------------------------------------------------
+
+
 def parse_shorthand(spec: str) -> list[Mapping[str, Any]]:
-    """``h100-80gb:2,l4`` → one entry per GPU."""
+    """``h100-80gb:2,l4,a100-80gb:1:mig`` → one entry per GPU."""
     entries: list[Mapping[str, Any]] = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, _, count_text = item.partition(":")
+        parts = [part.strip() for part in item.split(":")]
+        if len(parts) == 2 and parts[1].lower() == "mig":
+            parts.insert(1, "1")
+        if len(parts) > 3 or (len(parts) == 3 and parts[2].lower() != "mig"):
+            raise ConfigError(f"--fake-gpus: {item!r} is not {_SHORTHAND}, e.g. h100-80gb:2:mig")
+        key, count_text = parts[0], parts[1] if len(parts) > 1 else ""
         try:
             count = int(count_text) if count_text else 1
         except ValueError:
             raise ConfigError(
-                f"--fake-gpus: {item!r} is not MODEL[:COUNT], e.g. h100-80gb:2"
+                f"--fake-gpus: {item!r} is not {_SHORTHAND}, e.g. h100-80gb:2"
             ) from None
         if count < 1:
             raise ConfigError(f"--fake-gpus: count in {item!r} must be at least 1")
-        _model(key, "--fake-gpus")
-        entries.extend({"model": key} for _ in range(count))
+        model = _model(key, "--fake-gpus")
+        mig = len(parts) == 3
+        if mig and not model.mig_capable:
+            raise ConfigError(
+                f"--fake-gpus: {item!r}: {model.key} ({model.product_name}) does not support "
+                f"MIG; MIG-capable models: {_mig_models()}"
+            )
+        entries.extend({"model": key, "mig": True} if mig else {"model": key} for _ in range(count))
     if not entries:
         raise ConfigError("--fake-gpus: no GPUs given; use e.g. h100-80gb:2")
     return entries
+
+
+# --- one GPU's description, validated ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Instance:
+    spec: MigProfileSpec
+    start: int
+
+    @property
+    def placement(self) -> MigPlacement:
+        return MigPlacement(start=self.start, size=self.spec.profile.memory_slices)
+
+    def __str__(self) -> str:
+        first, last = self.start, self.start + self.spec.profile.memory_slices - 1
+        slices = f"memory slice {first}" if first == last else f"memory slices {first}-{last}"
+        return f"{self.spec.profile.name} at start {self.start} ({slices})"
+
+
+@dataclass(frozen=True)
+class _GpuSpec:
+    model: GpuModel
+    uuid: str | None
+    minor: int | None
+    mig: bool
+    mig_pending: bool
+    instances: tuple[_Instance, ...]
+
+
+def _bool(entry: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    value = entry.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key} must be true or false, not {value!r}")
+    return value
+
+
+def _instance(raw: object, model: GpuModel, geometry: MigGeometry, where: str) -> _Instance:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a mapping such as {{profile: 3g.40gb, start: 0}}")
+    unknown = sorted(str(k) for k in raw if k not in _INSTANCE_KEYS)
+    missing = [k for k in _INSTANCE_KEYS if k not in raw]
+    if unknown or missing:
+        raise ConfigError(
+            f"{where} needs exactly the keys profile and start"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+            + (f"; missing: {', '.join(missing)}" if missing else "")
+        )
+    name, start = raw["profile"], raw["start"]
+    spec = geometry.profile(name) if isinstance(name, str) else None
+    if spec is None:
+        raise ConfigError(
+            f"{where}.profile: {name!r} is not a MIG profile of {model.key}; "
+            f"its profiles: {', '.join(geometry.profile_names)}"
+        )
+    starts = [p.start for p in spec.profile.placements]
+    if not isinstance(start, int) or isinstance(start, bool) or start not in starts:
+        raise ConfigError(
+            f"{where}.start: {start!r} is not a placement of {spec.profile.name} on "
+            f"{model.key}; allowed starts: {', '.join(map(str, starts))}"
+        )
+    return _Instance(spec=spec, start=start)
+
+
+def _instances(raw: object, model: GpuModel, mig: bool, where: str) -> tuple[_Instance, ...]:
+    """Validate ``migInstances``: known profiles, real placements, and a layout that fits."""
+    if raw is None or raw == []:
+        return ()
+    where = f"{where}.migInstances"
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where} must be a list of {{profile, start}}")
+    geometry = model.mig
+    if geometry is None:
+        raise ConfigError(f"{where}: {model.key} ({model.product_name}) does not support MIG")
+    if not mig:
+        raise ConfigError(f"{where}: MIG devices exist only while MIG is enabled; set mig: true")
+    instances: list[_Instance] = []
+    used_compute = 0
+    for j, item in enumerate(raw):
+        at = f"{where}[{j}]"
+        new = _instance(item, model, geometry, at)
+        profile = new.spec.profile
+        same = sum(1 for old in instances if old.spec is new.spec)
+        if same >= new.spec.max_instances:
+            raise ConfigError(
+                f"{at}: at most {new.spec.max_instances} instance(s) of {profile.name} "
+                f"fit on {model.key}"
+            )
+        for i, old in enumerate(instances):
+            if old.placement.overlaps(new.placement):
+                raise ConfigError(f"{at}: {new} overlaps migInstances[{i}], {old}")
+        used_compute += profile.compute_slices
+        if used_compute > geometry.compute_slices:
+            raise ConfigError(
+                f"{at}: {profile.name} would bring the GPU to {used_compute} compute slices; "
+                f"{model.key} has {geometry.compute_slices}"
+            )
+        instances.append(new)
+    return tuple(instances)
+
+
+def _gpu_spec(entry: object, where: str) -> _GpuSpec:
+    """Validate one ``gpus[i]`` entry; ``where`` names it in errors (``... gpus[2]``)."""
+    if not isinstance(entry, Mapping) or "model" not in entry:
+        raise ConfigError(f"{where} needs a 'model'")
+    unknown = sorted(str(k) for k in entry if k not in _ENTRY_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown keys {', '.join(unknown)}; allowed: {', '.join(_ENTRY_KEYS)}"
+        )
+    model = _model(str(entry["model"]), where)
+    gpu_uuid = entry.get("uuid")
+    if gpu_uuid is not None and (not isinstance(gpu_uuid, str) or not gpu_uuid):
+        raise ConfigError(f"{where}.uuid must be a non-empty string, not {gpu_uuid!r}")
+    minor = entry.get("minor")
+    if minor is not None and (not isinstance(minor, int) or isinstance(minor, bool) or minor < 0):
+        raise ConfigError(f"{where}.minor must be a non-negative integer, not {minor!r}")
+    mig = _bool(entry, "mig", where, default=False)
+    pending = _bool(entry, "migPending", where, default=mig)
+    if (mig or pending) and not model.mig_capable:
+        key = "mig" if mig else "migPending"
+        raise ConfigError(
+            f"{where}.{key}: {model.key} ({model.product_name}) does not support MIG; "
+            f"MIG-capable models: {_mig_models()}"
+        )
+    return _GpuSpec(
+        model=model,
+        uuid=gpu_uuid,
+        minor=minor,
+        mig=mig,
+        mig_pending=pending,
+        instances=_instances(entry.get("migInstances"), model, mig, where),
+    )
+
+
+# --- files -------------------------------------------------------------------------------
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -73,6 +265,7 @@ def load_spec(spec: str) -> list[Mapping[str, Any]]:
     """A shorthand, or the path of a YAML/JSON file with a ``gpus`` list.
 
     A file is named by a path with a ``/`` or a .yaml/.yml/.json extension.
+    Every entry is validated here, so errors name the file and ``gpus[i]``.
     """
     if not _looks_like_path(spec):
         return parse_shorthand(spec)
@@ -87,30 +280,54 @@ def load_spec(spec: str) -> list[Mapping[str, Any]]:
     if not isinstance(gpus, list) or not gpus:
         raise ConfigError(f"--fake-gpus file {spec}: expected a non-empty 'gpus' list")
     for i, entry in enumerate(gpus):
-        if not isinstance(entry, dict) or "model" not in entry:
-            raise ConfigError(f"--fake-gpus file {spec}: gpus[{i}] needs a 'model'")
-        minor = entry.get("minor", 0)
-        if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
-            raise ConfigError(
-                f"--fake-gpus file {spec}: gpus[{i}].minor must be a non-negative integer, "
-                f"not {minor!r}"
-            )
+        _gpu_spec(entry, f"--fake-gpus file {spec}: gpus[{i}]")
     return gpus
 
 
-def build_inventory(entries: Iterable[Mapping[str, Any]], node_name: str) -> Inventory:
-    gpus = []
-    for index, entry in enumerate(entries):
-        model = _model(str(entry["model"]), "--fake-gpus")
-        gpus.append(
-            GpuInfo(
-                index=index,
-                uuid=GpuUUID(str(entry.get("uuid") or _fake_uuid(node_name, index))),
-                product_name=model.product_name,
-                memory_bytes=model.memory_bytes,
-                minor=int(entry.get("minor", index)),
-            )
+# --- inventory ---------------------------------------------------------------------------
+
+
+def _gpu_info(spec: _GpuSpec, index: int, node_name: str) -> GpuInfo:
+    model = spec.model
+    gpu_uuid = GpuUUID(spec.uuid or _fake_uuid(node_name, index))
+    devices = tuple(
+        MigDevice(
+            uuid=fake_mig_uuid(gpu_uuid, gi_id),
+            gi_id=gi_id,
+            ci_id=0,
+            profile_id=instance.spec.profile.id,
+            profile_name=instance.spec.profile.name,
+            placement=instance.placement,
+            memory_mib=instance.spec.profile.memory_mib,
         )
+        for gi_id, instance in enumerate(spec.instances, start=1)
+    )
+    return GpuInfo(
+        index=index,
+        uuid=gpu_uuid,
+        product_name=model.product_name,
+        memory_bytes=model.memory_bytes,
+        minor=index if spec.minor is None else spec.minor,
+        architecture=model.architecture,
+        cuda_compute_capability=model.cuda_compute_capability,
+        driver_version=model.driver_version,
+        cuda_driver_version=model.cuda_driver_version,
+        pci_bus_id=fake_pci_bus_id(index),
+        mig_capable=model.mig_capable,
+        mig_enabled=spec.mig,
+        mig_pending=spec.mig_pending,
+        # NVML lists GPU-instance profiles only while MIG mode is on.
+        mig_profiles=model.mig_profiles if spec.mig else (),
+        mig_devices=devices,
+    )
+
+
+def build_inventory(entries: Iterable[Mapping[str, Any]], node_name: str) -> Inventory:
+    """The inventory ``entries`` (from :func:`load_spec`, or written by hand) describe."""
+    gpus = [
+        _gpu_info(_gpu_spec(entry, f"--fake-gpus: gpus[{index}]"), index, node_name)
+        for index, entry in enumerate(entries)
+    ]
     return Inventory(gpus=tuple(gpus))
 
 
@@ -124,6 +341,24 @@ class FakeGpuBackend:
     def inject(self, event: HealthEvent) -> None:
         """Report ``event`` as if NVML had (tests, the demo)."""
         self._events.put_nowait(event)
+
+    def inject_xid(
+        self, gpu_index: int, xid: int, message: str = "", *, mig_uuid: MigUUID | None = None
+    ) -> HealthEvent:
+        """Report XID ``xid`` on the GPU at ``gpu_index`` (optionally on one of its MIG devices).
+
+        Returns the event injected. Raises IndexError for an index or MIG UUID
+        the fake does not have: that is a mistake in the test, not in the GPU.
+        """
+        gpus: Sequence[GpuInfo] = self._inventory.gpus
+        if not 0 <= gpu_index < len(gpus):
+            raise IndexError(f"no fake GPU with index {gpu_index}; there are {len(gpus)}")
+        gpu = gpus[gpu_index]
+        if mig_uuid is not None and mig_uuid not in {d.uuid for d in gpu.mig_devices}:
+            raise IndexError(f"GPU {gpu_index} ({gpu.uuid}) has no MIG device {mig_uuid}")
+        event = HealthEvent(gpu_uuid=gpu.uuid, xid=xid, message=message, mig_uuid=mig_uuid)
+        self.inject(event)
+        return event
 
     async def health_events(self) -> AsyncIterator[HealthEvent]:
         while (event := await self._events.get()) is not None:

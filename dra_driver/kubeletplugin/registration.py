@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -31,10 +32,16 @@ class RegistrationState:
     registered: bool = False
     error: str | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    on_registered: list[Callable[[], None]] = field(default_factory=list)
+    """Called after every successful registration (the kubelet restarted, or
+    this is the first one): the node's slices must be published again."""
 
     def record(self, registered: bool, error: str | None) -> None:
         self.registered, self.error = registered, error
         self.changed.set()
+        if registered:
+            for callback in self.on_registered:
+                callback()
 
 
 class RegistrationServicer:

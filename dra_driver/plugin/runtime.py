@@ -8,6 +8,7 @@ in-memory one); :func:`run_until_signalled` is the daemon's main loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -18,11 +19,14 @@ from dra_driver.core.errors import ConfigError
 from dra_driver.core.ids import PoolName
 from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend
+from dra_driver.core.settings import NodeSettings
+from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.kubeletplugin.health import HealthHub, healthy_inventory
 from dra_driver.kubeletplugin.server import PluginServer
 from dra_driver.kubeletplugin.sockets import SocketPaths, socket_paths
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.driver import Driver, ReconcileReport
+from dra_driver.plugin.publishing import ProbeFn, SlicePublishing
 from dra_driver.state.checkpoint import CheckpointStore, read_boot_id
 from dra_driver.state.locks import NodeLock
 
@@ -54,12 +58,30 @@ class PluginConfig:
         cdi_kind_for_driver(self.driver_name)
 
 
+@dataclass(frozen=True)
+class SliceOptions:
+    """How to publish the node's ResourceSlices (absent: not published, e.g. the demo)."""
+
+    publisher: SlicePublisher
+    probe: ProbeFn
+    settings: NodeSettings
+
+
 class PluginRuntime:
-    def __init__(self, config: PluginConfig, backend: GpuBackend, claims: ClaimSource) -> None:
+    def __init__(
+        self,
+        config: PluginConfig,
+        backend: GpuBackend,
+        claims: ClaimSource,
+        slices: SliceOptions | None = None,
+    ) -> None:
         config.validate()
         self.config = config
         self.backend = backend
         self.claims = claims
+        self.slice_options = slices
+        self.publishing: SlicePublishing | None = None
+        self._publish_task: asyncio.Task[None] | None = None
         self.sockets: SocketPaths = socket_paths(
             config.driver_name, config.registry_dir, config.plugin_dir, config.rolling_update_uid
         )
@@ -90,6 +112,19 @@ class PluginRuntime:
         self.reconcile_report = await self.driver.reconcile()
         hub = HealthHub(healthy_inventory(inventory, ctx.pool_name))
         self.server = PluginServer(cfg.driver_name, self.sockets, self.driver, hub)
+        if self.slice_options is not None:
+            self.publishing = SlicePublishing(
+                self.slice_options.publisher,
+                self.slice_options.probe,
+                inventory=inventory,
+                settings=self.slice_options.settings,
+                driver_name=cfg.driver_name,
+                node_name=cfg.node_name,
+            )
+            self.server.registration.on_registered.append(self.publishing.on_registered)
+            self._publish_task = asyncio.create_task(
+                self._publish_forever(self.publishing), name="slice-publisher"
+            )
         await self.server.start()
         log.info(
             "kubelet plugin for %s on node %s serving %d GPU(s) from the %s backend",
@@ -99,7 +134,17 @@ class PluginRuntime:
             self.backend.name,
         )
 
+    @staticmethod
+    async def _publish_forever(publishing: SlicePublishing) -> None:
+        await publishing.run()
+
     async def stop(self) -> None:
+        if self._publish_task is not None:
+            # Cancelled, never unpublished: see plugin/publishing.py.
+            self._publish_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publish_task
+            self._publish_task = None
         if self.server is not None:
             await self.server.stop()
             self.server = None

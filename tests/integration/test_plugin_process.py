@@ -23,7 +23,7 @@ import pytest
 from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
+from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -32,9 +32,9 @@ GPUS = 8
 
 @pytest.fixture
 def api() -> Iterator[FakeKubeApi]:
-    fake = FakeKubeApi().start()
-    yield fake
-    fake.close()
+    with FakeKubeApi() as fake:
+        fake.create(node_object(NODE))  # the slices' owner
+        yield fake
 
 
 def write_kubeconfig(dirs: NodeDirs, url: str) -> str:
@@ -202,6 +202,12 @@ def test_claims_read_through_the_api(node_dirs: NodeDirs, api: FakeKubeApi) -> N
         run_checked(scenario())
         requests = [path for method, path in api.requests if method == "GET"]
         assert "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/good" in requests
+        # The process also probed the cluster and published its slices.
+        deadline = time.monotonic() + 10
+        while not api.objects("resourceslices") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        devices = [d["name"] for s in api.objects("resourceslices") for d in s["spec"]["devices"]]
+        assert devices == [f"gpu-{i}" for i in range(GPUS)]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)

@@ -8,15 +8,25 @@ object (``create``/``get``/``update``/``delete``/``objects``), count requests
 (``requests``) and inject failures (``fail_next``, ``drop_next``).
 
 Resource kinds live in a registry (``DEFAULT_KINDS`` in
-:mod:`tests.support.fakekube_types`); serving another kind is one
-:class:`ResourceKind` line there, e.g. ``ResourceKind("resource.k8s.io", "v1",
-"resourceslices", "ResourceSlice", namespaced=False, status_subresource=False)``,
-or pass ``FakeKubeApi(kinds=(*DEFAULT_KINDS, extra))`` for one test.
+:mod:`tests.support.fakekube_types`: resourceclaims, resourceslices,
+deviceclasses, nodes); serving another kind is one :class:`ResourceKind` line
+there, e.g. ``ResourceKind("", "v1", "pods", "Pod", namespaced=True)``, or
+pass ``FakeKubeApi(kinds=(*DEFAULT_KINDS, extra))`` for one test.
 
-Layout: ``fakekube_types`` (kinds, Status errors), ``fakekube_selectors`` and
-``fakekube_patch`` (pure), ``fakekube_store`` (objects, resourceVersion, watch
-history under one lock), ``fakekube_http`` (routing, verbs, watch streams) and
-this module (lifecycle, test-side API, fault injection). Each connection gets
+Release emulation: ``FakeKubeApi(kube_minor=34)`` serves ``/version`` as
+1.34 and, like a 1.34/1.35 API server with its default feature gates, silently
+drops the DRA fields of DRAConsumableCapacity, DRAPartitionableDevices,
+DRADeviceTaints (and a few more) from written objects; from 1.35 on it rejects
+a ResourceSlice holding both devices and sharedCounters (422). The default is
+1.36 (all those gates on); ``drop_gated_fields=`` overrides the choice. The
+exact field list, and what is not emulated, is in
+:mod:`tests.support.fakekube_version`.
+
+Layout: ``fakekube_types`` (kinds, Status errors), ``fakekube_selectors``,
+``fakekube_patch`` and ``fakekube_version`` (pure), ``fakekube_store``
+(objects, resourceVersion, watch history under one lock), ``fakekube_http``
+(routing, verbs, watch streams) and this module (lifecycle, test-side API,
+fault injection). Each connection gets
 a thread; :meth:`FakeKubeApi.close` ends open watch streams and cuts idle
 keep-alive connections, so it returns promptly.
 
@@ -50,6 +60,11 @@ Implemented, per kind, namespaced or cluster-scoped:
 * ``labelSelector`` (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, ``a in (x,y)``,
   ``a notin (x,y)``) and ``fieldSelector`` (any dotted path, e.g.
   ``metadata.name``, ``spec.nodeName``, ``spec.driver``; ``=``, ``==``, ``!=``);
+* ``dryRun=All`` on create, update, patch and delete: validated and answered as
+  if stored (a dry-run create gets uid, creationTimestamp and generation but,
+  as from the API server, no resourceVersion), nothing stored, no watch event;
+  any other ``dryRun`` value is 400;
+* ``GET /version`` (``major``, ``minor``, ``gitVersion``, ...);
 * one global, monotonically increasing resourceVersion;
 * errors as real ``Status`` objects (NotFound, AlreadyExists, Conflict,
   Expired, BadRequest, MethodNotAllowed, Invalid, UnsupportedMediaType).
@@ -62,7 +77,7 @@ semantics (list merge keys, ``$patch`` directives), which fields a kind allows
 in a fieldSelector (every path is accepted), pagination (``limit``/``continue``
 are ignored), ``resourceVersion``/``resourceVersionMatch`` on get and list,
 watch bookmarks and ``sendInitialEvents``, deletecollection, graceful deletion
-and garbage collection (ownerReferences), dry run, protobuf and YAML bodies,
+and garbage collection (ownerReferences), protobuf and YAML bodies,
 discovery (``/api``, ``/apis``) and the ``namespaces`` kind (namespaces need
 not exist), create-on-PUT (PUT of a missing object is 404). Create keeps a
 given ``status``, which real servers drop for most kinds, and the Python-side
@@ -86,6 +101,7 @@ from tests.support.fakekube_types import (
     ResourceKind,
     status_object,
 )
+from tests.support.fakekube_version import ServerVersion
 
 __all__ = [
     "DEFAULT_KINDS",
@@ -109,9 +125,18 @@ class FakeKubeApi:
     """
 
     def __init__(
-        self, kinds: tuple[ResourceKind, ...] = DEFAULT_KINDS, *, history_limit: int = 1000
+        self,
+        kinds: tuple[ResourceKind, ...] = DEFAULT_KINDS,
+        *,
+        history_limit: int = 1000,
+        kube_minor: int = 36,
+        drop_gated_fields: bool | None = None,
     ) -> None:
-        self._store = Store(kinds, history_limit)
+        """``kube_minor``: the release it plays (``/version``, 1.35+ validation);
+        ``drop_gated_fields``: drop the fields of the DRA gates that are off
+        before 1.36; ``None`` decides by ``kube_minor``."""
+        self.version = ServerVersion(kube_minor, drop_gated_fields)
+        self._store = Store(kinds, history_limit, self.version.prepare)
         self._lock = threading.Lock()  # requests, faults and connections
         self._request_log: list[RecordedRequest] = []
         self._faults: list[Fault] = []
@@ -125,7 +150,9 @@ class FakeKubeApi:
         if self._server is not None:
             raise RuntimeError("FakeKubeApi already started")
         self._store.reopen()
-        self._server = Server(self._store, self._record, self._track_connection)
+        self._server = Server(
+            self._store, self._record, self._track_connection, self.version.version_info()
+        )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.01},  # how long close() waits for the loop

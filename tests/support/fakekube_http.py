@@ -63,7 +63,8 @@ class Server(ThreadingHTTPServer):
     """Serves ``store`` on 127.0.0.1 at a free port, one thread per connection.
 
     ``record`` logs each request and returns the fault it triggers, if any;
-    ``track`` is told of each connection opening (True) and closing (False).
+    ``track`` is told of each connection opening (True) and closing (False);
+    ``version_info`` is the body of ``GET /version``.
     """
 
     daemon_threads = True
@@ -74,10 +75,12 @@ class Server(ThreadingHTTPServer):
         store: Store,
         record: Callable[[RecordedRequest, str], Fault | None],
         track: Callable[[socket.socket, bool], None],
+        version_info: JsonObj,
     ) -> None:
         self.store = store
         self.record = record
         self.track = track
+        self.version_info = version_info
         super().__init__(("127.0.0.1", 0), _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -95,6 +98,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Headers and body go out in separate writes; without this, Nagle's
+        # algorithm holds the body back until the client's delayed ACK (40 ms).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.track(self.connection, True)
 
     def finish(self) -> None:
@@ -137,6 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(400, bad_request("the request body is not valid JSON").status())
             return
         try:
+            if method == "GET" and url.path.rstrip("/") == "/version":
+                self._send_json(200, self.server.version_info)
+                return
             route = route_for(store.kinds, url.path)
 
             def param(name: str) -> str:
@@ -252,6 +261,7 @@ def _handle(
 ) -> tuple[int, JsonObj]:
     """Everything but watch: one verb on one route, returning (HTTP code, body)."""
     kind, namespace, name = route.kind, route.namespace, route.name
+    dry_run = _dry_run(param("dryRun")) if method in _WRITES else False
     if name is None:
         if method == "GET":
             items, rv = store.list_objects(
@@ -267,21 +277,39 @@ def _handle(
                 "items": [without(i, "kind", "apiVersion") for i in items],
             }
         if method == "POST" and (namespace is not None or not kind.namespaced):
-            return 201, store.create(kind, namespace, body)
+            return 201, store.create(kind, namespace, body, dry_run=dry_run)
     else:
         status_only = route.subresource == "status"
         if method == "GET":
             return 200, store.get(kind, namespace, name)
         if method == "PUT":
-            return 200, store.replace(kind, namespace, name, body, status_only=status_only)
+            return 200, store.replace(
+                kind, namespace, name, body, status_only=status_only, dry_run=dry_run
+            )
         if method == "PATCH":
             return 200, store.patch(
-                kind, namespace, name, body, content_type, status_only=status_only
+                kind,
+                namespace,
+                name,
+                body,
+                content_type,
+                status_only=status_only,
+                dry_run=dry_run,
             )
         if method == "DELETE" and not status_only:
-            gone, obj = store.delete(kind, namespace, name, body)
+            gone, obj = store.delete(kind, namespace, name, body, dry_run=dry_run)
             return (200 if gone else 202), obj
     raise FakeApiError(405, "the server does not allow this method on the requested resource")
+
+
+_WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def _dry_run(value: str) -> bool:
+    """The ``dryRun`` query parameter: absent, or ``All`` (the only stage there is)."""
+    if value in ("", "All"):
+        return value == "All"
+    raise bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
 
 
 def route_for(kinds: tuple[ResourceKind, ...], path: str) -> Route:

@@ -13,7 +13,7 @@ import string
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -67,6 +67,16 @@ class WatchFilter:
         return ("DELETED", event.obj) if before else None
 
 
+def _check_identity(kind: ResourceKind, namespace: str | None, name: str, meta: JsonObj) -> None:
+    """A written object may leave name and namespace out, but not contradict the path."""
+    if meta.get("name") not in (None, "", name):
+        raise bad_request(f"the name of the object ({meta['name']}) does not match {name}")
+    if kind.namespaced and meta.get("namespace") not in (None, "", namespace):
+        raise bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request"
+        )
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -80,16 +90,31 @@ _SERVER_METADATA = ("uid", "creationTimestamp", "deletionTimestamp", "generation
 _Key = tuple[str, str, str, str]
 """(group, plural, namespace or "", name)"""
 
+Prepare = Callable[[ResourceKind, JsonObj], None]
+"""Called on every object about to be stored (or answered by a dry run): may drop
+fields in place or raise :class:`FakeApiError`, as an API server's strategy does."""
+
+
+def _keep_all(kind: ResourceKind, obj: JsonObj) -> None:
+    """The default :data:`Prepare`: store what was sent."""
+
 
 class Store:
     """All objects and the event history, guarded by one condition variable.
 
     Every method deep-copies what goes in and out, so callers never alias
-    stored state.
+    stored state. Writes take ``dry_run``: everything happens (defaults,
+    ``prepare``, conflicts) except storing and the watch event.
     """
 
-    def __init__(self, kinds: tuple[ResourceKind, ...], history_limit: int) -> None:
+    def __init__(
+        self,
+        kinds: tuple[ResourceKind, ...],
+        history_limit: int,
+        prepare: Prepare = _keep_all,
+    ) -> None:
         self.kinds = kinds
+        self._prepare = prepare
         self._cond = threading.Condition()
         self._closing = False
         self._active_watches = 0
@@ -122,9 +147,19 @@ class Store:
     # Writes
 
     def create(
-        self, kind: ResourceKind, namespace: str | None, body: Any, *, keep_uid: bool = False
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        body: Any,
+        *,
+        keep_uid: bool = False,
+        dry_run: bool = False,
     ) -> JsonObj:
-        """POST. ``keep_uid`` keeps a given ``metadata.uid`` (seeding tests); the API never does."""
+        """POST. ``keep_uid`` keeps a given ``metadata.uid`` (seeding tests); the API never does.
+
+        A dry run answers like the API server's: uid, creationTimestamp and
+        generation are filled in, resourceVersion stays empty.
+        """
         obj = self._checked_body(kind, body)
         meta = obj["metadata"]
         if kind.namespaced:
@@ -156,7 +191,9 @@ class Store:
             if not (keep_uid and meta.get("uid")):
                 meta["uid"] = str(uuid.uuid4())
             meta.update(creationTimestamp=_now(), generation=1)
-            self._commit(kind, key, "ADDED", obj, None)
+            self._prepare(kind, obj)
+            if not dry_run:
+                self._commit(kind, key, "ADDED", obj, None)
             return copy.deepcopy(obj)
 
     def replace(
@@ -167,11 +204,12 @@ class Store:
         body: Any,
         *,
         status_only: bool = False,
+        dry_run: bool = False,
     ) -> JsonObj:
         """PUT, on the main resource or (``status_only``) the status subresource."""
         new = self._checked_body(kind, body)
         with self._cond:
-            return self._write(kind, namespace, name, new, status_only=status_only)
+            return self._write(kind, namespace, name, new, status_only=status_only, dry_run=dry_run)
 
     def patch(
         self,
@@ -182,6 +220,7 @@ class Store:
         content_type: str,
         *,
         status_only: bool = False,
+        dry_run: bool = False,
     ) -> JsonObj:
         media = content_type.split(";", 1)[0].strip().lower()
         with self._cond:
@@ -193,10 +232,16 @@ class Store:
             else:
                 raise FakeApiError(415, f"the body of the request was in an unknown format {media}")
             new = self._checked_body(kind, patched)
-            return self._write(kind, namespace, name, new, status_only=status_only)
+            return self._write(kind, namespace, name, new, status_only=status_only, dry_run=dry_run)
 
     def delete(
-        self, kind: ResourceKind, namespace: str | None, name: str, options: Any
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        name: str,
+        options: Any,
+        *,
+        dry_run: bool = False,
     ) -> tuple[bool, JsonObj]:
         """Delete; returns (gone now, object). With finalizers only marks it."""
         preconditions = (options or {}).get("preconditions") or {}
@@ -218,9 +263,12 @@ class Store:
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     obj["metadata"]["deletionTimestamp"] = _now()
+                    if dry_run:
+                        return False, obj
                     self._commit(kind, key, "MODIFIED", obj, current)
                 return False, copy.deepcopy(self._objects[key])
-            self._commit(kind, key, "DELETED", obj, current)
+            if not dry_run:
+                self._commit(kind, key, "DELETED", obj, current)
             return True, copy.deepcopy(obj)
 
     # Watch
@@ -328,18 +376,13 @@ class Store:
         new: JsonObj,
         *,
         status_only: bool,
+        dry_run: bool,
     ) -> JsonObj:
         if status_only and not kind.status_subresource:
             raise unknown_path()
         current = self._get(kind, namespace, name)
         cur_meta, new_meta = current["metadata"], new["metadata"]
-        if new_meta.get("name") not in (None, "", name):
-            raise bad_request(f"the name of the object ({new_meta['name']}) does not match {name}")
-        if kind.namespaced and new_meta.get("namespace") not in (None, "", namespace):
-            raise bad_request(
-                "the namespace of the provided object does not match the namespace sent "
-                "on the request"
-            )
+        _check_identity(kind, namespace, name, new_meta)
         wanted_rv = new_meta.get("resourceVersion")
         if wanted_rv and wanted_rv != cur_meta["resourceVersion"]:
             raise FakeApiError(
@@ -365,11 +408,14 @@ class Store:
                 meta[attr] = cur_meta[attr]
             else:
                 meta.pop(attr, None)
+        self._prepare(kind, obj)
         if obj == current:
             return copy.deepcopy(current)  # a no-op write keeps its resourceVersion
         if without(obj, "metadata", "status") != without(current, "metadata", "status"):
             meta["generation"] = int(cur_meta.get("generation", 0)) + 1
         key = self._key(kind, namespace, name)
+        if dry_run:
+            return copy.deepcopy(obj)  # still the stored resourceVersion
         gone = bool(meta.get("deletionTimestamp")) and not meta.get("finalizers")
         self._commit(kind, key, "DELETED" if gone else "MODIFIED", obj, current)
         return copy.deepcopy(obj)

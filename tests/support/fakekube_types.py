@@ -37,6 +37,22 @@ class ResourceKind:
 # What the driver talks to so far; one line per further kind.
 DEFAULT_KINDS: tuple[ResourceKind, ...] = (
     ResourceKind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True),
+    ResourceKind(
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        "ResourceSlice",
+        namespaced=False,
+        status_subresource=False,
+    ),
+    ResourceKind(
+        "resource.k8s.io",
+        "v1",
+        "deviceclasses",
+        "DeviceClass",
+        namespaced=False,
+        status_subresource=False,
+    ),
     ResourceKind("", "v1", "nodes", "Node", namespaced=False),
 )
 

@@ -58,7 +58,12 @@ def _valid_value(action: argparse.Action, avoid: object) -> str:
 
 
 def test_there_are_flags_and_subcommands() -> None:
-    assert set(_subcommands(build_parser())) == {"kubelet-plugin", "demo", "version"}
+    assert set(_subcommands(build_parser())) == {
+        "kubelet-plugin",
+        "render-slices",
+        "demo",
+        "version",
+    }
     flags = {(c.values[0], c.values[1]) for c in FLAG_CASES}
     assert ("kubelet-plugin", "--node-name") in flags
     assert ("kubelet-plugin", "--cdi-root") in flags

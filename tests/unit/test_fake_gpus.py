@@ -10,11 +10,20 @@ from pathlib import Path
 import pytest
 
 from dra_driver.core.errors import ConfigError
-from dra_driver.core.model import Inventory
-from dra_driver.gpu.fake import FakeGpuBackend, build_inventory, load_spec, parse_shorthand
-from dra_driver.gpu.models import KNOWN_MODELS
+from dra_driver.core.ids import MigUUID
+from dra_driver.core.model import GpuInfo, HealthEvent, Inventory, MigPlacement, MigProfile
+from dra_driver.gpu.fake import (
+    FakeGpuBackend,
+    build_inventory,
+    fake_mig_uuid,
+    fake_pci_bus_id,
+    load_spec,
+    parse_shorthand,
+)
+from dra_driver.gpu.models import KNOWN_MODELS, GpuModel, MigGeometry, MigProfileSpec
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 def inventory(spec: str, node: str = "node-a") -> Inventory:
@@ -63,8 +72,13 @@ def test_unknown_model_lists_known_models() -> None:
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        pytest.param("l4:x", "is not MODEL[:COUNT]", id="not-a-number"),
-        pytest.param("l4:1.5", "is not MODEL[:COUNT]", id="fraction"),
+        # The grammar grew ":mig"; the message names the whole grammar.
+        pytest.param("l4:x", "is not MODEL[:COUNT[:mig]]", id="not-a-number"),
+        pytest.param("l4:1.5", "is not MODEL[:COUNT[:mig]]", id="fraction"),
+        pytest.param("h100-80gb:2:on", "is not MODEL[:COUNT[:mig]]", id="not-mig"),
+        pytest.param("h100-80gb:2:mig:x", "is not MODEL[:COUNT[:mig]]", id="too-many-parts"),
+        pytest.param("h100-80gb:x:mig", "is not MODEL[:COUNT[:mig]]", id="mig-bad-count"),
+        pytest.param("h100-80gb:0:mig", "at least 1", id="mig-zero"),
         pytest.param("l4:0", "at least 1", id="zero"),
         pytest.param("l4:-2", "at least 1", id="negative"),
         pytest.param("", "no GPUs given", id="empty"),
@@ -190,3 +204,418 @@ def test_shorthand_is_never_read_from_a_same_named_file(
 def test_missing_file_is_config_error() -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         inventory("/nonexistent/gpus.yaml")
+
+
+# --- what each GPU reports ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", sorted(KNOWN_MODELS))
+def test_gpu_reports_its_model(key: str) -> None:
+    (gpu,) = inventory(key).gpus
+    model = KNOWN_MODELS[key]
+    assert gpu.architecture == model.architecture
+    assert gpu.cuda_compute_capability == model.cuda_compute_capability
+    assert gpu.driver_version == "580.65.06"
+    assert gpu.cuda_driver_version == "13.0"
+    assert gpu.mig_capable == model.mig_capable
+    assert (gpu.mig_enabled, gpu.mig_pending) == (False, False)
+    assert gpu.mig_profiles == ()
+    assert gpu.mig_devices == ()
+
+
+def test_versions_and_architecture_by_model() -> None:
+    inv = inventory("a100-40gb,h200-141gb,l4")
+    assert [(g.architecture, g.cuda_compute_capability, g.mig_capable) for g in inv.gpus] == [
+        ("ampere", "8.0", True),
+        ("hopper", "9.0", True),
+        ("ada", "8.9", False),
+    ]
+
+
+def test_pci_bus_ids() -> None:
+    inv = inventory("h100-80gb:2,l4")
+    assert [g.pci_bus_id for g in inv.gpus] == ["0000:18:00.0", "0000:28:00.0", "0000:38:00.0"]
+    assert fake_pci_bus_id(14) == "0000:f8:00.0"
+    assert fake_pci_bus_id(15) == "0001:08:00.0"
+    many = [g.pci_bus_id for g in inventory("l4:64").gpus]
+    assert len(set(many)) == 64
+    assert all(re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:00\.0", bus) for bus in many)
+
+
+# --- MIG mode from the shorthand ------------------------------------------------------------
+
+
+def test_shorthand_mig() -> None:
+    gpus = inventory("h100-80gb:2:mig").gpus
+    assert [(g.mig_enabled, g.mig_pending) for g in gpus] == [(True, True), (True, True)]
+    for gpu in gpus:
+        assert gpu.mig_profiles == KNOWN_MODELS["h100-80gb"].mig_profiles
+        assert [p.name for p in gpu.mig_profiles][:2] == ["1g.10gb", "1g.10gb+me"]
+        assert gpu.mig_devices == ()
+
+
+def test_mix_of_mig_off_and_on() -> None:
+    """Two H100s with MIG off, one with MIG on."""
+    gpus = inventory("h100-80gb:2,h100-80gb:1:mig").gpus
+    assert [g.mig_enabled for g in gpus] == [False, False, True]
+    assert [g.mig_capable for g in gpus] == [True, True, True]
+    assert [len(g.mig_profiles) for g in gpus] == [0, 0, 7]
+    assert [g.device_name for g in gpus] == ["gpu-0", "gpu-1", "gpu-2"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "mig"),
+    [
+        pytest.param("a100-80gb:mig", [True], id="mig-without-count"),
+        pytest.param("A100-80GB : 2 : MIG", [True, True], id="spaces-case"),
+        pytest.param("a100-80gb::mig,l4", [True, False], id="empty-count"),
+    ],
+)
+def test_shorthand_mig_forms(spec: str, mig: list[bool]) -> None:
+    assert [g.mig_enabled for g in inventory(spec).gpus] == mig
+
+
+@pytest.mark.parametrize("spec", ["l4:1:mig", "l4:mig", "h100-80gb,l4:2:mig"])
+def test_shorthand_mig_on_a_model_without_mig(spec: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_shorthand(spec)
+    message = str(info.value)
+    assert "l4 (NVIDIA L4) does not support MIG" in message
+    assert "MIG-capable models: a100-40gb, a100-80gb, h100-80gb, h200-141gb" in message
+
+
+# --- MIG in files ---------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, content: str) -> str:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(content)
+    return str(path)
+
+
+MIG_FILE = """\
+gpus:
+- model: h100-80gb
+  mig: true
+  migInstances:
+  - {profile: 3g.40gb, start: 4}
+  - {profile: 2g.20gb, start: 0}
+  - {profile: 1g.10gb+me, start: 2}
+  - {profile: 1g.10gb, start: 3}
+- model: h100-80gb
+  mig: true
+- model: h100-80gb
+- model: a100-80gb
+  mig: false
+  migPending: true
+- model: h200-141gb
+  mig: true
+  migPending: false
+  migInstances: [{profile: 7g.141gb, start: 0}]
+"""
+
+
+def test_file_with_mig_instances(tmp_path: Path) -> None:
+    gpus = inventory(write(tmp_path, MIG_FILE)).gpus
+    assert [(g.mig_enabled, g.mig_pending) for g in gpus] == [
+        (True, True),
+        (True, True),
+        (False, False),
+        (False, True),
+        (True, False),
+    ]
+    assert [len(g.mig_profiles) for g in gpus] == [7, 7, 0, 0, 7]
+    first = gpus[0]
+    assert [(d.gi_id, d.ci_id) for d in first.mig_devices] == [(1, 0), (2, 0), (3, 0), (4, 0)]
+    assert [(d.profile_name, d.profile_id) for d in first.mig_devices] == [
+        ("3g.40gb", 9),
+        ("2g.20gb", 14),
+        ("1g.10gb+me", 20),
+        ("1g.10gb", 19),
+    ]
+    assert [d.placement for d in first.mig_devices] == [
+        MigPlacement(4, 4),
+        MigPlacement(0, 2),
+        MigPlacement(2, 1),
+        MigPlacement(3, 1),
+    ]
+    assert [d.memory_mib for d in first.mig_devices] == [40192, 19968, 9856, 9856]
+    assert all(MIG_UUID.match(d.uuid) for d in first.mig_devices)
+    assert len({d.uuid for d in first.mig_devices}) == 4
+    (full,) = gpus[4].mig_devices
+    assert (full.profile_name, full.profile_id, full.placement) == (
+        "7g.141gb",
+        0,
+        MigPlacement(0, 8),
+    )
+    assert full.memory_mib == 143360
+    assert gpus[1].mig_devices == ()
+
+
+def test_mig_uuids_are_deterministic(tmp_path: Path) -> None:
+    path = write(tmp_path, MIG_FILE)
+    a = inventory(path, "node-a").gpus
+    again = inventory(path, "node-a").gpus
+    b = inventory(path, "node-b").gpus
+    assert [d.uuid for d in a[0].mig_devices] == [d.uuid for d in again[0].mig_devices]
+    assert not {d.uuid for d in a[0].mig_devices} & {d.uuid for d in b[0].mig_devices}
+    # Derived from the GPU UUID and the GI id, nothing else.
+    assert [d.uuid for d in a[0].mig_devices] == [
+        fake_mig_uuid(a[0].uuid, gi) for gi in (1, 2, 3, 4)
+    ]
+    assert a[4].mig_devices[0].uuid == fake_mig_uuid(a[4].uuid, 1)
+    assert fake_mig_uuid(a[0].uuid, 1) != fake_mig_uuid(a[0].uuid, 1, ci_id=1)
+
+
+def test_mig_uuid_follows_an_explicit_gpu_uuid(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        f"gpus:\n- model: a100-40gb\n  uuid: {EXPLICIT_UUID}\n  mig: true\n"
+        "  migInstances: [{profile: 1g.5gb, start: 6}]\n",
+    )
+    (gpu,) = inventory(path, "node-a").gpus
+    (device,) = gpu.mig_devices
+    assert device.uuid == fake_mig_uuid(EXPLICIT_UUID, 1)
+    assert device.uuid == inventory(path, "node-b").gpus[0].mig_devices[0].uuid
+
+
+def test_fully_packed_gpu(tmp_path: Path) -> None:
+    starts = ", ".join(f"{{profile: 1g.10gb, start: {i}}}" for i in range(7))
+    path = write(tmp_path, f"gpus:\n- model: a100-80gb\n  mig: true\n  migInstances: [{starts}]\n")
+    (gpu,) = inventory(path).gpus
+    assert [d.gi_id for d in gpu.mig_devices] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_build_inventory_validates_hand_written_entries() -> None:
+    inv = build_inventory(
+        [{"model": "h100-80gb", "mig": True, "migInstances": [{"profile": "4g.40gb", "start": 0}]}],
+        "node-a",
+    )
+    assert inv.gpus[0].mig_devices[0].profile_name == "4g.40gb"
+    with pytest.raises(ConfigError) as info:
+        build_inventory([{"model": "l4"}, {"model": "l4", "mig": True}], "node-a")
+    assert str(info.value).startswith("--fake-gpus: gpus[1].mig: l4 (NVIDIA L4)")
+
+
+H100 = "gpus:\n- model: h100-80gb\n  mig: true\n  migInstances:\n"
+H100_PROFILES = "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        pytest.param(
+            H100 + "  - {profile: 5g.50gb, start: 0}\n",
+            f"gpus[0].migInstances[0].profile: '5g.50gb' is not a MIG profile of h100-80gb; "
+            f"its profiles: {H100_PROFILES}",
+            id="unknown-profile",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 1g.5gb, start: 0}\n",
+            "gpus[0].migInstances[0].profile: '1g.5gb' is not a MIG profile of h100-80gb",
+            id="profile-of-another-model",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 1g.10gb, start: 0}\n  - {profile: 3g.40gb, start: 2}\n",
+            "gpus[0].migInstances[1].start: 2 is not a placement of 3g.40gb on h100-80gb; "
+            "allowed starts: 0, 4",
+            id="bad-start",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 1g.10gb, start: 7}\n",
+            "allowed starts: 0, 1, 2, 3, 4, 5, 6",
+            id="1g-on-the-last-slice",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 2g.20gb, start: '0'}\n",
+            "gpus[0].migInstances[0].start: '0' is not a placement of 2g.20gb",
+            id="start-a-string",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 3g.40gb, start: 0}\n  - {profile: 2g.20gb, start: 2}\n",
+            "gpus[0].migInstances[1]: 2g.20gb at start 2 (memory slices 2-3) overlaps "
+            "migInstances[0], 3g.40gb at start 0 (memory slices 0-3)",
+            id="overlap",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 1g.10gb, start: 5}\n  - {profile: 1g.10gb, start: 5}\n",
+            "gpus[0].migInstances[1]: 1g.10gb at start 5 (memory slice 5) overlaps migInstances[0]",
+            id="same-placement-twice",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 1g.10gb, start: 0}\n  - {profile: 7g.80gb, start: 0}\n",
+            "gpus[0].migInstances[1]: 7g.80gb at start 0 (memory slices 0-7) overlaps",
+            id="full-over-small",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 1g.10gb+me, start: 0}\n  - {profile: 1g.10gb+me, start: 1}\n",
+            "gpus[0].migInstances[1]: at most 1 instance(s) of 1g.10gb+me fit on h100-80gb",
+            id="two-media-extensions",
+        ),
+        pytest.param(
+            "gpus:\n- model: h100-80gb\n  migInstances: [{profile: 1g.10gb, start: 0}]\n",
+            "gpus[0].migInstances: MIG devices exist only while MIG is enabled; set mig: true",
+            id="instances-without-mig",
+        ),
+        pytest.param(
+            "gpus:\n- model: h100-80gb\n  mig: false\n  migPending: true\n"
+            "  migInstances: [{profile: 1g.10gb, start: 0}]\n",
+            "gpus[0].migInstances: MIG devices exist only while MIG is enabled",
+            id="instances-while-only-pending",
+        ),
+        pytest.param(
+            "gpus:\n- model: l4\n  migInstances: [{profile: 1g.10gb, start: 0}]\n",
+            "gpus[0].migInstances: l4 (NVIDIA L4) does not support MIG",
+            id="instances-on-l4",
+        ),
+        pytest.param(
+            "gpus:\n- model: l4\n  mig: true\n",
+            "gpus[0].mig: l4 (NVIDIA L4) does not support MIG; MIG-capable models: a100-40gb",
+            id="mig-on-l4",
+        ),
+        pytest.param(
+            "gpus:\n- model: l4\n- model: l4\n  migPending: true\n",
+            "gpus[1].migPending: l4 (NVIDIA L4) does not support MIG",
+            id="pending-on-l4",
+        ),
+        pytest.param(
+            "gpus:\n- model: h100-80gb\n  mig: 'yes'\n",
+            "gpus[0].mig must be true or false, not 'yes'",
+            id="mig-not-bool",
+        ),
+        pytest.param(
+            "gpus:\n- model: h100-80gb\n  mig: true\n  migPending: 1\n",
+            "gpus[0].migPending must be true or false, not 1",
+            id="pending-not-bool",
+        ),
+        pytest.param(
+            "gpus:\n- model: h100-80gb\n  mig: true\n  migInstances: 3g.40gb\n",
+            "gpus[0].migInstances must be a list of {profile, start}",
+            id="instances-not-a-list",
+        ),
+        pytest.param(
+            H100 + "  - 3g.40gb\n",
+            "gpus[0].migInstances[0] must be a mapping such as {profile: 3g.40gb, start: 0}",
+            id="instance-a-string",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 3g.40gb}\n",
+            "gpus[0].migInstances[0] needs exactly the keys profile and start; missing: start",
+            id="instance-without-start",
+        ),
+        pytest.param(
+            H100 + "  - {profile: 3g.40gb, start: 0, gi: 3}\n",
+            "gpus[0].migInstances[0] needs exactly the keys profile and start; unknown: gi",
+            id="instance-unknown-key",
+        ),
+        pytest.param(
+            "gpus:\n- model: h100-80gb\n  migInstance: []\n",
+            "gpus[0]: unknown keys migInstance; allowed: model, uuid, minor, mig, migPending, "
+            "migInstances",
+            id="typo-in-a-gpu-key",
+        ),
+        pytest.param(
+            "gpus:\n- model: h100-80gb\n  uuid: 7\n",
+            "gpus[0].uuid must be a non-empty string, not 7",
+            id="uuid-not-a-string",
+        ),
+    ],
+)
+def test_bad_mig_file(tmp_path: Path, content: str, fragment: str) -> None:
+    path = write(tmp_path, content)
+    with pytest.raises(ConfigError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert fragment in message
+    assert message.startswith(f"--fake-gpus file {path}: gpus[")
+
+
+def test_empty_instance_list_is_fine_without_mig(tmp_path: Path) -> None:
+    path = write(tmp_path, "gpus:\n- model: l4\n  migInstances: []\n")
+    assert inventory(path).gpus[0].mig_devices == ()
+
+
+def test_compute_slice_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The standard geometry cannot overrun 7 compute slices, so check the rule on a tiny GPU."""
+    one_slice = MigProfile(
+        id=1,
+        name="1g.1gb",
+        compute_slices=1,
+        memory_mib=100,
+        multiprocessors=1,
+        copy_engines=1,
+        decoders=0,
+        encoders=0,
+        jpeg_engines=0,
+        ofa_engines=0,
+        placements=tuple(MigPlacement(i, 1) for i in range(4)),
+    )
+    tiny = GpuModel(
+        key="tiny",
+        product_name="Tiny GPU",
+        memory_mib=400,
+        mig=MigGeometry(
+            compute_slices=2, memory_slices=4, profiles=(MigProfileSpec(one_slice, 4),)
+        ),
+    )
+    monkeypatch.setitem(KNOWN_MODELS, "tiny", tiny)
+    instances = [{"profile": "1g.1gb", "start": i} for i in range(3)]
+    with pytest.raises(ConfigError) as info:
+        build_inventory([{"model": "tiny", "mig": True, "migInstances": instances}], "n")
+    assert str(info.value) == (
+        "--fake-gpus: gpus[0].migInstances[2]: 1g.1gb would bring the GPU to 3 compute slices; "
+        "tiny has 2"
+    )
+
+
+# --- health events --------------------------------------------------------------------------
+
+
+def test_inject_xid() -> None:
+    async def scenario() -> tuple[Inventory, list[HealthEvent], HealthEvent]:
+        backend = FakeGpuBackend("h100-80gb:2", "node-a")
+        injected = backend.inject_xid(1, 79, "GPU has fallen off the bus")
+        backend.inject_xid(0, 48)
+        await backend.close()
+        return await backend.inventory(), [e async for e in backend.health_events()], injected
+
+    inv, events, injected = asyncio.run(scenario())
+    assert events == [
+        HealthEvent(gpu_uuid=inv.gpus[1].uuid, xid=79, message="GPU has fallen off the bus"),
+        HealthEvent(gpu_uuid=inv.gpus[0].uuid, xid=48),
+    ]
+    assert injected == events[0]
+
+
+def test_inject_xid_on_a_mig_device(tmp_path: Path) -> None:
+    path = write(tmp_path, MIG_FILE)
+
+    async def scenario() -> tuple[GpuInfo, list[HealthEvent]]:
+        backend = FakeGpuBackend(path, "node-a")
+        gpu = (await backend.inventory()).gpus[0]
+        backend.inject_xid(0, 94, "contained ECC error", mig_uuid=gpu.mig_devices[2].uuid)
+        await backend.close()
+        return gpu, [e async for e in backend.health_events()]
+
+    gpu, events = asyncio.run(scenario())
+    assert events == [
+        HealthEvent(
+            gpu_uuid=gpu.uuid,
+            xid=94,
+            message="contained ECC error",
+            mig_uuid=gpu.mig_devices[2].uuid,
+        )
+    ]
+
+
+def test_inject_xid_rejects_what_the_fake_lacks(tmp_path: Path) -> None:
+    backend = FakeGpuBackend(write(tmp_path, MIG_FILE), "node-a")
+    with pytest.raises(IndexError, match="no fake GPU with index 5; there are 5"):
+        backend.inject_xid(5, 79)
+    with pytest.raises(IndexError, match="no fake GPU with index -1"):
+        backend.inject_xid(-1, 79)
+    other = fake_mig_uuid("GPU-other", 1)
+    with pytest.raises(IndexError, match="has no MIG device"):
+        backend.inject_xid(0, 79, mig_uuid=other)
+    with pytest.raises(IndexError, match="has no MIG device"):
+        backend.inject_xid(1, 79, mig_uuid=MigUUID(fake_mig_uuid("x", 1)))

@@ -1,0 +1,100 @@
+"""Kubernetes resource quantities (``10Gi``, ``500m``, ``1e3``) <-> exact numbers.
+
+Parsing is strict and exact (``Fraction``); formatting writes the API
+server's canonical form, so what we read back from the API equals what we
+wrote and a republish sees no spurious change.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[mkMGTPE])?"
+)
+_SUFFIX_FACTORS: dict[str, Fraction] = {
+    "": Fraction(1),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
+}
+_MAX_EXPONENT = 308  # keeps a hostile "1e999999999" from building a huge integer
+
+
+def parse_quantity(value: object) -> Fraction:
+    """A Kubernetes Quantity (``"81408Mi"``, ``"100"``, ``"500m"``, ``"1e3"``) as an exact number.
+
+    Strict: a sign, digits with an optional fraction, then one optional suffix
+    (binary ``Ki``…``Ei``, decimal ``m``, ``k``…``E``, or an exponent ``e<n>``);
+    no spaces. A JSON integer is accepted as the API server accepts it.
+    Raises :class:`ValueError` otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return Fraction(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a quantity: expected a string")
+    match = _QUANTITY.fullmatch(value)
+    if match is None:
+        raise ValueError(
+            f"{value!r} is not a quantity: expected a number with an optional suffix"
+            " (Ki, Mi, Gi, Ti, Pi, Ei, m, k, M, G, T, P, E or e<exponent>)"
+        )
+    number = Fraction(match["number"])
+    suffix = match["suffix"] or ""
+    if suffix not in _SUFFIX_FACTORS:  # an exponent: e3, E-2
+        exponent = int(suffix[1:])
+        if abs(exponent) > _MAX_EXPONENT:
+            raise ValueError(f"{value!r} is not a quantity: exponent out of range")
+        factor = Fraction(10) ** exponent
+    else:
+        factor = _SUFFIX_FACTORS[suffix]
+    amount = number * factor
+    return -amount if match["sign"] == "-" else amount
+
+
+def parse_whole(value: object) -> int:
+    """A quantity that must be a whole number (bytes, counts): ``"1Gi"`` → 1073741824."""
+    amount = parse_quantity(value)
+    if amount.denominator != 1:
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(amount)
+
+
+def format_count(value: int) -> str:
+    """A count as the API server's canonical DecimalSI Quantity: ``100``, ``48``, ``1k``."""
+    exponent = 0
+    while value and value % 1000 == 0 and exponent < len(_DECIMAL_SUFFIXES) - 1:
+        value //= 1000
+        exponent += 1
+    return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
+
+
+def format_bytes(value: int) -> str:
+    """Bytes as the API server's canonical Quantity: ``81408Mi``, ``80Gi``; plain digits
+    (DecimalSI) when the amount is not a whole number of KiB.
+
+    Writing the canonical form means what we read back equals what we wrote.
+    """
+    if abs(value) < 1024 or value % 1024:
+        return format_count(value)
+    exponent = 0
+    while value % 1024 == 0 and exponent < len(_BINARY_SUFFIXES) - 1:
+        value //= 1024
+        exponent += 1
+    return f"{value}{_BINARY_SUFFIXES[exponent]}"

@@ -1,0 +1,118 @@
+"""Node settings from flags and an optional file (the Helm chart fills one per node).
+
+File format (YAML or JSON); every key optional, flags give the defaults::
+
+    sharing: mps            # mps | timeslicing | exclusive, for every GPU
+    allocator: scheduler    # scheduler | controller
+    memoryReserve: 1Gi      # kept back from shares on each GPU
+    memoryStep: 256Mi       # share granularity
+    maxClients: 48          # shares per GPU
+    gpus:                   # per-GPU overrides, by index or UUID
+      "1": {sharing: exclusive}
+      GPU-5ed1b7c8-...: {allocator: controller}
+
+Unknown keys are errors that list the allowed ones: a typo must not silently
+give a GPU the wrong strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from dra_driver.core.errors import ConfigError
+from dra_driver.core.quantity import parse_whole
+from dra_driver.core.settings import Allocator, GpuSettings, NodeSettings, Sharing
+
+_TOP_KEYS = ("sharing", "allocator", "memoryReserve", "memoryStep", "maxClients", "gpus")
+_GPU_KEYS = ("sharing", "allocator")
+
+
+@dataclass(frozen=True)
+class NodeFlags:
+    """The node-setting flags as given on the command line (or their env twins)."""
+
+    sharing: str = Sharing.MPS.value
+    allocator: str = Allocator.SCHEDULER.value
+    memory_reserve: str = "0"
+    memory_step: str = "256Mi"
+    max_clients: int = 48
+    config_file: str | None = None
+
+
+def _choice(enum: type[Sharing] | type[Allocator], value: Any, where: str) -> Any:
+    try:
+        return enum(str(value))
+    except ValueError:
+        allowed = ", ".join(member.value for member in enum)
+        raise ConfigError(f"{where}: {value!r} is not one of {allowed}") from None
+
+
+def _bytes(value: Any, where: str) -> int:
+    try:
+        amount = parse_whole(str(value))
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if amount < 0:
+        raise ConfigError(f"{where}: must not be negative")
+    return amount
+
+
+def _check_keys(doc: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(doc) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)}")
+
+
+def _read(path: str) -> Mapping[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = yaml.safe_load(handle) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"--node-config {path}: cannot read it: {err}") from err
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--node-config {path}: expected a mapping at the top")
+    return doc
+
+
+def load_node_settings(flags: NodeFlags) -> NodeSettings:
+    doc: Mapping[str, Any] = _read(flags.config_file) if flags.config_file else {}
+    where = f"--node-config {flags.config_file}" if flags.config_file else "flags"
+    _check_keys(doc, _TOP_KEYS, where)
+    default = GpuSettings(
+        sharing=_choice(Sharing, doc.get("sharing", flags.sharing), f"{where}: sharing"),
+        allocator=_choice(Allocator, doc.get("allocator", flags.allocator), f"{where}: allocator"),
+    )
+    per_gpu: dict[str, GpuSettings] = {}
+    gpus = doc.get("gpus") or {}
+    if not isinstance(gpus, dict):
+        raise ConfigError(f"{where}: gpus must map a GPU index or UUID to its settings")
+    for key, entry in gpus.items():
+        at = f"{where}: gpus[{key!r}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{at}: expected a mapping with {', '.join(_GPU_KEYS)}")
+        _check_keys(entry, _GPU_KEYS, at)
+        per_gpu[str(key)] = GpuSettings(
+            sharing=_choice(Sharing, entry.get("sharing", default.sharing), f"{at}.sharing"),
+            allocator=_choice(
+                Allocator, entry.get("allocator", default.allocator), f"{at}.allocator"
+            ),
+        )
+    step = _bytes(doc.get("memoryStep", flags.memory_step), f"{where}: memoryStep")
+    if step <= 0:
+        raise ConfigError(f"{where}: memoryStep must be positive, e.g. 256Mi")
+    clients = doc.get("maxClients", flags.max_clients)
+    if not isinstance(clients, int) or isinstance(clients, bool) or clients < 1:
+        raise ConfigError(f"{where}: maxClients must be a positive integer, not {clients!r}")
+    return NodeSettings(
+        default=default,
+        per_gpu=per_gpu,
+        memory_reserve_bytes=_bytes(
+            doc.get("memoryReserve", flags.memory_reserve), f"{where}: memoryReserve"
+        ),
+        memory_step_bytes=step,
+        max_clients=clients,
+    )

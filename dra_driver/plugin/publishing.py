@@ -1,0 +1,85 @@
+"""Keeps this node's ResourceSlices published for as long as the plugin runs.
+
+What the cluster keeps is probed (server-side dry run) at start and again
+after every kubelet registration: the kubelet wipes the node's slices when it
+starts, and a control-plane upgrade between two registrations may have
+turned feature gates on or off. Each publish rebuilds the slices from the
+inventory with the pure builder and lets the publisher write only the
+difference. Slices are never deleted on shutdown: during a rolling update
+the next pod publishes the same pool, and after an uninstall the kubelet
+wipes them 30 s after the driver is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import NoReturn
+
+from dra_driver.core.model import Inventory
+from dra_driver.core.settings import Capabilities, NodeSettings
+from dra_driver.core.slice_rules import validate_pool
+from dra_driver.core.slices import DesiredSlice, build_slices
+from dra_driver.k8s.publisher import PublishResult, SlicePublisher
+
+log = logging.getLogger(__name__)
+
+ProbeFn = Callable[[], Awaitable[Capabilities]]
+
+
+class SlicePublishing:
+    def __init__(
+        self,
+        publisher: SlicePublisher,
+        probe: ProbeFn,
+        *,
+        inventory: Inventory,
+        settings: NodeSettings,
+        driver_name: str,
+        node_name: str,
+    ) -> None:
+        self.publisher = publisher
+        self.probe = probe
+        self.inventory = inventory
+        self.settings = settings
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.capabilities: Capabilities | None = None
+        self.last_result: PublishResult | None = None
+        self._reprobe = True
+
+    def on_registered(self) -> None:
+        """The kubelet (re)registered us: probe again, then publish."""
+        self._reprobe = True
+        self.publisher.request_publish()
+
+    async def desired(self) -> list[DesiredSlice]:
+        if self._reprobe or self.capabilities is None:
+            self.capabilities = await self.probe()
+            self._reprobe = False
+            log.info("cluster keeps: %s", self.capabilities)
+        slices = build_slices(
+            self.inventory,
+            driver_name=self.driver_name,
+            node_name=self.node_name,
+            settings=self.settings,
+            capabilities=self.capabilities,
+        )
+        # Our own copy of the API server's rules: a slice it would reject is
+        # a bug here, better reported as such than as an HTTP 422.
+        validate_pool([s.spec for s in slices], self.capabilities)
+        return slices
+
+    def _published(self, result: PublishResult) -> None:
+        self.last_result = result
+        if result.changed:
+            log.info(
+                "published ResourceSlices generation %d: %d created, %d updated, %d deleted",
+                result.generation,
+                len(result.created),
+                len(result.updated),
+                len(result.deleted),
+            )
+
+    async def run(self) -> NoReturn:
+        await self.publisher.run(self.desired, on_publish=self._published)

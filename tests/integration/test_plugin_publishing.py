@@ -1,0 +1,109 @@
+"""The running plugin keeps its ResourceSlices published (fake API over real HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dra_driver.core.settings import NodeSettings
+from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.k8s.capabilities import probe_capabilities
+from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.publisher import SlicePublisher
+from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
+from dra_driver.testing.kubelet import FakeKubelet
+from dra_driver.testing.memory_claims import InMemoryClaimSource
+from dra_driver.testing.objects import node_object
+from tests.support.fakekube import FakeKubeApi
+from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+SLICES = "resourceslices"
+
+
+@pytest.fixture(params=[34, 36], ids=["k8s-1.34", "k8s-1.36"])
+def api(request: pytest.FixtureRequest) -> Iterator[FakeKubeApi]:
+    with FakeKubeApi(kube_minor=request.param) as fake:
+        fake.create(node_object(NODE))
+        fake.create(node_object("node-b"))
+        yield fake
+
+
+def runtime_with_slices(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginRuntime, SlicePublisher]:
+    client = make_api_client(None, host=api.url)
+    publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
+    options = SliceOptions(
+        publisher=publisher,
+        probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
+        settings=NodeSettings(),
+    )
+    runtime = PluginRuntime(
+        dirs.config(),
+        FakeGpuBackend("h100-80gb:2,h100-80gb:1:mig", NODE),
+        InMemoryClaimSource(),
+        options,
+    )
+    return runtime, publisher
+
+
+async def wait_for(check: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def ours(api: FakeKubeApi) -> list[dict[str, Any]]:
+    return [s for s in api.objects(SLICES) if s["spec"]["nodeName"] == NODE]
+
+
+def test_publishes_at_start_and_again_after_each_registration(
+    node_dirs: NodeDirs, api: FakeKubeApi
+) -> None:
+    foreign = api.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "node-b-other"},
+            "spec": {"driver": DRIVER, "nodeName": "node-b", "pool": {"name": "node-b",
+                     "generation": 1, "resourceSliceCount": 1}, "devices": []},
+        }
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        runtime, publisher = runtime_with_slices(node_dirs, api)
+        await runtime.start()
+        try:
+            await wait_for(lambda: ours(api), "the first publish")
+            first = ours(api)
+            assert {s["spec"]["pool"]["generation"] for s in first} == {1}
+            counts = {s["spec"]["pool"]["resourceSliceCount"] for s in first}
+            assert counts == {len(first)}
+            assert runtime.publishing is not None and runtime.publishing.capabilities is not None
+            names = sorted(d["name"] for s in first for d in s["spec"].get("devices", []))
+            if runtime.publishing.capabilities.partitionable_devices:
+                assert any("-mig-" in n for n in names), names
+            else:  # 1.34: the MIG GPU has no static instance, so only whole GPUs
+                assert names == ["gpu-0", "gpu-1"]
+
+            # The kubelet starts: it wipes the node's slices, then registers us.
+            for obj in first:
+                api.delete(SLICES, obj["metadata"]["name"])
+            kubelet = FakeKubelet(node_dirs.registry)
+            await kubelet.wait_for_plugin(DRIVER)
+            await wait_for(lambda: len(ours(api)) == len(first), "the republish")
+            assert {s["spec"]["pool"]["generation"] for s in ours(api)} == {2}
+            await kubelet.close()
+        finally:
+            await runtime.stop()
+            publisher.close()
+        # A normal shutdown leaves the slices to the next pod (or the kubelet).
+        assert len(ours(api)) == len(first)
+        assert api.get(SLICES, "node-b-other") == foreign
+
+    run_checked(scenario())
