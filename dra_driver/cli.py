@@ -163,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(render)
 
     demo = sub.add_parser("demo", help="run the node flow on fake GPUs and print who got what")
-    add_flag(demo, "--fake-gpus", "fake GPUs for the demo", default="h100-80gb:2,l4:1")
+    add_flag(
+        demo, "--fake-gpus", "fake GPUs for the demo", default="h100-80gb:2,l4:1,h100-80gb:1:mig"
+    )
     add_flag(demo, "--work-dir", "keep sockets, checkpoint and CDI specs here (default: temp dir)")
     # The demo's table says what went wrong per claim; the driver's own
     # warnings for the two refused example claims would only repeat it.

@@ -11,11 +11,17 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from dra_driver.core.ids import ClaimRef
+from dra_driver.core.model import Inventory
+from dra_driver.core.settings import Capabilities, NodeSettings
+from dra_driver.core.slice_rules import validate_pool
+from dra_driver.core.slices import build_slices
 from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.k8s.publisher import slice_name
 from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, PluginConfig, PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet, PrepareResult
 from dra_driver.testing.memory_claims import InMemoryClaimSource
@@ -49,6 +55,56 @@ def example_claims(node: str, driver: str) -> list[dict[str, Any]]:
         ),
         resource_claim("default", "not-allocated", node=node, driver=driver, allocated=False),
     ]
+
+
+def _describe_device(device: Mapping[str, Any]) -> str:
+    attrs = device.get("attributes", {})
+    kind = attrs.get("type", {}).get("string")
+    if kind == "mig":
+        return str(attrs["profile"]["string"])
+    sharing = attrs.get("sharing", {}).get("string", "?")
+    memory = device.get("capacity", {}).get("memory", {})
+    if device.get("allowMultipleAllocations"):
+        policy = memory.get("requestPolicy", {})
+        step = policy.get("validRange", {}).get("step", "?")
+        clients = device["capacity"].get("clients", {}).get("value", "?")
+        return (
+            f"{device['name']} {sharing}: memory {memory.get('value')} in {step} steps, "
+            f"computePercent, {clients} clients"
+        )
+    return f"{device['name']} {sharing}: memory {memory.get('value')}"
+
+
+def _print_slices(inventory: Inventory, out: TextIO) -> None:
+    """A summary of the ResourceSlices the plugin would publish on a 1.36 cluster."""
+    caps = Capabilities.for_version(36)
+    slices = build_slices(
+        inventory,
+        driver_name=DEFAULT_DRIVER_NAME,
+        node_name=NODE,
+        settings=NodeSettings(),
+        capabilities=caps,
+    )
+    validate_pool([s.spec for s in slices], caps)
+    print(
+        f"\nResourceSlices for a Kubernetes 1.36 cluster ({len(slices)}; "
+        "`dra-driver render-slices` prints them in full):",
+        file=out,
+    )
+    for desired in slices:
+        name = slice_name(NODE, DEFAULT_DRIVER_NAME, desired.key)
+        counters = desired.spec.get("sharedCounters", ())
+        if counters:
+            sets = ", ".join(f"{c['name']} ({len(c['counters'])} counters)" for c in counters)
+            print(f"  {name}: counter sets {sets}", file=out)
+        described = [_describe_device(d) for d in desired.spec.get("devices", ())]
+        mig = Counter(d for d in described if " " not in d)
+        whole = [d for d in described if " " in d]
+        for line in whole:
+            print(f"  {name}: {line}", file=out)
+        if mig:
+            parts = ", ".join(f"{profile} x{n}" for profile, n in mig.items())
+            print(f"  {name}: {sum(mig.values())} MIG placements ({parts})", file=out)
 
 
 def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -118,6 +174,7 @@ async def run_demo(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
         for gpu in inventory.gpus:
             memory = f"{gpu.memory_bytes / 2**30:.1f} GiB"
             print(f"  {gpu.device_name}  {gpu.product_name}  {memory}  {gpu.uuid}", file=out)
+        _print_slices(inventory, out)
         plugin = await kubelet.wait_for_plugin(DEFAULT_DRIVER_NAME)
         print(f"\nkubelet registered {plugin.name}: endpoint {plugin.endpoint}", file=out)
         print(
@@ -141,11 +198,11 @@ async def run_demo(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
         )
 
         async for health in plugin.watch_health("v1alpha1"):
-            states = ", ".join(
-                f"{d.device.device_name}={'Healthy' if d.health == 1 else d.health}"
-                for d in health.devices
+            states = Counter(
+                "Healthy" if d.health == 1 else f"health {d.health}" for d in health.devices
             )
-            print(f"health stream (v1alpha1): {states}", file=out)
+            summary = ", ".join(f"{n} {state}" for state, n in states.items())
+            print(f"health stream (v1alpha1): {len(health.devices)} devices: {summary}", file=out)
             break
 
         prepared = [r for r in refs if not results[r.uid].error]

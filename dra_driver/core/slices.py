@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dra_driver.core.ids import DeviceName
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement, MigProfile
 from dra_driver.core.quantity import format_bytes, format_count
 from dra_driver.core.semver import normalise_version
@@ -240,21 +241,50 @@ def _partitioned_gpu(
             counters[counter] = {"value": format_count(most)}
 
     devices = _static_mig_devices(gpu, gpu_settings, set_name)
-    taken = [existing.placement for existing in gpu.mig_devices]
-    for profile in gpu.mig_profiles:
-        for placement in profile.placements:
-            if any(placement.overlaps(other) for other in taken):
-                continue
-            name = _mig_device_name(gpu, profile.name, profile.id, placement.start)
-            device = _mig_device(
-                gpu, gpu_settings, name=name, profile_name=profile.name, profile=profile
-            )
-            device["consumesCounters"] = [_consumption(set_name, profile, placement)]
-            devices.append(((profile.id, placement.start), device))
+    for profile, placement in _free_placements(gpu):
+        name = _mig_device_name(gpu, profile.name, profile.id, placement.start)
+        device = _mig_device(
+            gpu, gpu_settings, name=name, profile_name=profile.name, profile=profile
+        )
+        device["consumesCounters"] = [_consumption(set_name, profile, placement)]
+        devices.append(((profile.id, placement.start), device))
     if not counters or not devices:
         return None
     devices.sort(key=lambda item: item[0])
     return {"name": set_name, "counters": counters}, [device for _, device in devices]
+
+
+def _free_placements(gpu: GpuInfo) -> list[tuple[MigProfile, MigPlacement]]:
+    """Placements that overlap no MIG instance that exists now."""
+    taken = [existing.placement for existing in gpu.mig_devices]
+    return [
+        (profile, placement)
+        for profile in gpu.mig_profiles
+        for placement in profile.placements
+        if not any(placement.overlaps(other) for other in taken)
+    ]
+
+
+def device_names(inventory: Inventory) -> list[DeviceName]:
+    """Every device name this node can publish, whatever the cluster keeps.
+
+    Whole GPUs without MIG; on MIG GPUs the existing instances and every free
+    placement. The health stream reports these.
+    """
+    names: list[DeviceName] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        if not gpu.mig_enabled:
+            names.append(gpu.device_name)
+            continue
+        names.extend(
+            DeviceName(_mig_device_name(gpu, d.profile_name, d.profile_id, d.placement.start))
+            for d in gpu.mig_devices
+        )
+        names.extend(
+            DeviceName(_mig_device_name(gpu, profile.name, profile.id, placement.start))
+            for profile, placement in _free_placements(gpu)
+        )
+    return names
 
 
 def _static_mig_devices(

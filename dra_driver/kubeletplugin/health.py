@@ -24,7 +24,6 @@ from dra_driver._gen.dra_health.v1 import api_pb2 as v1_pb2
 from dra_driver._gen.dra_health.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._gen.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from dra_driver._gen.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
-from dra_driver.core.model import Inventory
 
 MESSAGE_LIMIT = 1024
 
@@ -49,11 +48,9 @@ class DeviceHealthState:
     """How long the kubelet may trust the entry; 0 leaves it to the kubelet's default."""
 
 
-def healthy_inventory(inventory: Inventory, pool_name: str) -> list[DeviceHealthState]:
+def all_healthy(device_names: Iterable[str], pool_name: str) -> list[DeviceHealthState]:
     now = int(time.time())
-    return [
-        DeviceHealthState(pool_name, gpu.device_name, Health.HEALTHY, now) for gpu in inventory.gpus
-    ]
+    return [DeviceHealthState(pool_name, name, Health.HEALTHY, now) for name in device_names]
 
 
 class HealthHub:

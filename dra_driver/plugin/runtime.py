@@ -20,8 +20,9 @@ from dra_driver.core.ids import PoolName
 from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend
 from dra_driver.core.settings import NodeSettings
+from dra_driver.core.slices import device_names
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.kubeletplugin.health import HealthHub, healthy_inventory
+from dra_driver.kubeletplugin.health import HealthHub, all_healthy
 from dra_driver.kubeletplugin.server import PluginServer
 from dra_driver.kubeletplugin.sockets import SocketPaths, socket_paths
 from dra_driver.plugin.cdi_store import CdiStore
@@ -110,7 +111,7 @@ class PluginRuntime:
             lock=NodeLock(os.path.join(cfg.plugin_dir, LOCK_FILE)),
         )
         self.reconcile_report = await self.driver.reconcile()
-        hub = HealthHub(healthy_inventory(inventory, ctx.pool_name))
+        hub = HealthHub(all_healthy(device_names(inventory), ctx.pool_name))
         self.server = PluginServer(cfg.driver_name, self.sockets, self.driver, hub)
         if self.slice_options is not None:
             self.publishing = SlicePublishing(

@@ -167,3 +167,38 @@ def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str])
         main(["frobnicate"])
     assert info.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+# --- render-slices and demo ----------------------------------------------------------
+
+
+def test_render_slices_prints_valid_yaml(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    monkeypatch.delenv("LOG_LEVEL", raising=False)
+    argv = ["render-slices", "--fake-gpus", "h100-80gb:1,h100-80gb:1:mig", "--node-name", "n1"]
+    assert main([*argv, "--kube-version", "1.36"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["metadata"]["name"] for d in docs] == [
+        "n1-gpu-fractional-dev-counters-0",
+        "n1-gpu-fractional-dev-devices-0",
+        "n1-gpu-fractional-dev-gpu-1",
+    ]
+    assert all(d["spec"]["nodeName"] == "n1" for d in docs)
+    assert main([*argv, "--kube-version", "1.34", "--sharing", "exclusive"]) == 0
+    (only,) = list(yaml.safe_load_all(capsys.readouterr().out))
+    (gpu,) = only["spec"]["devices"]
+    assert gpu["name"] == "gpu-0" and "allowMultipleAllocations" not in gpu
+
+
+def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "kubelet uses v1.DRAPlugin" in out
+    assert "default/llm-inference   demo-node/gpu-0" in out
+    assert "ERROR: it is allocated to node node-b" in out
+    assert "repeated prepare returns the recorded result: yes" in out
+    assert "25 MIG placements" in out
+    assert "CDI specs left: 0" in out

@@ -19,13 +19,11 @@ from dra_driver.core.ids import GpuUUID, MigUUID
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement, MigProfile
 from dra_driver.core.quantity import format_bytes, format_count, parse_quantity
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
-from dra_driver.core.slice_rules import pool_problems, validate_pool
 from dra_driver.core.slices import DesiredSlice, build_slices
+from tests.support.slice_checks import DRIVER, NODE, assert_publishable
 
 MIB = 2**20
 GIB = 2**30
-DRIVER = "gpu.fractional.dev"
-NODE = "node-a"
 MINORS = (34, 35, 36, 37)
 
 # 1.34 with DRAPartitionableDevices and DRAConsumableCapacity switched on by hand:
@@ -154,33 +152,6 @@ def memory_slices(device: Mapping[str, Any]) -> set[int]:
         for name in entry["counters"]
         if name.startswith("memory-slice-")
     }
-
-
-# --- checks every test applies --------------------------------------------------------
-
-
-def assert_publishable(slices: Sequence[DesiredSlice], caps: Capabilities, minor: int) -> None:
-    """Our API rules and the official strict OpenAPI schema of 1.<minor>."""
-    specs = [s.spec for s in slices]
-    assert pool_problems(specs, caps) == []
-    validate_pool(specs, caps)
-    assert len({s.key for s in slices}) == len(slices), "keys must be unique"
-    kubernetes_validate = pytest.importorskip(
-        "kubernetes_validate",
-        reason="kubernetes-validate (test extra) is not installed: OpenAPI schema not checked",
-    )
-    # One ResourceSliceList per pool: the schema is loaded once, not once per slice.
-    items = [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{NODE}-{DRIVER}-{desired.key}"},
-            "spec": dict(desired.spec),
-        }
-        for desired in slices
-    ]
-    pool = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "items": items}
-    kubernetes_validate.validate(pool, f"1.{minor}.0", strict=True)
 
 
 # --- whole GPUs -----------------------------------------------------------------------
