@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_flag(plugin, "--kubeconfig", "kubeconfig file; in-cluster config when unset")
     add_flag(
         plugin,
+        "--inventory-interval",
+        "seconds between GPU re-discoveries (0: never)",
+        default="60",
+    )
+    add_flag(
+        plugin,
         "--boot-id-file",
         "file with this boot's id (checkpoint trust)",
         default="/proc/sys/kernel/random/boot_id",
@@ -195,6 +201,16 @@ def _node_settings(args: argparse.Namespace) -> NodeSettings:
             config_file=args.node_config or None,
         )
     )
+
+
+def _seconds(text: str, flag: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ConfigError(f"{flag} ({env_name(flag)}): {text!r} is not a number of seconds >= 0")
+    return value
 
 
 def _backend(args: argparse.Namespace, node_name: str) -> GpuBackend:
@@ -267,6 +283,7 @@ def _run_plugin(args: argparse.Namespace) -> int:
         cdi_root=args.cdi_root,
         rolling_update_uid=args.rolling_update_uid or None,
         boot_id_file=args.boot_id_file,
+        inventory_interval=_seconds(args.inventory_interval, "--inventory-interval"),
     )
     config.validate()
     settings = _node_settings(args)

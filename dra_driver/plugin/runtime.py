@@ -12,11 +12,14 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from dra_driver.core.cdi import cdi_kind_for_driver
-from dra_driver.core.errors import ConfigError
+from dra_driver.core.errors import ConfigError, DriverError
 from dra_driver.core.ids import PoolName
+from dra_driver.core.model import Inventory
 from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend
 from dra_driver.core.settings import NodeSettings
@@ -50,6 +53,9 @@ class PluginConfig:
     cdi_root: str
     rolling_update_uid: str | None = None
     boot_id_file: str = "/proc/sys/kernel/random/boot_id"
+    inventory_interval: float = 60.0
+    """Seconds between re-discoveries of the GPUs (MIG mode changes after a
+    reset, a GPU gone); 0 turns it off."""
 
     def validate(self) -> None:
         if not self.node_name:
@@ -82,7 +88,8 @@ class PluginRuntime:
         self.claims = claims
         self.slice_options = slices
         self.publishing: SlicePublishing | None = None
-        self._publish_task: asyncio.Task[None] | None = None
+        self.inventory: Inventory | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.sockets: SocketPaths = socket_paths(
             config.driver_name, config.registry_dir, config.plugin_dir, config.rolling_update_uid
         )
@@ -93,7 +100,7 @@ class PluginRuntime:
     async def start(self) -> None:
         cfg = self.config
         os.makedirs(cfg.plugin_dir, exist_ok=True)
-        inventory = await self.backend.inventory()
+        inventory = self.inventory = await self.backend.inventory()
         ctx = NodeContext(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
@@ -123,9 +130,10 @@ class PluginRuntime:
                 node_name=cfg.node_name,
             )
             self.server.registration.on_registered.append(self.publishing.on_registered)
-            self._publish_task = asyncio.create_task(
-                self._publish_forever(self.publishing), name="slice-publisher"
-            )
+            self._spawn(self.publishing.run(), "slice-publisher")
+        self._spawn(self._log_health_events(), "health-events")
+        if cfg.inventory_interval > 0:
+            self._spawn(self._watch_inventory(cfg.inventory_interval), "inventory-watch")
         await self.server.start()
         log.info(
             "kubelet plugin for %s on node %s serving %d GPU(s) from the %s backend",
@@ -135,17 +143,64 @@ class PluginRuntime:
             self.backend.name,
         )
 
-    @staticmethod
-    async def _publish_forever(publishing: SlicePublishing) -> None:
-        await publishing.run()
+    def _spawn(self, work: Coroutine[Any, Any, object], name: str) -> None:
+        """Run ``work`` for the plugin's lifetime; an unexpected end is logged loudly."""
+
+        async def guarded() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background task %s failed", name)
+                raise
+            log.error("background task %s ended; it should run until shutdown", name)
+
+        self._tasks.append(asyncio.create_task(guarded(), name=name))
+
+    async def _log_health_events(self) -> None:
+        # Until device health lands (taints, health stream), events are logged.
+        async for event in self.backend.health_events():
+            log.warning(
+                "GPU %s reported XID %d%s: %s",
+                event.gpu_uuid,
+                event.xid,
+                f" on {event.mig_uuid}" if event.mig_uuid else "",
+                event.message or "(no message)",
+            )
+
+    async def _watch_inventory(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                inventory = await self.backend.inventory()
+            except DriverError as err:
+                log.warning("GPU re-discovery failed; keeping the last inventory: %s", err)
+                continue
+            if inventory != self.inventory:
+                await self._inventory_changed(inventory)
+
+    async def _inventory_changed(self, inventory: Inventory) -> None:
+        log.info("the GPU inventory changed; updating the plugin and republishing")
+        self.inventory = inventory
+        assert self.driver is not None and self.server is not None
+        self.driver.inventory = inventory
+        await self.server.health.update(
+            all_healthy(device_names(inventory), self.driver.ctx.pool_name)
+        )
+        if self.publishing is not None:
+            self.publishing.inventory = inventory
+            self.publishing.publisher.request_publish()
 
     async def stop(self) -> None:
-        if self._publish_task is not None:
-            # Cancelled, never unpublished: see plugin/publishing.py.
-            self._publish_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._publish_task
-            self._publish_task = None
+        # Background tasks first. The publisher is cancelled, never told to
+        # unpublish: see plugin/publishing.py.
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
         if self.server is not None:
             await self.server.stop()
             self.server = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterator
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.core.model import Inventory
 from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.capabilities import probe_capabilities
@@ -105,5 +107,57 @@ def test_publishes_at_start_and_again_after_each_registration(
         # A normal shutdown leaves the slices to the next pod (or the kubelet).
         assert len(ours(api)) == len(first)
         assert api.get(SLICES, "node-b-other") == foreign
+
+    run_checked(scenario())
+
+
+class ResettableGpus(FakeGpuBackend):
+    """A node whose GPU 1 comes back from a reset with MIG enabled."""
+
+    def __init__(self) -> None:
+        super().__init__("h100-80gb:2", NODE)
+        self.after_reset = FakeGpuBackend("h100-80gb:1,h100-80gb:1:mig", NODE)
+        self.reset = False
+
+    async def inventory(self) -> Inventory:
+        if self.reset:
+            return await self.after_reset.inventory()
+        return await super().inventory()
+
+
+def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) -> None:
+    async def scenario() -> None:
+        client = make_api_client(None, host=api.url)
+        publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
+        backend = ResettableGpus()
+        runtime = PluginRuntime(
+            dataclasses.replace(node_dirs.config(), inventory_interval=0.05),
+            backend,
+            InMemoryClaimSource(),
+            SliceOptions(
+                publisher=publisher,
+                probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
+                settings=NodeSettings(),
+            ),
+        )
+        await runtime.start()
+        try:
+            await wait_for(lambda: ours(api), "the first publish")
+            backend.reset = True
+            assert runtime.publishing is not None and runtime.publishing.capabilities is not None
+            mig = runtime.publishing.capabilities.partitionable_devices
+            await wait_for(
+                lambda: {s["spec"]["pool"]["generation"] for s in ours(api)} == {2},
+                "the republish",
+            )
+            names = {d["name"] for s in ours(api) for d in s["spec"].get("devices", [])}
+            assert "gpu-1" not in names
+            assert any(n.startswith("gpu-1-mig-") for n in names) is mig
+            assert runtime.server is not None
+            health = {d.device_name for d in runtime.server.health.snapshot()[1]}
+            assert "gpu-1" not in health and "gpu-1-mig-3g40gb-9-0" in health
+        finally:
+            await runtime.stop()
+            publisher.close()
 
     run_checked(scenario())
