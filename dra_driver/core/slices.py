@@ -265,26 +265,43 @@ def _free_placements(gpu: GpuInfo) -> list[tuple[MigProfile, MigPlacement]]:
     ]
 
 
+@dataclass(frozen=True)
+class MigTarget:
+    """What a published MIG device name stands for."""
+
+    gpu: GpuInfo
+    profile_id: int
+    profile_name: str
+    placement: MigPlacement
+    existing: MigDevice | None
+    """The instance, when it exists now; None for a placement to create at prepare."""
+
+
+def mig_targets(inventory: Inventory) -> dict[DeviceName, MigTarget]:
+    """Every MIG device name this node can publish: existing instances and free placements."""
+    targets: dict[DeviceName, MigTarget] = {}
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        if not gpu.mig_enabled:
+            continue
+        for d in gpu.mig_devices:
+            name = DeviceName(
+                _mig_device_name(gpu, d.profile_name, d.profile_id, d.placement.start)
+            )
+            targets[name] = MigTarget(gpu, d.profile_id, d.profile_name, d.placement, d)
+        for profile, placement in _free_placements(gpu):
+            name = DeviceName(_mig_device_name(gpu, profile.name, profile.id, placement.start))
+            targets[name] = MigTarget(gpu, profile.id, profile.name, placement, None)
+    return targets
+
+
 def device_names(inventory: Inventory) -> list[DeviceName]:
     """Every device name this node can publish, whatever the cluster keeps.
 
-    Whole GPUs without MIG; on MIG GPUs the existing instances and every free
-    placement. The health stream reports these.
+    Whole GPUs without MIG, then the MIG targets. The health stream reports these.
     """
-    names: list[DeviceName] = []
-    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        if not gpu.mig_enabled:
-            names.append(gpu.device_name)
-            continue
-        names.extend(
-            DeviceName(_mig_device_name(gpu, d.profile_name, d.profile_id, d.placement.start))
-            for d in gpu.mig_devices
-        )
-        names.extend(
-            DeviceName(_mig_device_name(gpu, profile.name, profile.id, placement.start))
-            for profile, placement in _free_placements(gpu)
-        )
-    return names
+    whole = [gpu.device_name for gpu in sorted(inventory.gpus, key=lambda g: g.index)]
+    mig_gpus = {gpu.device_name for gpu in inventory.gpus if gpu.mig_enabled}
+    return [n for n in whole if n not in mig_gpus] + list(mig_targets(inventory))
 
 
 def _static_mig_devices(
