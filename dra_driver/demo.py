@@ -25,7 +25,7 @@ from dra_driver.k8s.publisher import slice_name
 from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, PluginConfig, PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet, PrepareResult
 from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
+from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 
 NODE = "demo-node"
 
@@ -48,7 +48,14 @@ def example_claims(node: str, driver: str) -> list[dict[str, Any]]:
             "notebook-share",
             node=node,
             driver=driver,
-            devices=[Allocated("gpu-2", share_id="7d3f52c1-0b7e-4f0e-9a55-2b1d5e0c9a10")],
+            devices=[
+                share(
+                    "gpu-2",
+                    memory="10Gi",
+                    compute_percent=25,
+                    share_id="7d3f52c1-0b7e-4f0e-9a55-2b1d5e0c9a10",
+                )
+            ],
         ),
         resource_claim(
             "default", "other-node", node="node-b", driver=driver, devices=[Allocated("gpu-0")]

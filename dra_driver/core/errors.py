@@ -18,8 +18,13 @@ translated at their adapter with ``raise ... from err``::
     │   └── ApiUnavailableError    transport errors, 5xx, 429: worth a retry
     ├── CheckpointError
     │   └── CheckpointCorruptError the file fails its checksum or schema
-    ├── InventoryError             GPU discovery failed or was misconfigured
-    └── ConfigError                a flag or file given to the driver is invalid
+    ├── InventoryError             GPU discovery or MIG management failed, or was
+    │   │                          misconfigured
+    │   └── MigPlacementBusyError  a MIG instance cannot go where asked: the placement
+    │                              overlaps an existing instance (or the GPU lacks room)
+    ├── ConfigError                a flag or file given to the driver is invalid
+    └── InvalidConfigError         an opaque config (gpu.fractional.dev/v1alpha1) is
+                                   invalid, or asks more than the allocation granted
 """
 
 from __future__ import annotations
@@ -89,8 +94,32 @@ class CheckpointCorruptError(CheckpointError):
 
 
 class InventoryError(DriverError):
-    """GPU discovery failed or its configuration is invalid."""
+    """GPU discovery or MIG management failed, or its configuration is invalid."""
+
+
+class MigPlacementBusyError(InventoryError):
+    """A GPU instance cannot be created at the asked placement.
+
+    The placement overlaps a GPU instance that exists already (one created
+    before we started, or one a claim owns), or the GPU has no room left for
+    that profile. The message names the placement and, where known, the
+    instance in the way. Not transient on its own: the instance in the way
+    must be destroyed first.
+    """
 
 
 class ConfigError(DriverError):
     """A flag, environment variable or file given to the driver is invalid."""
+
+
+class InvalidConfigError(DriverError):
+    """An opaque device config is malformed, or asks more than the allocation granted.
+
+    Raised by ``dra_driver.api``; the message names the field path
+    (``mps.computePercent``) and what is allowed. ``field`` holds that path
+    (empty when the problem is the object as a whole).
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field

@@ -5,27 +5,42 @@ kubelet restart, after a partial failure); the same claim, inventory and node
 must always give the same plan, so a repeat writes the same CDI spec and
 returns the same device ids. Nothing here reads clocks, files or the API.
 
-This foundation enforces one mode, an exclusive whole GPU: the GPU's device
-node plus the control node. Results that carry a ``shareID`` (consumable
-capacity) or ``adminAccess`` are given the same device access, recorded with
-their mode, without per-share limits; the enforcement issue adds MPS, MIG and
-time-slicing plans.
+Each allocated device gets a mode: the whole GPU (a result without a
+``shareID``), an MPS share with the memory and SM limits granted by the
+allocation (``consumedCapacity`` on the native path, the controller's
+``GpuShareGrant`` otherwise) and lowered by the claim's ``GpuConfig``, a
+time-sliced share (no limits), a MIG device (an existing instance, or a
+placement to create at prepare), or admin access. The sharing strategy is the
+GPU's node setting, never the claim's. The plan also guards the node: an
+exclusive device already prepared for another claim, or MPS shares whose
+memory would not fit the GPU, fail the claim.
+
+The plan's CDI spec holds what every container of the claim needs that the
+plan can know: the GPU's device node and the node's common edits (driver
+libraries, control nodes). Edits that only exist once a side effect has run
+(an MPS namespace's pipe directory, a new MIG instance's capability nodes) are
+added by the engine when it applies the plan.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, DeviceNode
+from dra_driver.api.configs import effective_config, limits_for
+from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, DeviceNode, merge_edits
 from dra_driver.core.errors import (
     AllocationError,
     ClaimNotAllocatedError,
     ClaimNotOnNodeError,
+    InvalidConfigError,
 )
 from dra_driver.core.ids import ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClaim
+from dra_driver.core.quantity import format_bytes
+from dra_driver.core.settings import NodeSettings, Sharing
+from dra_driver.core.slices import MigTarget, mig_targets
 
 NVIDIA_MAJOR = 195
 """Character-device major of /dev/nvidia<N> and /dev/nvidiactl (fixed by the driver)."""
@@ -38,22 +53,50 @@ class Mode(enum.StrEnum):
     EXCLUSIVE = "exclusive"
     """The whole GPU, held by this claim alone."""
     SHARED = "shared"
-    """A share (result with shareID); limits arrive with the enforcement issue."""
+    """A time-sliced share: the GPU's nodes, no limits."""
+    MPS = "mps"
+    """An MPS share: memory and SM limits held by the MPS daemon."""
+    MIG = "mig"
+    """A MIG device: hardware isolation, held by this claim alone."""
     ADMIN = "admin"
     """adminAccess: monitoring access that holds nothing."""
 
 
-_MODE_STRENGTH = (Mode.ADMIN, Mode.SHARED, Mode.EXCLUSIVE)
+_MODE_STRENGTH = (Mode.ADMIN, Mode.SHARED, Mode.MPS, Mode.MIG, Mode.EXCLUSIVE)
+_HOLDS_ALONE = (Mode.EXCLUSIVE, Mode.MIG)
 
 
 @dataclass(frozen=True)
 class NodeContext:
-    """Who we are on this node."""
+    """Who we are on this node, and what every claim's container gets."""
 
     driver_name: str
     node_name: str
     pool_name: PoolName
     cdi_kind: str
+    settings: NodeSettings = field(default_factory=NodeSettings)
+    common_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    """The driver's user-space libraries, control nodes and hooks (toolkit spec or
+    driver-root discovery); empty when unknown."""
+
+
+@dataclass(frozen=True)
+class ShareLimits:
+    memory_bytes: int
+    compute_percent: int
+    """0: no SM cap."""
+
+
+@dataclass(frozen=True)
+class MigPlan:
+    profile_id: int
+    profile_name: str
+    placement_start: int
+    placement_size: int
+    mig_uuid: str | None = None
+    """Set when the instance exists; None: the engine creates it at prepare."""
+    gi_id: int | None = None
+    ci_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +108,10 @@ class PlannedDevice:
     gpu_uuid: GpuUUID
     mode: Mode
     cdi_device_ids: tuple[str, ...]
+    limits: ShareLimits | None = None
+    """MPS shares only."""
+    mig: MigPlan | None = None
+    """MIG devices only."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +127,8 @@ class DeviceUse:
 
     claim_uid: ClaimUID
     mode: Mode
+    memory_bytes: int = 0
+    """An MPS share's memory limit (for the overcommit guard)."""
 
 
 def cdi_device_name(claim_uid: str, device: str, share_id: str | None) -> str:
@@ -113,12 +162,6 @@ def _our_results(claim: ResourceClaim, ctx: NodeContext) -> list[DeviceResult]:
     return here
 
 
-def _mode(result: DeviceResult) -> Mode:
-    if result.admin_access:
-        return Mode.ADMIN
-    return Mode.SHARED if result.share_id else Mode.EXCLUSIVE
-
-
 def _check_conflicts(
     claim: ResourceClaim,
     device: DeviceName,
@@ -131,7 +174,7 @@ def _check_conflicts(
     for use in in_use.get(device, ()):
         if use.claim_uid == claim.ref.uid or use.mode is Mode.ADMIN:
             continue
-        if mode is Mode.EXCLUSIVE or use.mode is Mode.EXCLUSIVE:
+        if mode in _HOLDS_ALONE or use.mode in _HOLDS_ALONE:
             raise AllocationError(
                 claim.ref,
                 f"device {device} is already prepared for claim {use.claim_uid} "
@@ -147,7 +190,7 @@ def _check_own_results(
     exclusive: set[DeviceName] = set()
     for (device, _), group in groups.items():
         uses[device] = uses.get(device, 0) + 1
-        if any(_mode(r) is Mode.EXCLUSIVE for r in group):
+        if any(not r.share_id and not r.admin_access for r in group):
             exclusive.add(device)
     for device in sorted(exclusive):
         if uses[device] > 1:
@@ -176,20 +219,32 @@ def plan_prepare(
 
     planned: list[PlannedDevice] = []
     cdi_devices: list[CdiDevice] = []
+    migs = mig_targets(inventory)
     for (device, share_id), group in sorted(
         groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
     ):
-        gpu = inventory.gpu_by_device(device)
-        if gpu is None:
-            known = ", ".join(g.device_name for g in inventory.gpus) or "none"
+        target = migs.get(device)
+        gpu = target.gpu if target is not None else inventory.gpu_by_device(device)
+        if gpu is None or (target is None and gpu.mig_enabled):
+            known = ", ".join([n for n in _whole_gpus(inventory)] + sorted(migs)) or "none"
             raise AllocationError(
                 claim.ref,
                 f"device {device} is not on this node (devices here: {known}); "
                 "the allocation is stale: delete the claim so it is allocated again",
             )
         # The strongest use wins when two results name one device.
-        mode = max((_mode(r) for r in group), key=_MODE_STRENGTH.index)
+        mode = max((_mode(r, gpu, target, ctx, claim) for r in group), key=_MODE_STRENGTH.index)
+        limits = _limits(claim, group, gpu, ctx) if mode is Mode.MPS else None
         _check_conflicts(claim, device, mode, in_use or {})
+        if limits is not None:
+            _check_fits(
+                claim,
+                device=device,
+                gpu=gpu,
+                limits=limits,
+                settings=ctx.settings,
+                in_use=in_use or {},
+            )
         name = cdi_device_name(claim.ref.uid, device, share_id)
         cdi_devices.append(CdiDevice(name=name, edits=_gpu_edits(gpu)))
         planned.append(
@@ -201,16 +256,109 @@ def plan_prepare(
                 gpu_uuid=gpu.uuid,
                 mode=mode,
                 cdi_device_ids=(f"{ctx.cdi_kind}={name}",),
+                limits=limits,
+                mig=_mig_plan(target) if target is not None else None,
             )
         )
     spec = CdiSpec(
         kind=ctx.cdi_kind,
         devices=tuple(cdi_devices),
-        common_edits=ContainerEdits(
-            device_nodes=(DeviceNode("/dev/nvidiactl", major=NVIDIA_MAJOR, minor=NVIDIACTL_MINOR),)
+        common_edits=merge_edits(
+            ContainerEdits(
+                device_nodes=(
+                    DeviceNode("/dev/nvidiactl", major=NVIDIA_MAJOR, minor=NVIDIACTL_MINOR),
+                )
+            ),
+            ctx.common_edits,
         ),
     )
     return PreparePlan(claim_uid=claim.ref.uid, devices=tuple(planned), cdi_spec=spec)
+
+
+def _whole_gpus(inventory: Inventory) -> list[str]:
+    return [g.device_name for g in inventory.gpus if not g.mig_enabled]
+
+
+def _mode(
+    result: DeviceResult,
+    gpu: GpuInfo,
+    target: MigTarget | None,
+    ctx: NodeContext,
+    claim: ResourceClaim,
+) -> Mode:
+    if result.admin_access:
+        return Mode.ADMIN
+    if target is not None:
+        return Mode.MIG
+    if not result.share_id:
+        return Mode.EXCLUSIVE
+    sharing = ctx.settings.for_gpu(gpu.index, gpu.uuid).sharing
+    if sharing is Sharing.MPS:
+        return Mode.MPS
+    if sharing is Sharing.TIMESLICING:
+        return Mode.SHARED
+    raise AllocationError(
+        claim.ref,
+        f"the allocation holds a share of {gpu.device_name}, but this node does not share "
+        f"it (sharing={sharing.value}); delete the claim so it is allocated again",
+    )
+
+
+def _limits(
+    claim: ResourceClaim, group: Sequence[DeviceResult], gpu: GpuInfo, ctx: NodeContext
+) -> ShareLimits:
+    """The share's limits: what the allocation granted, lowered by the claim's config."""
+    usable = gpu.memory_bytes - ctx.settings.memory_reserve_bytes
+    memory, percent = usable, 0
+    for result in group:
+        try:
+            effective = effective_config(result, claim.configs, ctx.driver_name)
+            limits = limits_for(result, effective, usable)
+        except InvalidConfigError as err:
+            raise AllocationError(claim.ref, f"request {result.request}: {err}") from err
+        memory = min(memory, limits.memory_bytes)
+        if limits.compute_percent:
+            percent = min(percent or 100, limits.compute_percent)
+    return ShareLimits(memory_bytes=memory, compute_percent=percent)
+
+
+def _check_fits(
+    claim: ResourceClaim,
+    *,
+    device: DeviceName,
+    gpu: GpuInfo,
+    limits: ShareLimits,
+    settings: NodeSettings,
+    in_use: Mapping[DeviceName, Sequence[DeviceUse]],
+) -> None:
+    """MPS shares prepared on one GPU must fit its usable memory (overcommit guard)."""
+    others = [
+        u for u in in_use.get(device, ()) if u.mode is Mode.MPS and u.claim_uid != claim.ref.uid
+    ]
+    overhead = settings.mps_context_overhead_bytes
+    prepared = sum(u.memory_bytes + overhead for u in others)
+    usable = gpu.memory_bytes - settings.memory_reserve_bytes
+    if prepared + limits.memory_bytes + overhead > usable:
+        raise AllocationError(
+            claim.ref,
+            f"{device} cannot hold this share: {len(others)} share(s) already prepared there "
+            f"hold {format_bytes(prepared)} (with {format_bytes(overhead)} overhead each), "
+            f"this one asks {format_bytes(limits.memory_bytes)} + {format_bytes(overhead)}, "
+            f"and {format_bytes(usable)} are usable; nothing was changed",
+        )
+
+
+def _mig_plan(target: MigTarget) -> MigPlan:
+    existing = target.existing
+    return MigPlan(
+        profile_id=target.profile_id,
+        profile_name=target.profile_name,
+        placement_start=target.placement.start,
+        placement_size=target.placement.size,
+        mig_uuid=existing.uuid if existing is not None else None,
+        gi_id=existing.gi_id if existing is not None else None,
+        ci_id=existing.ci_id if existing is not None else None,
+    )
 
 
 def _gpu_edits(gpu: GpuInfo) -> ContainerEdits:

@@ -43,6 +43,8 @@ class NodeSettings:
     """Granularity of memory shares: ``validRange.min`` and ``step``."""
     max_clients: int = 48
     """Shares per GPU (the ``clients`` capacity); MPS allows 48 clients per server."""
+    mps_context_overhead_bytes: int = 0
+    """Device memory each MPS client's context takes beyond its limit (overcommit guard)."""
 
     def for_gpu(self, index: int, uuid: str) -> GpuSettings:
         return self.per_gpu.get(uuid) or self.per_gpu.get(str(index)) or self.default

@@ -33,7 +33,7 @@ from typing import Any
 
 from dra_driver.core.errors import CheckpointCorruptError, CheckpointError
 from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.plan import DeviceUse, Mode, PlannedDevice
+from dra_driver.core.plan import DeviceUse, MigPlan, Mode, PlannedDevice, ShareLimits
 from dra_driver.state.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,11 @@ class Checkpoint:
         for claim in self.claims.values():
             for device in claim.devices:
                 uses.setdefault(device.device_name, []).append(
-                    DeviceUse(claim_uid=claim.ref.uid, mode=device.mode)
+                    DeviceUse(
+                        claim_uid=claim.ref.uid,
+                        mode=device.mode,
+                        memory_bytes=device.limits.memory_bytes if device.limits else 0,
+                    )
                 )
         return uses
 
@@ -92,7 +96,37 @@ def _device_to_json(d: PlannedDevice) -> dict[str, Any]:
         "gpuUUID": d.gpu_uuid,
         "mode": d.mode.value,
         "cdiDeviceIDs": list(d.cdi_device_ids),
+        "limits": (
+            {"memoryBytes": d.limits.memory_bytes, "computePercent": d.limits.compute_percent}
+            if d.limits is not None
+            else None
+        ),
+        "mig": _mig_to_json(d.mig) if d.mig is not None else None,
     }
+
+
+def _mig_to_json(m: MigPlan) -> dict[str, Any]:
+    return {
+        "profileID": m.profile_id,
+        "profileName": m.profile_name,
+        "placementStart": m.placement_start,
+        "placementSize": m.placement_size,
+        "migUUID": m.mig_uuid,
+        "giID": m.gi_id,
+        "ciID": m.ci_id,
+    }
+
+
+def _mig_from_json(raw: Mapping[str, Any]) -> MigPlan:
+    return MigPlan(
+        profile_id=int(raw["profileID"]),
+        profile_name=str(raw["profileName"]),
+        placement_start=int(raw["placementStart"]),
+        placement_size=int(raw["placementSize"]),
+        mig_uuid=raw.get("migUUID"),
+        gi_id=raw.get("giID"),
+        ci_id=raw.get("ciID"),
+    )
 
 
 def _claim_to_json(c: CheckpointClaim) -> dict[str, Any]:
@@ -130,6 +164,12 @@ def _device_from_json(raw: Mapping[str, Any]) -> PlannedDevice:
         gpu_uuid=GpuUUID(raw.get("gpuUUID") or ""),
         mode=Mode(raw.get("mode", Mode.EXCLUSIVE.value)),
         cdi_device_ids=tuple(raw.get("cdiDeviceIDs") or ()),
+        limits=(
+            ShareLimits(int(limits["memoryBytes"]), int(limits["computePercent"]))
+            if (limits := raw.get("limits"))
+            else None
+        ),
+        mig=_mig_from_json(mig) if (mig := raw.get("mig")) else None,
     )
 
 

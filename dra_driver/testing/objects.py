@@ -24,6 +24,28 @@ class Allocated:
     consumed_capacity: Mapping[str, str] | None = None
 
 
+def share(
+    device: str,
+    *,
+    memory: str = "1Gi",
+    compute_percent: int = 0,
+    share_id: str | None = None,
+    request: str = "gpu",
+) -> Allocated:
+    """A consumable-capacity share as the scheduler writes it: a fresh shareID and
+    ``consumedCapacity`` for every capacity the device has."""
+    return Allocated(
+        device,
+        request=request,
+        share_id=share_id or str(uuid.uuid4()),
+        consumed_capacity={
+            "memory": memory,
+            "computePercent": str(compute_percent),
+            "clients": "1",
+        },
+    )
+
+
 def resource_claim(
     namespace: str,
     name: str,

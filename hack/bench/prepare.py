@@ -23,7 +23,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from typing import Any
 
 from dra_driver.core.ids import ClaimRef, ClaimUID
@@ -31,7 +30,7 @@ from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, resource_claim
+from dra_driver.testing.objects import resource_claim, share
 
 DRIVER = "gpu.fractional.dev"
 NODE = "bench-node"
@@ -45,7 +44,7 @@ def make_claims(count: int) -> list[dict[str, Any]]:
             "bench",
             f"claim-{i}",
             node=NODE,
-            devices=[Allocated(f"gpu-{i % GPUS}", share_id=str(uuid.uuid4()))],
+            devices=[share(f"gpu-{i % GPUS}")],
         )
         for i in range(count)
     ]

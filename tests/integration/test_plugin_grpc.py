@@ -22,7 +22,7 @@ from dra_driver.kubeletplugin.health import DeviceHealthState, Health
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet, RegistrationFailed
 from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
+from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked, serving
 
 KIND = "k8s.gpu.fractional.dev/claim"
@@ -150,7 +150,7 @@ def _claims(node: str = NODE) -> dict[str, dict[str, Any]]:
             "team-b",
             "share",
             node=node,
-            devices=[Allocated("gpu-3", share_id="9f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f")],
+            devices=[share("gpu-3", share_id="9f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f")],
         ),
     }
 
@@ -298,12 +298,7 @@ def test_exclusive_device_is_never_given_twice(node_dirs: NodeDirs) -> None:
 
 
 def test_fifty_concurrent_prepare_calls(node_dirs: NodeDirs) -> None:
-    claims = [
-        resource_claim(
-            "load", f"c{i}", devices=[Allocated(f"gpu-{i % 8}", share_id=str(uuid.uuid4()))]
-        )
-        for i in range(50)
-    ]
+    claims = [resource_claim("load", f"c{i}", devices=[share(f"gpu-{i % 8}")]) for i in range(50)]
     source = InMemoryClaimSource(claims)
 
     async def scenario() -> None:

@@ -23,7 +23,7 @@ import pytest
 from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim
+from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim, share
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -109,10 +109,7 @@ def test_sigkill_during_prepare_storm_then_restart(  # noqa: PLR0915 - one story
     node_dirs: NodeDirs, api: FakeKubeApi
 ) -> None:
     claims = [
-        resource_claim(
-            "storm", f"c{i}", devices=[Allocated(f"gpu-{i % GPUS}", share_id=str(uuid.uuid4()))]
-        )
-        for i in range(80)
+        resource_claim("storm", f"c{i}", devices=[share(f"gpu-{i % GPUS}")]) for i in range(80)
     ]
     # The API server assigns the UIDs the kubelet will send.
     claims = [api.create(claim) for claim in claims]
@@ -218,11 +215,7 @@ def test_two_plugin_processes_during_a_rolling_update(
 ) -> None:
     """Old and new pod both serve (maxSurge); the flock keeps their shared state whole."""
     claims = [
-        api.create(
-            resource_claim(
-                "roll", f"c{i}", devices=[Allocated(f"gpu-{i % GPUS}", share_id=str(uuid.uuid4()))]
-            )
-        )
+        api.create(resource_claim("roll", f"c{i}", devices=[share(f"gpu-{i % GPUS}")]))
         for i in range(60)
     ]
     kubeconfig = write_kubeconfig(node_dirs, api.url)

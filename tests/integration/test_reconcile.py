@@ -14,7 +14,7 @@ from dra_driver.core.ids import ClaimRef
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
+from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 from tests.support.node import NodeDirs, run_checked, serving
 
 
@@ -103,12 +103,7 @@ def test_half_prepared_claim_is_rolled_back_and_orphans_removed(node_dirs: NodeD
 
 def test_two_instances_share_the_plugin_dir(node_dirs: NodeDirs) -> None:
     """A maxSurge rolling update: old and new pod both registered, calls on either."""
-    claims = [
-        resource_claim(
-            "ns", f"c{i}", devices=[Allocated(f"gpu-{i % 4}", share_id=str(uuid.uuid4()))]
-        )
-        for i in range(40)
-    ]
+    claims = [resource_claim("ns", f"c{i}", devices=[share(f"gpu-{i % 4}")]) for i in range(40)]
     source = InMemoryClaimSource(claims)
 
     async def scenario() -> None:

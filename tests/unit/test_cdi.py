@@ -18,7 +18,10 @@ from dra_driver.core.cdi import (
     CdiSpec,
     ContainerEdits,
     DeviceNode,
+    Hook,
+    Mount,
     cdi_kind_for_driver,
+    merge_edits,
     minimum_version,
     qualified_device_name,
     render_spec,
@@ -356,3 +359,116 @@ def test_kind_must_end_alphanumeric(kind: str) -> None:
     assert not cdi_kind_ok(kind)
     with pytest.raises(ConfigError):
         validate_kind(kind)
+
+
+# --- mounts, hooks, additional gids ------------------------------------------------------
+
+LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"
+RO = ("ro", "nosuid", "nodev", "bind")
+LDCACHE = Hook(
+    "createContainer",
+    "/usr/bin/nvidia-cdi-hook",
+    ("nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"),
+)
+
+
+def edits_spec(edits: ContainerEdits) -> CdiSpec:
+    return CdiSpec(kind="acme.com/gpu", devices=(CdiDevice("gpu0", edits),))
+
+
+def test_mount_and_hook_render() -> None:
+    assert Mount(LIBCUDA, LIBCUDA, RO).render() == {
+        "hostPath": LIBCUDA,
+        "containerPath": LIBCUDA,
+        "options": ["ro", "nosuid", "nodev", "bind"],
+    }
+    assert Mount("tmpfs", "/scratch", type="tmpfs").render() == {
+        "hostPath": "tmpfs",
+        "containerPath": "/scratch",
+        "type": "tmpfs",
+    }
+    assert LDCACHE.render() == {
+        "hookName": "createContainer",
+        "path": "/usr/bin/nvidia-cdi-hook",
+        "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"],
+    }
+    assert Hook("poststop", "/bin/x", env=("A=1",), timeout=5).render() == {
+        "hookName": "poststop",
+        "path": "/bin/x",
+        "env": ["A=1"],
+        "timeout": 5,
+    }
+
+
+def test_hook_name_is_checked() -> None:
+    with pytest.raises(ValueError, match="invalid CDI hook name 'prestart'"):
+        Hook("prestart", "/bin/x")
+
+
+def test_device_node_optional_fields_render() -> None:
+    node = DeviceNode("/dev/x", type="", file_mode=0o666, uid=0, gid=44)
+    assert node.render() == {"path": "/dev/x", "fileMode": 0o666, "uid": 0, "gid": 44}
+
+
+def test_edits_render_all_parts() -> None:
+    edits = ContainerEdits(
+        device_nodes=(node(),),
+        env=("A=1",),
+        mounts=(Mount(LIBCUDA, LIBCUDA, RO),),
+        hooks=(LDCACHE,),
+        additional_gids=(44,),
+    )
+    doc = render_spec(edits_spec(edits))
+    assert doc["devices"][0]["containerEdits"] == {
+        "env": ["A=1"],
+        "deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+        "mounts": [Mount(LIBCUDA, LIBCUDA, RO).render()],
+        "hooks": [LDCACHE.render()],
+        "additionalGids": [44],
+    }
+    assert doc["cdiVersion"] == "0.7.0"
+    assert cdi_problems(doc) == []
+    assert not edits.is_empty() and ContainerEdits().is_empty()
+
+
+@pytest.mark.parametrize(
+    ("edits", "version"),
+    [
+        pytest.param(ContainerEdits((node(),), mounts=(Mount(LIBCUDA, LIBCUDA, RO),)), "0.3.0",
+                     id="mount-without-type"),
+        pytest.param(ContainerEdits((node(),), hooks=(LDCACHE,)), "0.3.0", id="hook"),
+        pytest.param(ContainerEdits((node(),), mounts=(Mount(LIBCUDA, LIBCUDA, RO, "bind"),)),
+                     "0.4.0", id="mount-type"),
+        pytest.param(ContainerEdits((node(host_path="/dev/x"),),
+                                    mounts=(Mount(LIBCUDA, LIBCUDA, RO, "bind"),)),
+                     "0.5.0", id="host-path-beats-mount-type"),
+        pytest.param(ContainerEdits((node(),), additional_gids=(44,)), "0.7.0", id="gids"),
+    ],
+)  # fmt: skip
+def test_minimum_version_for_mounts_hooks_gids(edits: ContainerEdits, version: str) -> None:
+    assert minimum_version(edits_spec(edits)) == version
+    common = CdiSpec("acme.com/gpu", (CdiDevice("gpu0", ContainerEdits((node(),))),), edits)
+    assert minimum_version(common) == version  # spec-level edits count the same
+
+
+def test_merge_edits_once_each_first_wins_order_kept() -> None:
+    ctl_plan = DeviceNode("/dev/nvidiactl", major=195, minor=255)
+    ctl_toolkit = DeviceNode("/dev/nvidiactl", type="")
+    uvm = DeviceNode("/dev/nvidia-uvm", type="")
+    lib = Mount(LIBCUDA, LIBCUDA, RO)
+    lib_other_host = Mount("/run/nvidia/driver" + LIBCUDA, LIBCUDA, RO)
+    smi = Mount("/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi", RO)
+    other_hook = Hook("createContainer", "/bin/other")
+    a = ContainerEdits((ctl_plan,), ("A=1", "B=2"), (lib,), (LDCACHE,), (44,))
+    b = ContainerEdits((ctl_toolkit, uvm), ("A=9", "C=3"), (lib_other_host, smi),
+                       (other_hook, LDCACHE), (44, 45))  # fmt: skip
+    assert merge_edits(a, b) == ContainerEdits(
+        device_nodes=(ctl_plan, uvm),
+        env=("A=1", "B=2", "C=3"),
+        mounts=(lib, smi),
+        hooks=(LDCACHE, other_hook),
+        additional_gids=(44, 45),
+    )
+    assert merge_edits() == ContainerEdits()
+    assert merge_edits(a) == a
+    assert merge_edits(a, a) == a

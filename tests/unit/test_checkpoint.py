@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -16,7 +17,7 @@ import pytest
 
 from dra_driver.core.errors import CheckpointCorruptError, CheckpointError
 from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.plan import DeviceUse, Mode, PlannedDevice
+from dra_driver.core.plan import DeviceUse, MigPlan, Mode, PlannedDevice, ShareLimits
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,
@@ -432,3 +433,32 @@ def test_lock_timeout(tmp_path: Path) -> None:
             second.close()
 
     asyncio.run(scenario())
+
+
+def test_limits_and_mig_plans_round_trip() -> None:
+    mps = PlannedDevice(
+        request_names=("gpu",),
+        pool_name=PoolName("node-a"),
+        device_name=DeviceName("gpu-0"),
+        share_id="4f2a",
+        gpu_uuid=GpuUUID("GPU-1"),
+        mode=Mode.MPS,
+        cdi_device_ids=("k/claim=x",),
+        limits=ShareLimits(memory_bytes=10 * 2**30, compute_percent=25),
+    )
+    mig = dataclasses.replace(
+        mps,
+        device_name=DeviceName("gpu-1-mig-1g10gb-19-3"),
+        share_id=None,
+        mode=Mode.MIG,
+        limits=None,
+        mig=MigPlan(19, "1g.10gb", 3, 1, "MIG-abc", 2, 0),
+    )
+    checkpoint = Checkpoint(
+        boot_id=BOOT,
+        claims={UID_A: CheckpointClaim(ref=ClaimRef("n", "a", UID_A),
+                                       state=ClaimState.PREPARE_COMPLETED, devices=(mps, mig))},
+    )  # fmt: skip
+    assert decode(encode(checkpoint), "cp.json") == checkpoint
+    uses = checkpoint.device_uses()
+    assert uses[DeviceName("gpu-0")] == [DeviceUse(UID_A, Mode.MPS, 10 * 2**30)]

@@ -96,7 +96,7 @@ PLAN_CASES = [
     ),
     pytest.param(
         [Allocated("gpu-1", share_id="7d0c9e")],
-        [Want("gpu-1", ("gpu",), Mode.SHARED, "7d0c9e")],
+        [Want("gpu-1", ("gpu",), Mode.MPS, "7d0c9e")],
         id="share",
     ),
     pytest.param(

@@ -1,0 +1,152 @@
+"""The opaque configuration API ``<driver name>/v1alpha1`` as frozen dataclasses.
+
+Three kinds, one tagged union (:data:`ApiObject`), dispatched with ``match``:
+
+``GpuConfig``
+    Per-claim (or per-class) adjustments a user may write in a DeviceClass's or
+    a claim's ``config[].opaque.parameters``. Every section is optional; an
+    absent section, and an absent field inside one, mean "what the allocation
+    granted" (``None`` here), so configs merge field by field (class, then
+    claim; :mod:`dra_driver.api.configs`). A section only takes effect on a GPU
+    whose *node-set* sharing strategy matches it (``mps`` on MPS-shared GPUs,
+    ``timeSlicing`` on time-sliced ones): the strategy is the GPU's, published as
+    the ``sharing`` attribute, never a claim's, so there is no field to choose it.
+
+    * ``mps: {computePercent: 1..100, memoryLimit: quantity > 0}``: may only
+      *lower* the granted compute percent / memory
+      (:func:`~dra_driver.api.configs.apply_overrides`).
+    * ``timeSlicing: {interval: Default|Short|Medium|Long}``.
+    * ``mig: {}``: reserved for MIG options; it has no fields yet, so any field
+      in it is rejected. Accepted so that classes can carry it forward-compatibly.
+
+``GpuShare``
+    ``{memory: quantity > 0 (required), computePercent: 0..100 (default 0)}``:
+    what a user asks for on clusters whose API drops ``capacity.requests``. Only
+    the controller reads it; the node plugin never takes limits from it.
+
+``GpuShareGrant``
+    ``{device, shareID (UUID), memory, computePercent}``: what the controller
+    granted, written by the controller into ``status.allocation.devices.config``
+    with ``source: FromClaim``. The only source of limits on the controller path.
+
+Quantities are held as whole bytes; ``computePercent`` 0 means "no SM cap".
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeAlias
+
+DEFAULT_DRIVER_NAME = "gpu.fractional.dev"
+"""The driver name (and API group) unless configured otherwise."""
+
+API_VERSION = "v1alpha1"
+"""The version part of ``apiVersion``: ``<driver name>/v1alpha1``."""
+
+
+def api_version(driver_name: str = DEFAULT_DRIVER_NAME) -> str:
+    """The ``apiVersion`` our opaque configs carry for ``driver_name``."""
+    return f"{driver_name}/{API_VERSION}"
+
+
+class Kind(enum.StrEnum):
+    """The kinds of ``<driver name>/v1alpha1``."""
+
+    GPU_CONFIG = "GpuConfig"
+    GPU_SHARE = "GpuShare"
+    GPU_SHARE_GRANT = "GpuShareGrant"
+
+
+class TimeSliceInterval(enum.StrEnum):
+    """Time-slice length for a time-sliced GPU (``nvidia-smi compute-policy`` levels)."""
+
+    DEFAULT = "Default"
+    SHORT = "Short"
+    MEDIUM = "Medium"
+    LONG = "Long"
+
+
+@dataclass(frozen=True)
+class MpsConfig:
+    """``GpuConfig.mps``: lowers the share's MPS limits; ``None`` keeps the grant."""
+
+    compute_percent: int | None = None
+    """``computePercent``: active thread percentage, 1..100."""
+    memory_limit_bytes: int | None = None
+    """``memoryLimit``: pinned device-memory limit in bytes, > 0."""
+
+
+@dataclass(frozen=True)
+class TimeSlicingConfig:
+    """``GpuConfig.timeSlicing``; ``None`` means the node's default interval."""
+
+    interval: TimeSliceInterval | None = None
+
+
+@dataclass(frozen=True)
+class MigConfig:
+    """``GpuConfig.mig``: reserved; no options yet (any field is rejected)."""
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """Kind ``GpuConfig``; absent sections (``None``) mean "as granted"."""
+
+    mps: MpsConfig | None = None
+    time_slicing: TimeSlicingConfig | None = None
+    mig: MigConfig | None = None
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """Kind ``GpuShare``: a share request for the controller (never trusted for limits)."""
+
+    memory_bytes: int
+    compute_percent: int = 0
+    """0..100; 0 (the default) asks for no SM cap."""
+
+
+@dataclass(frozen=True)
+class GpuShareGrant:
+    """Kind ``GpuShareGrant``: what the controller granted one allocation result."""
+
+    device: str
+    """The result's device name (``gpu-0``)."""
+    share_id: str
+    """``shareID``: a UUID; equals the result's ``shareID`` where the API keeps it."""
+    memory_bytes: int
+    compute_percent: int
+    """0..100; 0 means no SM cap."""
+
+
+ApiObject: TypeAlias = GpuConfig | GpuShare | GpuShareGrant
+"""One decoded opaque config: a tagged union, one class per kind."""
+
+
+class LimitsOrigin(enum.StrEnum):
+    """Where granted limits came from."""
+
+    CONSUMED_CAPACITY = "consumedCapacity"
+    """The native path: the scheduler's ``consumedCapacity``."""
+    GRANT = "GpuShareGrant"
+    """The controller path: the controller's grant."""
+    WHOLE_GPU = "wholeGpu"
+    """Neither: an exclusive allocation of the whole GPU."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Memory and compute a result may use on its GPU."""
+
+    memory_bytes: int
+    compute_percent: int
+    """0..100; 0 means no SM cap (as 100); see :attr:`effective_compute_percent`."""
+    device: str = ""
+    """The device the limits are for; used in messages."""
+    origin: LimitsOrigin = LimitsOrigin.WHOLE_GPU
+
+    @property
+    def effective_compute_percent(self) -> int:
+        """The cap as a percentage: 0 ("no SM cap") reads as 100."""
+        return self.compute_percent or 100
