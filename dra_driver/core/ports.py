@@ -10,8 +10,14 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from dra_driver.core.errors import ClaimReplacedError
-from dra_driver.core.ids import ClaimRef
-from dra_driver.core.model import HealthEvent, Inventory, ResourceClaim
+from dra_driver.core.ids import ClaimRef, GpuUUID
+from dra_driver.core.model import (
+    HealthEvent,
+    Inventory,
+    MigDevice,
+    MigPlacement,
+    ResourceClaim,
+)
 
 
 class ClaimSource(Protocol):
@@ -29,7 +35,11 @@ class ClaimSource(Protocol):
 
 
 class GpuBackend(Protocol):
-    """Discovers the node's GPUs (NVML on a real node, a profile when faked)."""
+    """Discovers the node's GPUs (NVML on a real node, a profile when faked).
+
+    It also creates and destroys MIG devices for dynamic MIG. Calls may run
+    concurrently; the backend serialises what must not interleave.
+    """
 
     @property
     def name(self) -> str:
@@ -38,6 +48,40 @@ class GpuBackend(Protocol):
 
     async def inventory(self) -> Inventory:
         """Discover the GPUs; raises InventoryError on failure."""
+        ...
+
+    async def create_mig_device(
+        self, gpu_uuid: GpuUUID, profile_id: int, placement: MigPlacement
+    ) -> MigDevice:
+        """Make a MIG device: a GPU instance at ``placement`` and its compute instance.
+
+        ``profile_id`` is NVML's GPU-instance profile id (``MigProfile.id``) and
+        ``placement`` one of that profile's placements. The compute instance
+        spans the whole GPU instance (shared engines), so the MIG device has
+        all of the instance's SMs and memory.
+
+        Idempotent, so that a prepare retried after a crash finds what the
+        first attempt made: if a GPU instance of ``profile_id`` exists at
+        exactly ``placement``, it is returned (with its compute instance,
+        created if the first attempt died between the two steps) instead of
+        failing. A later :meth:`inventory` lists the new device.
+
+        Raises :class:`~dra_driver.core.errors.MigPlacementBusyError` when the
+        placement overlaps another instance (or the GPU has no room for the
+        profile), and :class:`~dra_driver.core.errors.InventoryError` for an
+        unknown GPU, MIG mode off, an unknown profile or a placement the
+        profile does not have, and any other failure.
+        """
+        ...
+
+    async def destroy_mig_device(self, gpu_uuid: GpuUUID, gi_id: int) -> None:
+        """Destroy GPU instance ``gi_id`` on ``gpu_uuid``: its compute instances, then itself.
+
+        Idempotent: a GPU instance that does not exist (destroyed already, or
+        never made) is not an error. Raises
+        :class:`~dra_driver.core.errors.InventoryError` for an unknown GPU or
+        when the driver refuses (e.g. a process still runs on the instance).
+        """
         ...
 
     def health_events(self) -> AsyncIterator[HealthEvent]:

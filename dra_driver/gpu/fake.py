@@ -30,6 +30,15 @@ so two nodes never share one and a restart keeps them stable. A pre-existing
 MIG device gets GPU-instance id 1, 2, ... in listing order, compute-instance
 id 0, and a MIG UUID derived from its GPU's UUID and GI id. As with NVML, a
 GPU lists its MIG profiles only while MIG mode is enabled.
+
+Dynamic MIG: :meth:`FakeGpuBackend.create_mig_device` and
+:meth:`~FakeGpuBackend.destroy_mig_device` change the inventory as NVML would
+change the GPU. A new GPU instance gets the lowest unused GI id from 1,
+compute-instance id 0 and the :func:`fake_mig_uuid` of its GPU and GI id.
+Creation checks what NVML checks: MIG on, a known profile, one of its
+placements, no overlap with an existing instance, the profile's instance
+limit and the GPU's compute slices; :meth:`FakeGpuBackend.fail_next_create`
+makes the next creation fail, for tests.
 """
 
 from __future__ import annotations
@@ -38,14 +47,21 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.core.errors import ConfigError, InventoryError, MigPlacementBusyError
 from dra_driver.core.ids import GpuUUID, MigUUID
-from dra_driver.core.model import GpuInfo, HealthEvent, Inventory, MigDevice, MigPlacement
+from dra_driver.core.model import (
+    GpuInfo,
+    HealthEvent,
+    Inventory,
+    MigDevice,
+    MigPlacement,
+    MigProfile,
+)
 from dra_driver.gpu.models import KNOWN_MODELS, GpuModel, MigGeometry, MigProfileSpec
 
 _UUID_NAMESPACE = uuid.UUID("5b3f0c8e-1d7a-4c62-9a0e-6f1f2b9d7c41")
@@ -331,12 +347,120 @@ def build_inventory(entries: Iterable[Mapping[str, Any]], node_name: str) -> Inv
     return Inventory(gpus=tuple(gpus))
 
 
+def _describe(device: MigDevice) -> str:
+    first, last = device.placement.start, device.placement.start + device.placement.size - 1
+    slices = f"memory slice {first}" if first == last else f"memory slices {first}-{last}"
+    return f"{device.profile_name} GPU instance {device.gi_id} at start {first} ({slices})"
+
+
 class FakeGpuBackend:
-    """A :class:`~dra_driver.core.ports.GpuBackend` over a static description."""
+    """A :class:`~dra_driver.core.ports.GpuBackend` over a description, with dynamic MIG."""
 
     def __init__(self, spec: str, node_name: str) -> None:
-        self._inventory = build_inventory(load_spec(spec), node_name)
+        entries = load_spec(spec)
+        self._inventory = build_inventory(entries, node_name)
+        self._models = [
+            _gpu_spec(entry, f"--fake-gpus: gpus[{i}]").model for i, entry in enumerate(entries)
+        ]
         self._events: asyncio.Queue[HealthEvent | None] = asyncio.Queue()
+        self._next_create_error: Exception | None = None
+
+    # -- dynamic MIG ---------------------------------------------------------
+
+    def fail_next_create(self, error: Exception) -> None:
+        """Make the next :meth:`create_mig_device` raise ``error`` (once), changing nothing."""
+        self._next_create_error = error
+
+    def _find(self, gpu_uuid: GpuUUID) -> tuple[int, GpuInfo]:
+        for position, gpu in enumerate(self._inventory.gpus):
+            if gpu.uuid == gpu_uuid:
+                return position, gpu
+        known = ", ".join(gpu.uuid for gpu in self._inventory.gpus)
+        raise InventoryError(f"no GPU {gpu_uuid} on this node; its GPUs: {known}")
+
+    def _store(self, position: int, gpu: GpuInfo) -> None:
+        gpus = list(self._inventory.gpus)
+        gpus[position] = gpu
+        self._inventory = Inventory(gpus=tuple(gpus))
+
+    async def create_mig_device(
+        self, gpu_uuid: GpuUUID, profile_id: int, placement: MigPlacement
+    ) -> MigDevice:
+        if (error := self._next_create_error) is not None:
+            self._next_create_error = None
+            raise error
+        position, gpu = self._find(gpu_uuid)
+        where = f"GPU {gpu.index} ({gpu.uuid})"
+        if not gpu.mig_enabled:
+            raise InventoryError(
+                f"{where}: cannot create a MIG device: MIG mode is disabled"
+                + ("" if gpu.mig_capable else f" and {gpu.product_name} does not support MIG")
+            )
+        profile = next((p for p in gpu.mig_profiles if p.id == profile_id), None)
+        if profile is None:
+            known = ", ".join(f"{p.id} ({p.name})" for p in gpu.mig_profiles)
+            raise InventoryError(
+                f"{where}: no MIG profile with id {profile_id}; its profiles: {known}"
+            )
+        if placement not in profile.placements:
+            allowed = ", ".join(f"{p.start}/{p.size}" for p in profile.placements)
+            raise InventoryError(
+                f"{where}: start {placement.start} size {placement.size} is not a placement of "
+                f"{profile.name}; its placements (start/size): {allowed}"
+            )
+        for device in gpu.mig_devices:
+            if device.profile_id == profile_id and device.placement == placement:
+                return device  # made already (a retried prepare): the fake's CI always exists
+        wanted = f"{profile.name} at start {placement.start} (size {placement.size})"
+        for device in gpu.mig_devices:
+            if device.placement.overlaps(placement):
+                raise MigPlacementBusyError(
+                    f"{where}: cannot create {wanted}: it overlaps the existing {_describe(device)}"
+                )
+        self._check_room(gpu, position, profile, where, wanted)
+        used = {device.gi_id for device in gpu.mig_devices}
+        gi_id = next(i for i in range(1, len(used) + 2) if i not in used)
+        device = MigDevice(
+            uuid=fake_mig_uuid(gpu.uuid, gi_id),
+            gi_id=gi_id,
+            ci_id=0,
+            profile_id=profile.id,
+            profile_name=profile.name,
+            placement=placement,
+            memory_mib=profile.memory_mib,
+        )
+        self._store(position, replace(gpu, mig_devices=(*gpu.mig_devices, device)))
+        return device
+
+    def _check_room(
+        self, gpu: GpuInfo, position: int, profile: MigProfile, where: str, wanted: str
+    ) -> None:
+        """NVML's other refusals: the profile's instance limit and the GPU's compute slices."""
+        geometry = self._models[position].mig
+        if geometry is None:  # MIG enabled on a model without MIG cannot be built
+            raise InventoryError(f"{where}: the fake model has no MIG geometry")
+        spec = next(s for s in geometry.profiles if s.profile.id == profile.id)
+        same = sum(1 for device in gpu.mig_devices if device.profile_id == profile.id)
+        if same >= spec.max_instances:
+            raise MigPlacementBusyError(
+                f"{where}: cannot create {wanted}: at most {spec.max_instances} instance(s) of "
+                f"{profile.name} fit and {same} exist"
+            )
+        slices = {p.id: p.compute_slices for p in gpu.mig_profiles}
+        used = sum(slices.get(device.profile_id, 0) for device in gpu.mig_devices)
+        if used + profile.compute_slices > geometry.compute_slices:
+            raise MigPlacementBusyError(
+                f"{where}: cannot create {wanted}: existing instances use {used} of "
+                f"{geometry.compute_slices} compute slices and it needs {profile.compute_slices}"
+            )
+
+    async def destroy_mig_device(self, gpu_uuid: GpuUUID, gi_id: int) -> None:
+        position, gpu = self._find(gpu_uuid)
+        kept = tuple(device for device in gpu.mig_devices if device.gi_id != gi_id)
+        if len(kept) != len(gpu.mig_devices):
+            self._store(position, replace(gpu, mig_devices=kept))
+
+    # -- health and lifecycle -------------------------------------------------
 
     def inject(self, event: HealthEvent) -> None:
         """Report ``event`` as if NVML had (tests, the demo)."""

@@ -31,9 +31,26 @@ What is queried when
     reported once as an event (xid 0) for every GPU; the streams end at
     :meth:`close`, or if the event thread dies (the caller's supervisor sees it).
 
+Dynamic MIG
+    :meth:`create_mig_device` makes a GPU instance at a placement
+    (``nvmlDeviceCreateGpuInstanceWithPlacement``) and one compute instance
+    over all of it (the CI profile whose slice count is the GI's, shared
+    engines), then finds the new MIG device's UUID among the GPU's MIG device
+    handles by GI and CI id. It is idempotent: a GPU instance of that profile
+    already at that placement (``nvmlDeviceGetGpuInstances`` +
+    ``nvmlGpuInstanceGetInfo``) is reused, and its compute instance created
+    only if missing, so a prepare retried after a crash between the two steps
+    completes. A compute instance that cannot be made takes its new GPU
+    instance down with it. :meth:`destroy_mig_device` destroys the GPU
+    instance's compute instances (of every CI profile), then the instance; a
+    GPU instance that is gone is not an error.
+
 Errors
     Every NVML error becomes an :class:`InventoryError` (``raise ... from``)
     naming the GPU and the call, through :meth:`NvmlGpuBackend._translated`.
+    ``NVMLError_InUse`` and ``NVMLError_InsufficientResources`` from creating
+    a GPU instance become :class:`MigPlacementBusyError`, naming the existing
+    MIG devices the placement overlaps.
 """
 
 from __future__ import annotations
@@ -50,7 +67,7 @@ from typing import Any, Final, TypeVar
 
 import pynvml
 
-from dra_driver.core.errors import InventoryError
+from dra_driver.core.errors import InventoryError, MigPlacementBusyError
 from dra_driver.core.ids import GpuUUID, MigUUID
 from dra_driver.core.model import (
     GpuInfo,
@@ -173,8 +190,14 @@ class NvmlGpuBackend:
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)
 
     @contextlib.contextmanager
-    def _translated(self, where: str, call: str) -> Iterator[None]:
-        """Turn an NVML error from ``call`` into an InventoryError that names ``where``."""
+    def _translated(
+        self, where: str, call: str, *, busy: str | None = None, hint: str = ""
+    ) -> Iterator[None]:
+        """Turn an NVML error from ``call`` into an InventoryError that names ``where``.
+
+        With ``busy`` (what was being made), ``InUse`` and ``InsufficientResources``
+        become :class:`MigPlacementBusyError`; ``hint`` ends other messages.
+        """
         lib = self._lib
         try:
             yield
@@ -188,14 +211,27 @@ class NvmlGpuBackend:
                 f"NVML could not be loaded ({call} failed: {err}); check the NVIDIA driver "
                 "installation and --driver-root, or use --backend fake on nodes without GPUs"
             ) from err
+        except (lib.NVMLError_InUse, lib.NVMLError_InsufficientResources) as err:
+            if busy is None:
+                raise InventoryError(f"{where}: {call} failed: {err}{hint}") from err
+            raise MigPlacementBusyError(
+                f"{where}: cannot create {busy}: {call} failed: {err}: the placement overlaps "
+                "an existing MIG instance or the GPU has no room left for the profile"
+            ) from err
         except lib.NVMLError as err:
-            raise InventoryError(f"{where}: {call} failed: {err}") from err
+            raise InventoryError(f"{where}: {call} failed: {err}{hint}") from err
 
     def _call(
-        self, where: str, call: str, *args: Any, tolerate: tuple[type[Exception], ...] = ()
+        self,
+        where: str,
+        call: str,
+        *args: Any,
+        tolerate: tuple[type[Exception], ...] = (),
+        busy: str | None = None,
+        hint: str = "",
     ) -> Any:
         """``pynvml.<call>(*args)``; ``_ABSENT`` for an error in ``tolerate``."""
-        with self._translated(where, call):
+        with self._translated(where, call, busy=busy, hint=hint):
             try:
                 return getattr(self._lib, call)(*args)
             except tolerate:
@@ -336,6 +372,227 @@ class NvmlGpuBackend:
                 )
             )
         return tuple(devices)
+
+    # -- dynamic MIG (on the NVML thread) -------------------------------------
+
+    async def create_mig_device(
+        self, gpu_uuid: GpuUUID, profile_id: int, placement: MigPlacement
+    ) -> MigDevice:
+        return await self._on_nvml_thread(lambda: self._create_mig(gpu_uuid, profile_id, placement))
+
+    async def destroy_mig_device(self, gpu_uuid: GpuUUID, gi_id: int) -> None:
+        await self._on_nvml_thread(lambda: self._destroy_mig(gpu_uuid, gi_id))
+
+    def _by_uuid(self, gpu_uuid: GpuUUID) -> tuple[Any, str]:
+        """The handle and log/error prefix of the GPU ``gpu_uuid``."""
+        self._ensure_init()
+        lib = self._lib
+        where = f"GPU {gpu_uuid}"
+        unknown = (lib.NVMLError_NotFound, lib.NVMLError_InvalidArgument)
+        handle = self._call(where, "nvmlDeviceGetHandleByUUID", gpu_uuid, tolerate=unknown)
+        if handle is _ABSENT:
+            raise InventoryError(f"{where}: NVML knows no GPU with that UUID on this node")
+        return handle, where
+
+    def _gi_profile(self, where: str, handle: Any, profile_id: int) -> Any:
+        """NVML's GPU-instance profile info for ``profile_id``; InventoryError if unknown."""
+        lib = self._lib
+        absent = (lib.NVMLError_NotSupported, lib.NVMLError_InvalidArgument, lib.NVMLError_NotFound)
+        info: Any = _ABSENT
+        by_id = "nvmlDeviceGetGpuInstanceProfileInfoById"
+        if hasattr(lib, by_id):
+            missing = (lib.NVMLError_FunctionNotFound,)
+            info = self._call(where, by_id, handle, profile_id, tolerate=missing + absent)
+        if info is _ABSENT:  # an older driver or binding: scan the profile indices
+            call = "nvmlDeviceGetGpuInstanceProfileInfo"
+            first, end = lib.NVML_GPU_INSTANCE_PROFILE_1_SLICE, lib.NVML_GPU_INSTANCE_PROFILE_COUNT
+            for index in range(first, end):
+                found = self._call(where, call, handle, index, tolerate=absent)
+                if found is not _ABSENT and int(found.id) == profile_id:
+                    info = found
+                    break
+        if info is _ABSENT:
+            raise InventoryError(
+                f"{where}: NVML knows no GPU-instance profile with id {profile_id} "
+                "(nvidia-smi mig -lgip lists the ids)"
+            )
+        return info
+
+    def _gpu_instance_at(
+        self, where: str, handle: Any, info: Any, placement: MigPlacement
+    ) -> tuple[Any, int] | None:
+        """The GPU instance of profile ``info`` at exactly ``placement``, with its id."""
+        lib = self._lib
+        count = ctypes.c_uint(0)
+        array = (lib.c_nvmlGpuInstance_t * max(int(info.instanceCount), 1))()
+        call = "nvmlDeviceGetGpuInstances"
+        self._call(where, call, handle, info.id, array, ctypes.byref(count))
+        for gi in array[: count.value]:
+            gi_info = self._call(where, "nvmlGpuInstanceGetInfo", gi)
+            if (int(gi_info.placement.start), int(gi_info.placement.size)) == (
+                placement.start,
+                placement.size,
+            ):
+                return gi, int(gi_info.id)
+        return None
+
+    def _ci_profiles(self, where: str, gi: Any) -> list[Any]:
+        """Every compute-instance profile (shared engines) the GPU instance ``gi`` supports."""
+        lib = self._lib
+        absent = (lib.NVMLError_NotSupported, lib.NVMLError_InvalidArgument)
+        shared = lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        call = "nvmlGpuInstanceGetComputeInstanceProfileInfo"
+        first, end = (
+            lib.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+            lib.NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
+        )
+        found = (self._call(where, call, gi, i, shared, tolerate=absent) for i in range(first, end))
+        return [info for info in found if info is not _ABSENT]
+
+    def _compute_instances(self, where: str, gi: Any, ci_profile: Any) -> list[Any]:
+        lib = self._lib
+        count = ctypes.c_uint(0)
+        array = (lib.c_nvmlComputeInstance_t * max(int(ci_profile.instanceCount), 1))()
+        call = "nvmlGpuInstanceGetComputeInstances"
+        self._call(where, call, gi, ci_profile.id, array, ctypes.byref(count))
+        return list(array[: count.value])
+
+    def _create_mig(self, gpu_uuid: GpuUUID, profile_id: int, placement: MigPlacement) -> MigDevice:
+        lib = self._lib
+        handle, where = self._by_uuid(gpu_uuid)
+        mode = self._call(
+            where, "nvmlDeviceGetMigMode", handle, tolerate=(lib.NVMLError_NotSupported,)
+        )
+        if mode is _ABSENT or mode[0] != lib.NVML_DEVICE_MIG_ENABLE:
+            state = "not supported" if mode is _ABSENT else "disabled"
+            raise InventoryError(f"{where}: cannot create a MIG device: MIG mode is {state}")
+        info = self._gi_profile(where, handle, profile_id)
+        name = _text(info.name).strip().removeprefix("MIG ")
+        allowed = self._placements(where, handle, profile_id)
+        if placement not in allowed:
+            starts = ", ".join(f"{p.start}/{p.size}" for p in allowed)
+            raise InventoryError(
+                f"{where}: start {placement.start} size {placement.size} is not a placement of "
+                f"{name} (profile id {profile_id}); its placements (start/size): {starts}"
+            )
+        wanted = f"{name} at start {placement.start} (size {placement.size})"
+        found = self._gpu_instance_at(where, handle, info, placement)
+        if found is None:
+            gi = self._new_gpu_instance(where, handle, profile_id, placement, wanted)
+            gi_id = int(self._call(where, "nvmlGpuInstanceGetInfo", gi).id)
+            try:
+                ci_id = self._ensure_compute_instance(where, gi, info, gi_id)
+            except InventoryError:
+                self._undo_gpu_instance(where, gi, gi_id)
+                raise
+        else:
+            gi, gi_id = found
+            log.info("%s: GPU instance %d (%s) exists already; reusing it", where, gi_id, wanted)
+            ci_id = self._ensure_compute_instance(where, gi, info, gi_id)
+        uuid, memory = self._mig_device_of(where, handle, gi_id, ci_id)
+        self._mig_uuids = {**self._mig_uuids, (gpu_uuid, gi_id, ci_id): uuid}
+        return MigDevice(
+            uuid=uuid,
+            gi_id=gi_id,
+            ci_id=ci_id,
+            profile_id=profile_id,
+            profile_name=name,
+            placement=placement,
+            memory_mib=memory // _MIB,
+        )
+
+    def _new_gpu_instance(
+        self, where: str, handle: Any, profile_id: int, placement: MigPlacement, wanted: str
+    ) -> Any:
+        c_placement = self._lib.c_nvmlGpuInstancePlacement_t()
+        c_placement.start, c_placement.size = placement.start, placement.size
+        call = "nvmlDeviceCreateGpuInstanceWithPlacement"
+        try:
+            return self._call(
+                where, call, handle, profile_id, ctypes.byref(c_placement), busy=wanted
+            )
+        except MigPlacementBusyError as err:
+            in_the_way = self._overlapping(where, handle, placement)
+            if not in_the_way:
+                raise
+            raise MigPlacementBusyError(f"{err}; in the way: {in_the_way}") from err.__cause__
+
+    def _overlapping(self, where: str, handle: Any, placement: MigPlacement) -> str:
+        """The existing MIG devices ``placement`` overlaps, for an error message ('' if unknown)."""
+        try:
+            devices = self._mig_devices(where, handle, ())
+        except InventoryError:
+            return ""
+        return "; ".join(
+            f"MIG device {d.uuid} (GPU instance {d.gi_id}, profile id {d.profile_id}, "
+            f"start {d.placement.start} size {d.placement.size})"
+            for d in devices
+            if d.placement.overlaps(placement)
+        )
+
+    def _ensure_compute_instance(self, where: str, gi: Any, info: Any, gi_id: int) -> int:
+        """The id of ``gi``'s compute instance over the whole GI, created if missing."""
+        gi_where = f"{where} GPU instance {gi_id}"
+        full = [p for p in self._ci_profiles(gi_where, gi) if p.sliceCount == info.sliceCount]
+        if not full:
+            raise InventoryError(
+                f"{gi_where}: NVML offers no compute-instance profile with "
+                f"{info.sliceCount} slices (shared engines) for it"
+            )
+        ci_profile = full[0]
+        existing = self._compute_instances(gi_where, gi, ci_profile)
+        if existing:
+            ci = existing[0]
+        else:
+            call = "nvmlGpuInstanceCreateComputeInstance"
+            ci = self._call(gi_where, call, gi, ci_profile.id)
+        return int(self._call(gi_where, "nvmlComputeInstanceGetInfo", ci).id)
+
+    def _undo_gpu_instance(self, where: str, gi: Any, gi_id: int) -> None:
+        try:
+            self._call(where, "nvmlGpuInstanceDestroy", gi)
+        except InventoryError as err:
+            log.warning("%s: GPU instance %d is left behind: %s", where, gi_id, err)
+
+    def _mig_device_of(
+        self, where: str, handle: Any, gi_id: int, ci_id: int
+    ) -> tuple[MigUUID, int]:
+        """UUID and memory (bytes) of the MIG device GI ``gi_id`` / CI ``ci_id``."""
+        by_index, empty = "nvmlDeviceGetMigDeviceHandleByIndex", (self._lib.NVMLError_NotFound,)
+        for slot in range(self._call(where, "nvmlDeviceGetMaxMigDeviceCount", handle)):
+            mig = self._call(where, by_index, handle, slot, tolerate=empty)
+            if mig is _ABSENT:
+                continue
+            if (
+                int(self._call(where, "nvmlDeviceGetGpuInstanceId", mig)) == gi_id
+                and int(self._call(where, "nvmlDeviceGetComputeInstanceId", mig)) == ci_id
+            ):
+                uuid = MigUUID(_text(self._call(where, "nvmlDeviceGetUUID", mig)))
+                return uuid, int(self._call(where, "nvmlDeviceGetMemoryInfo", mig).total)
+        raise InventoryError(
+            f"{where}: GPU instance {gi_id} with compute instance {ci_id} exists, but NVML "
+            "lists no MIG device for it"
+        )
+
+    def _destroy_mig(self, gpu_uuid: GpuUUID, gi_id: int) -> None:
+        lib = self._lib
+        handle, where = self._by_uuid(gpu_uuid)
+        gone = (lib.NVMLError_NotFound, lib.NVMLError_InvalidArgument)
+        gi = self._call(where, "nvmlDeviceGetGpuInstanceById", handle, gi_id, tolerate=gone)
+        if gi is _ABSENT:
+            log.info("%s: GPU instance %d does not exist; nothing to destroy", where, gi_id)
+            return
+        gi_where = f"{where} GPU instance {gi_id}"
+        in_use = "; a process still uses it: it can go once the container has exited"
+        for ci_profile in self._ci_profiles(gi_where, gi):
+            for ci in self._compute_instances(gi_where, gi, ci_profile):
+                call = "nvmlComputeInstanceDestroy"
+                self._call(gi_where, call, ci, tolerate=(lib.NVMLError_NotFound,), hint=in_use)
+        destroy = "nvmlGpuInstanceDestroy"
+        self._call(gi_where, destroy, gi, tolerate=(lib.NVMLError_NotFound,), hint=in_use)
+        self._mig_uuids = {
+            key: uuid for key, uuid in self._mig_uuids.items() if key[:2] != (gpu_uuid, gi_id)
+        }
 
     def _start_watcher(self) -> None:
         """Register for events and start the event thread, the first time only."""

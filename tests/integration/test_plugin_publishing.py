@@ -81,7 +81,9 @@ def test_publishes_at_start_and_again_after_each_registration(
         runtime, publisher = runtime_with_slices(node_dirs, api)
         await runtime.start()
         try:
-            await wait_for(lambda: ours(api), "the first publish")
+            assert runtime.publishing is not None
+            publishing = runtime.publishing
+            await wait_for(lambda: publishing.last_result is not None, "the first publish")
             first = ours(api)
             assert {s["spec"]["pool"]["generation"] for s in first} == {1}
             counts = {s["spec"]["pool"]["resourceSliceCount"] for s in first}
@@ -98,7 +100,13 @@ def test_publishes_at_start_and_again_after_each_registration(
                 api.delete(SLICES, obj["metadata"]["name"])
             kubelet = FakeKubelet(node_dirs.registry)
             await kubelet.wait_for_plugin(DRIVER)
-            await wait_for(lambda: len(ours(api)) == len(first), "the republish")
+            await wait_for(
+                lambda: (
+                    publishing.last_result is not None and publishing.last_result.generation == 2
+                ),
+                "the republish",
+            )
+            assert len(ours(api)) == len(first)
             assert {s["spec"]["pool"]["generation"] for s in ours(api)} == {2}
             await kubelet.close()
         finally:
@@ -142,7 +150,9 @@ def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) 
         )
         await runtime.start()
         try:
-            await wait_for(lambda: ours(api), "the first publish")
+            assert runtime.publishing is not None
+            publishing = runtime.publishing
+            await wait_for(lambda: publishing.last_result is not None, "the first publish")
             backend.reset = True
             assert runtime.publishing is not None and runtime.publishing.capabilities is not None
             mig = runtime.publishing.capabilities.partitionable_devices

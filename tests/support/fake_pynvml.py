@@ -15,6 +15,21 @@ memory figures plausible, not captured from hardware) and one 3g.40gb instance
 at placement 0; GPU 1 is an H100 with MIG disabled; GPU 2 is an A100-SXM4-40GB
 with MIG disabled.
 
+Dynamic MIG is modelled: ``nvmlDeviceCreateGpuInstanceWithPlacement`` (the
+placement passed with ``ctypes.byref``, as the C API takes a pointer) checks
+MIG mode, the profile, the placement, overlap with existing GPU instances,
+the profile's instance count and the GPU's 7 compute slices
+(``NVMLError_InsufficientResources``); the new GPU instance gets the lowest
+unused id from 1 and waits in ``FakeGpu.empty_instances`` until
+``nvmlGpuInstanceCreateComputeInstance`` gives it its one compute instance
+(id 0; only the CI profile spanning the whole GPU instance is modelled),
+which makes it a MIG device with a fresh UUID. Destroying a compute instance
+turns it back into an empty GPU instance; destroying a GPU instance that
+still has one, or a compute instance whose ``FakeMigDevice.in_use`` is set,
+answers ``NVMLError_InUse``. ``by_id_missing`` makes
+``nvmlDeviceGetGpuInstanceProfileInfoById`` answer
+``NVMLError_FunctionNotFound``, as an older driver does.
+
 Knobs: ``init_error``, ``gpus[i].lost`` (every call on that GPU but the handle
 and UUID lookups answers ``NVMLError_GpuIsLost``), ``failures`` and
 ``gpus[i].failures`` (call name → exception to raise, on any call or on calls
@@ -22,8 +37,8 @@ with that GPU's handles), ``gpus[i].event_types``, :meth:`FakeNvml.push_event` (
 ``nvmlEventSetWait_v2``, which otherwise really waits its timeout) and
 ``wait_stall_s``. ``calls`` records ``(name, thread id)`` for every call.
 
-Not modelled: creating or destroying GPU/compute instances, compute-instance
-profiles, remaining capacity, MIG mode changes, the refcount subtleties of
+Not modelled: compute instances smaller than their GPU instance, compute-
+instance placements, remaining capacity, MIG mode changes, the refcount subtleties of
 repeated ``nvmlInit``, and every other pynvml function.
 """
 
@@ -33,6 +48,7 @@ import ctypes
 import queue
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -47,6 +63,8 @@ NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_UNKNOWN = 999
 
 _MESSAGES = {
@@ -60,6 +78,8 @@ _MESSAGES = {
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_IN_USE: "In use by another client",
+    NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
@@ -113,6 +133,18 @@ class NVMLError_GpuIsLost(NVMLError):
     code = NVML_ERROR_GPU_IS_LOST
 
 
+class NVMLError_FunctionNotFound(NVMLError):
+    code = NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+class NVMLError_InUse(NVMLError):
+    code = NVML_ERROR_IN_USE
+
+
+class NVMLError_InsufficientResources(NVMLError):
+    code = NVML_ERROR_INSUFFICIENT_RESOURCES
+
+
 class _DeviceStruct(ctypes.Structure):
     """What a fake device handle points at: a GPU index and a MIG slot (-1: the GPU)."""
 
@@ -123,7 +155,19 @@ class _GpuInstanceStruct(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_int), ("gi", ctypes.c_uint)]
 
 
+class _ComputeInstanceStruct(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_int), ("gi", ctypes.c_uint), ("ci", ctypes.c_uint)]
+
+
+c_nvmlGpuInstance_t = ctypes.POINTER(_GpuInstanceStruct)
+c_nvmlComputeInstance_t = ctypes.POINTER(_ComputeInstanceStruct)
+
+
 class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+class c_nvmlComputeInstancePlacement_t(ctypes.Structure):
     _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
 
 
@@ -133,6 +177,16 @@ class c_nvmlGpuInstanceInfo_t(ctypes.Structure):
         ("id", ctypes.c_uint),
         ("profileId", ctypes.c_uint),
         ("placement", c_nvmlGpuInstancePlacement_t),
+    ]
+
+
+class c_nvmlComputeInstanceInfo_t(ctypes.Structure):
+    _fields_ = [
+        ("device", ctypes.POINTER(_DeviceStruct)),
+        ("gpuInstance", c_nvmlGpuInstance_t),
+        ("id", ctypes.c_uint),
+        ("profileId", ctypes.c_uint),
+        ("placement", c_nvmlComputeInstancePlacement_t),
     ]
 
 
@@ -185,6 +239,23 @@ class GpuInstanceProfileInfo:
 
 
 @dataclass
+class ComputeInstanceProfileInfo:
+    """``c_nvmlComputeInstanceProfileInfo_v2_t``."""
+
+    version: int
+    id: int
+    sliceCount: int
+    instanceCount: int
+    multiprocessorCount: int
+    sharedCopyEngineCount: int
+    sharedDecoderCount: int
+    sharedEncoderCount: int
+    sharedJpegCount: int
+    sharedOfaCount: int
+    name: str | bytes
+
+
+@dataclass
 class FakeProfile:
     """One GPU-instance profile, under its ``NVML_GPU_INSTANCE_PROFILE_*`` index."""
 
@@ -213,6 +284,18 @@ class FakeMigDevice:
     start: int
     size: int
     memory_mib: int
+    in_use: bool = False
+    """A process runs on it: destroying its compute instance answers ``NVMLError_InUse``."""
+
+
+@dataclass
+class FakeGpuInstance:
+    """A GPU instance without a compute instance (so not a MIG device yet)."""
+
+    gi_id: int
+    profile_id: int
+    start: int
+    size: int
 
 
 @dataclass
@@ -228,6 +311,8 @@ class FakeGpu:
     """(current, pending); None: not MIG capable (``NVMLError_NotSupported``)."""
     profiles: list[FakeProfile] = field(default_factory=list)
     mig_devices: list[FakeMigDevice] = field(default_factory=list)
+    """GPU instances with their compute instance (id 0), in MIG-device slot order."""
+    empty_instances: list[FakeGpuInstance] = field(default_factory=list)
     event_types: int = 0x1 | 0x2 | 0x8
     lost: bool = False
     failures: dict[str, Exception] = field(default_factory=dict)
@@ -312,7 +397,12 @@ class FakeNvml:
     NVMLError_Timeout = NVMLError_Timeout
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
+    NVMLError_InUse = NVMLError_InUse
+    NVMLError_InsufficientResources = NVMLError_InsufficientResources
     c_nvmlGpuInstancePlacement_t = c_nvmlGpuInstancePlacement_t
+    c_nvmlGpuInstance_t = c_nvmlGpuInstance_t
+    c_nvmlComputeInstance_t = c_nvmlComputeInstance_t
 
     NVML_SUCCESS = NVML_SUCCESS
     NVML_DEVICE_ARCH_KEPLER = 2
@@ -344,11 +434,26 @@ class FakeNvml:
     NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX = 0xA
     NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
     nvmlGpuInstanceProfileInfo_v2 = 0x02000098
+    NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = 0x0
+    NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = 0x1
+    NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE = 0x2
+    NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE = 0x3
+    NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE = 0x4
+    NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE = 0x5
+    NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE = 0x6
+    NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1 = 0x7
+    NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL = 0x8
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0x0
+    nvmlComputeInstanceProfileInfo_v2 = 0x02000088
     nvmlEventTypeSingleBitEccError = 0x1
     nvmlEventTypeDoubleBitEccError = 0x2
     nvmlEventTypeXidCriticalError = 0x8
 
     MAX_MIG_DEVICES: ClassVar[int] = 7
+    COMPUTE_SLICES: ClassVar[int] = 7
+    CI_PROFILE_SLICES: ClassVar[dict[int, int]] = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+    """CI profile index (also its id here, as on real GPUs) → compute slices."""
     NO_INSTANCE: ClassVar[int] = 0xFFFFFFFF
 
     def __init__(
@@ -371,6 +476,8 @@ class FakeNvml:
         self.calls: list[tuple[str, int]] = []
         self.event_sets: list[FakeEventSet] = []
         self.initialized = 0
+        self.by_id_missing = False
+        self._created = 0
         self._events: queue.Queue[_PushedEvent] = queue.Queue()
         self._lock = threading.Lock()
         self._structs: dict[tuple[int, int], _DeviceStruct] = {}
@@ -530,6 +637,22 @@ class FakeNvml:
         found: FakeProfile | None = self._profile(gpu, index=profile)
         if found is None:
             raise NVMLError_NotSupported()
+        return self._profile_info(found)
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(
+        self, device: Any, profileId: int
+    ) -> GpuInstanceProfileInfo:
+        gpu = self._gpu(device, "nvmlDeviceGetGpuInstanceProfileInfoById")
+        if self.by_id_missing:
+            raise NVMLError_FunctionNotFound()
+        if gpu.mig_mode is None:
+            raise NVMLError_NotSupported()
+        found: FakeProfile | None = self._profile(gpu, id=profileId)
+        if found is None:
+            raise NVMLError_InvalidArgument()
+        return self._profile_info(found)
+
+    def _profile_info(self, found: FakeProfile) -> GpuInstanceProfileInfo:
         return GpuInstanceProfileInfo(
             version=self.nvmlGpuInstanceProfileInfo_v2,
             id=found.id,
@@ -582,18 +705,194 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any:
         gpu = self._gpu(device, "nvmlDeviceGetGpuInstanceById")
-        if not any(mig.gi_id == gpuInstanceId for mig in gpu.mig_devices):
+        if self._instance(gpu, gpuInstanceId) is None:
             raise NVMLError_NotFound()
         return ctypes.pointer(_GpuInstanceStruct(device.contents.gpu, gpuInstanceId))
 
     def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> c_nvmlGpuInstanceInfo_t:
-        self._record("nvmlGpuInstanceGetInfo")
-        index, gi_id = gpuInstance.contents.gpu, gpuInstance.contents.gi
-        mig = next(m for m in self.gpus[index].mig_devices if m.gi_id == gi_id)
-        info = c_nvmlGpuInstanceInfo_t(id=gi_id, profileId=mig.profile_id)
+        index, _, instance = self._gi(gpuInstance, "nvmlGpuInstanceGetInfo")
+        info = c_nvmlGpuInstanceInfo_t(id=instance.gi_id, profileId=instance.profile_id)
         info.device = self._handle(index)
-        info.placement.start, info.placement.size = mig.start, mig.size
+        info.placement.start, info.placement.size = instance.start, instance.size
         return info
+
+    # -- dynamic MIG ----------------------------------------------------------
+
+    def _instances(self, gpu: FakeGpu) -> list[FakeMigDevice | FakeGpuInstance]:
+        return [*gpu.mig_devices, *gpu.empty_instances]
+
+    def _instance(self, gpu: FakeGpu, gi_id: int) -> FakeMigDevice | FakeGpuInstance | None:
+        return next((i for i in self._instances(gpu) if i.gi_id == gi_id), None)
+
+    def _gi(self, handle: Any, call: str) -> tuple[int, FakeGpu, FakeMigDevice | FakeGpuInstance]:
+        """GPU index, GPU and instance a GPU-instance handle points at (NotFound: gone)."""
+        self._record(call)
+        index, gi_id = handle.contents.gpu, handle.contents.gi
+        gpu = self.gpus[index]
+        if call in gpu.failures:
+            raise gpu.failures[call]
+        instance = self._instance(gpu, gi_id)
+        if instance is None:
+            raise NVMLError_NotFound()
+        return index, gpu, instance
+
+    def _slices(self, gpu: FakeGpu, profile_id: int) -> int:
+        found: FakeProfile | None = self._profile(gpu, id=profile_id)
+        return found.slices if found is not None else 0
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
+        self._record("nvmlDeviceGetHandleByUUID")
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for index, gpu in enumerate(self.gpus):
+            if gpu.uuid == text:
+                return self._handle(index)
+        raise NVMLError_NotFound()
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, device: Any, profileId: int, placement: Any
+    ) -> Any:
+        gpu = self._gpu(device, "nvmlDeviceCreateGpuInstanceWithPlacement")
+        if not hasattr(placement, "_obj"):
+            raise TypeError("pass the placement as ctypes.byref(c_nvmlGpuInstancePlacement_t)")
+        start, size = placement._obj.start, placement._obj.size
+        if gpu.mig_mode is None or gpu.mig_mode[0] != self.NVML_DEVICE_MIG_ENABLE:
+            raise NVMLError_NotSupported()
+        found: FakeProfile | None = self._profile(gpu, id=profileId)
+        if found is None or (start, size) not in found.placements:
+            raise NVMLError_InvalidArgument()
+        existing = self._instances(gpu)
+        overlaps = any(i.start < start + size and start < i.start + i.size for i in existing)
+        same = sum(1 for i in existing if i.profile_id == profileId)
+        used = sum(self._slices(gpu, i.profile_id) for i in existing)
+        if overlaps or same >= found.instances or used + found.slices > self.COMPUTE_SLICES:
+            raise NVMLError_InsufficientResources()
+        taken = {i.gi_id for i in existing}
+        gi_id = next(i for i in range(1, len(taken) + 2) if i not in taken)
+        gpu.empty_instances.append(FakeGpuInstance(gi_id, profileId, start, size))
+        return ctypes.pointer(_GpuInstanceStruct(device.contents.gpu, gi_id))
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance: Any) -> int:
+        _, gpu, instance = self._gi(gpuInstance, "nvmlGpuInstanceDestroy")
+        if isinstance(instance, FakeMigDevice):
+            raise NVMLError_InUse()  # its compute instance must go first
+        gpu.empty_instances.remove(instance)
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstances(
+        self, device: Any, profileId: int, gpuInstancesRef: Any, countRef: Any
+    ) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetGpuInstances")
+        if self._profile(gpu, id=profileId) is None:
+            raise NVMLError_InvalidArgument()
+        found = [i for i in self._instances(gpu) if i.profile_id == profileId]
+        if len(gpuInstancesRef) < len(found):
+            raise NVMLError_InsufficientSize()
+        for slot, instance in enumerate(found):
+            gpuInstancesRef[slot] = ctypes.pointer(
+                _GpuInstanceStruct(device.contents.gpu, instance.gi_id)
+            )
+        countRef._obj.value = len(found)
+        return NVML_SUCCESS
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, device: Any, profile: int, engProfile: int, version: int = 2
+    ) -> ComputeInstanceProfileInfo:
+        _, gpu, instance = self._gi(device, "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        if version != 2:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if engProfile != self.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise NVMLError_InvalidArgument()
+        if not 0 <= profile < self.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise NVMLError_InvalidArgument()
+        gi_profile: FakeProfile = self._profile(gpu, id=instance.profile_id)
+        slices = self.CI_PROFILE_SLICES.get(profile, 0)
+        if not slices or slices > gi_profile.slices:
+            raise NVMLError_NotSupported()
+        gi_name = gi_profile.name.removeprefix("MIG ")
+        return ComputeInstanceProfileInfo(
+            version=self.nvmlComputeInstanceProfileInfo_v2,
+            id=profile,
+            sliceCount=slices,
+            instanceCount=gi_profile.slices // slices,
+            multiprocessorCount=gi_profile.multiprocessors * slices // gi_profile.slices,
+            sharedCopyEngineCount=gi_profile.copy_engines,
+            sharedDecoderCount=gi_profile.decoders,
+            sharedEncoderCount=gi_profile.encoders,
+            sharedJpegCount=gi_profile.jpegs,
+            sharedOfaCount=gi_profile.ofas,
+            name=self._text(f"MIG {slices}c.{gi_name}"),
+        )
+
+    def _full_ci(self, gpu: FakeGpu, instance: FakeMigDevice | FakeGpuInstance) -> int:
+        """Id of the CI profile that spans the whole GPU instance (the only one modelled)."""
+        slices = self._slices(gpu, instance.profile_id)
+        return next(i for i, n in self.CI_PROFILE_SLICES.items() if n == slices)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
+        index, gpu, instance = self._gi(gpuInstance, "nvmlGpuInstanceCreateComputeInstance")
+        if isinstance(instance, FakeMigDevice):
+            raise NVMLError_InsufficientResources()  # the GI is full already
+        if profileId != self._full_ci(gpu, instance):
+            raise NVMLError_NotSupported()  # smaller compute instances are not modelled
+        self._created += 1
+        name = f"{gpu.uuid}/{instance.gi_id}/0/{self._created}"
+        profile: FakeProfile = self._profile(gpu, id=instance.profile_id)
+        gpu.empty_instances.remove(instance)
+        gpu.mig_devices.append(
+            FakeMigDevice(
+                uuid=f"MIG-{uuid.uuid5(uuid.NAMESPACE_OID, name)}",
+                gi_id=instance.gi_id,
+                ci_id=0,
+                profile_id=instance.profile_id,
+                start=instance.start,
+                size=instance.size,
+                memory_mib=profile.memory_mib,
+            )
+        )
+        return ctypes.pointer(_ComputeInstanceStruct(index, instance.gi_id, 0))
+
+    def _ci(self, handle: Any, call: str) -> tuple[int, FakeGpu, FakeMigDevice]:
+        self._record(call)
+        index, gi_id, ci_id = handle.contents.gpu, handle.contents.gi, handle.contents.ci
+        gpu = self.gpus[index]
+        if call in gpu.failures:
+            raise gpu.failures[call]
+        for mig in gpu.mig_devices:
+            if (mig.gi_id, mig.ci_id) == (gi_id, ci_id):
+                return index, gpu, mig
+        raise NVMLError_NotFound()
+
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gpuInstance: Any, profileId: int, computeInstancesRef: Any, countRef: Any
+    ) -> int:
+        index, gpu, instance = self._gi(gpuInstance, "nvmlGpuInstanceGetComputeInstances")
+        if profileId not in self.CI_PROFILE_SLICES:
+            raise NVMLError_InvalidArgument()
+        found = isinstance(instance, FakeMigDevice) and profileId == self._full_ci(gpu, instance)
+        if found:
+            if len(computeInstancesRef) < 1:
+                raise NVMLError_InsufficientSize()
+            computeInstancesRef[0] = ctypes.pointer(
+                _ComputeInstanceStruct(index, instance.gi_id, 0)
+            )
+        countRef._obj.value = int(found)
+        return NVML_SUCCESS
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> c_nvmlComputeInstanceInfo_t:
+        index, gpu, mig = self._ci(computeInstance, "nvmlComputeInstanceGetInfo")
+        info = c_nvmlComputeInstanceInfo_t(id=mig.ci_id, profileId=self._full_ci(gpu, mig))
+        info.device = self._handle(index)
+        info.gpuInstance = ctypes.pointer(_GpuInstanceStruct(index, mig.gi_id))
+        info.placement.start, info.placement.size = 0, self._slices(gpu, mig.profile_id)
+        return info
+
+    def nvmlComputeInstanceDestroy(self, computeInstance: Any) -> int:
+        _, gpu, mig = self._ci(computeInstance, "nvmlComputeInstanceDestroy")
+        if mig.in_use:
+            raise NVMLError_InUse()
+        gpu.mig_devices.remove(mig)
+        gpu.empty_instances.append(FakeGpuInstance(mig.gi_id, mig.profile_id, mig.start, mig.size))
+        return NVML_SUCCESS
 
     # -- events -------------------------------------------------------------
 

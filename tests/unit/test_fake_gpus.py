@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.core.errors import ConfigError
-from dra_driver.core.ids import MigUUID
-from dra_driver.core.model import GpuInfo, HealthEvent, Inventory, MigPlacement, MigProfile
+from dra_driver.core.errors import ConfigError, InventoryError, MigPlacementBusyError
+from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.core.model import (
+    GpuInfo,
+    HealthEvent,
+    Inventory,
+    MigDevice,
+    MigPlacement,
+    MigProfile,
+)
 from dra_driver.gpu.fake import (
     FakeGpuBackend,
     build_inventory,
@@ -619,3 +626,161 @@ def test_inject_xid_rejects_what_the_fake_lacks(tmp_path: Path) -> None:
         backend.inject_xid(0, 79, mig_uuid=other)
     with pytest.raises(IndexError, match="has no MIG device"):
         backend.inject_xid(1, 79, mig_uuid=MigUUID(fake_mig_uuid("x", 1)))
+
+
+# --- dynamic MIG ----------------------------------------------------------------------------
+
+P_1G, P_2G, P_3G, P_4G, P_7G = 19, 14, 9, 5, 0  # H100 GPU-instance profile ids
+
+
+def run_mig(
+    spec: str, *steps: tuple[str, int, int, int] | Exception, gpu: int = 0
+) -> tuple[list[MigDevice | Exception | None], GpuInfo]:
+    """Apply ``("create", profile, start, size)`` / ``("destroy", gi, 0, 0)`` steps in order.
+
+    An Exception step is armed with ``fail_next_create``. Returns each step's
+    result (or the error it raised) and the GPU as the inventory shows it after.
+    """
+
+    async def scenario() -> tuple[list[MigDevice | Exception | None], GpuInfo]:
+        backend = FakeGpuBackend(spec, "node-a")
+        uuid = (await backend.inventory()).gpus[gpu].uuid
+        results: list[MigDevice | Exception | None] = []
+        for step in steps:
+            if isinstance(step, Exception):
+                backend.fail_next_create(step)
+                continue
+            verb, a, b, c = step
+            try:
+                if verb == "create":
+                    results.append(await backend.create_mig_device(uuid, a, MigPlacement(b, c)))
+                else:
+                    await backend.destroy_mig_device(uuid, a)
+                    results.append(None)
+            except InventoryError as err:
+                results.append(err)
+        return results, (await backend.inventory()).gpus[gpu]
+
+    return asyncio.run(scenario())
+
+
+def test_create_mig_device_shows_in_the_inventory() -> None:
+    (device,), gpu = run_mig("h100-80gb:mig", ("create", P_3G, 4, 4))
+    assert device == MigDevice(
+        uuid=fake_mig_uuid(gpu.uuid, 1),
+        gi_id=1,
+        ci_id=0,
+        profile_id=P_3G,
+        profile_name="3g.40gb",
+        placement=MigPlacement(4, 4),
+        memory_mib=40192,
+    )
+    assert gpu.mig_devices == (device,)
+
+
+def test_create_mig_device_is_idempotent() -> None:
+    (first, again), gpu = run_mig("h100-80gb:mig", ("create", P_2G, 2, 2), ("create", P_2G, 2, 2))
+    assert first == again
+    assert gpu.mig_devices == (first,)
+
+
+def test_gi_ids_fill_the_lowest_gap(tmp_path: Path) -> None:
+    instances = "  - {profile: 1g.10gb, start: 0}\n  - {profile: 1g.10gb, start: 1}\n"
+    spec = write(tmp_path, f"gpus:\n- model: h100-80gb\n  mig: true\n  migInstances:\n{instances}")
+    results, gpu = run_mig(
+        spec, ("destroy", 1, 0, 0), ("create", P_1G, 2, 1), ("create", P_1G, 3, 1)
+    )
+    assert [r.gi_id for r in results if isinstance(r, MigDevice)] == [1, 3]
+    assert sorted(d.gi_id for d in gpu.mig_devices) == [1, 2, 3]
+    assert [d.placement.start for d in gpu.mig_devices] == [1, 2, 3]
+
+
+def test_overlap_is_busy_and_names_both(tmp_path: Path) -> None:
+    (err,), gpu = run_mig(write(tmp_path, MIG_FILE), ("create", P_1G, 5, 1))
+    assert isinstance(err, MigPlacementBusyError)
+    assert str(err) == (
+        f"GPU 0 ({gpu.uuid}): cannot create 1g.10gb at start 5 (size 1): it overlaps the "
+        "existing 3g.40gb GPU instance 1 at start 4 (memory slices 4-7)"
+    )
+    assert len(gpu.mig_devices) == 4
+
+
+@pytest.mark.parametrize(
+    ("steps", "fragment"),
+    [
+        ([("create", P_4G, 0, 4), ("create", P_3G, 4, 4), ("create", P_1G, 4, 1)], "overlaps"),
+        ([("create", P_3G, 4, 4), ("create", 15, 6, 2)], "overlaps"),
+        ([("create", P_3G, 0, 4), ("create", P_1G, 7, 1)], "not a placement"),
+        (
+            [("create", 20, 0, 1), ("create", 20, 1, 1)],
+            "at most 1 instance(s) of 1g.10gb+me fit and 1 exist",
+        ),
+    ],
+    # The compute-slice limit cannot be reached on Hopper geometry without an overlap.
+    ids=["overlap", "overlap-1g20", "bad-start", "instance-limit"],
+)
+def test_create_refusals_when_full(steps: list[tuple[str, int, int, int]], fragment: str) -> None:
+    results, gpu = run_mig("h100-80gb:mig", *steps)
+    *made, last = results
+    assert all(isinstance(r, MigDevice) for r in made)
+    assert isinstance(last, InventoryError)
+    assert fragment in str(last)
+    busy = fragment != "not a placement"
+    assert isinstance(last, MigPlacementBusyError) is busy
+    assert len(gpu.mig_devices) == len(made)
+
+
+@pytest.mark.parametrize(
+    ("spec", "profile", "start", "size", "fragment"),
+    [
+        (
+            "h100-80gb:mig",
+            P_1G,
+            7,
+            1,
+            "not a placement of 1g.10gb; its placements (start/size): 0/1",
+        ),
+        ("h100-80gb:mig", P_1G, 0, 2, "start 0 size 2 is not a placement of 1g.10gb"),
+        ("h100-80gb:mig", 99, 0, 1, "no MIG profile with id 99; its profiles: 19 (1g.10gb)"),
+        ("h100-80gb", P_1G, 0, 1, "cannot create a MIG device: MIG mode is disabled"),
+        ("l4", P_1G, 0, 1, "MIG mode is disabled and NVIDIA L4 does not support MIG"),
+    ],
+    ids=["bad-start", "bad-size", "unknown-profile", "mig-off", "no-mig"],
+)
+def test_create_refusals(spec: str, profile: int, start: int, size: int, fragment: str) -> None:
+    (err,), gpu = run_mig(spec, ("create", profile, start, size))
+    assert type(err) is InventoryError
+    assert fragment in str(err)
+    assert gpu.mig_devices == ()
+
+
+def test_unknown_gpu() -> None:
+    async def scenario() -> None:
+        backend = FakeGpuBackend("h100-80gb:mig", "node-a")
+        with pytest.raises(InventoryError, match="no GPU GPU-nope on this node; its GPUs: GPU-"):
+            await backend.create_mig_device(GpuUUID("GPU-nope"), P_1G, MigPlacement(0, 1))
+        with pytest.raises(InventoryError, match="no GPU GPU-nope"):
+            await backend.destroy_mig_device(GpuUUID("GPU-nope"), 1)
+
+    asyncio.run(scenario())
+
+
+def test_fail_next_create_fails_once() -> None:
+    boom = MigPlacementBusyError("injected")
+    (err, device), gpu = run_mig("h100-80gb:mig", boom, *[("create", P_7G, 0, 8)] * 2)
+    assert err is boom
+    assert isinstance(device, MigDevice)
+    assert gpu.mig_devices == (device,)
+
+
+def test_destroy(tmp_path: Path) -> None:
+    results, gpu = run_mig(
+        write(tmp_path, MIG_FILE), ("destroy", 1, 0, 0), ("destroy", 1, 0, 0), ("destroy", 9, 0, 0)
+    )
+    assert results == [None, None, None]  # gone already, never there: no error
+    assert [d.gi_id for d in gpu.mig_devices] == [2, 3, 4]
+    (_, device), gpu = run_mig(
+        write(tmp_path, MIG_FILE), ("destroy", 1, 0, 0), ("create", 15, 4, 2)
+    )  # the freed slices take another profile
+    assert isinstance(device, MigDevice)
+    assert device.gi_id == 1

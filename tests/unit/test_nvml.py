@@ -13,7 +13,7 @@ from typing import TypeVar
 import pynvml
 import pytest
 
-from dra_driver.core.errors import InventoryError
+from dra_driver.core.errors import InventoryError, MigPlacementBusyError
 from dra_driver.core.ids import GpuUUID, MigUUID
 from dra_driver.core.model import (
     GpuInfo,
@@ -469,3 +469,170 @@ def test_close_leaves_the_set_of_a_stuck_event_thread(caplog: pytest.LogCaptureF
     assert not fake.event_sets[0].freed
     assert fake.call_names()[-1] == "nvmlShutdown"
     assert "the NVML event thread did not stop" in caplog.text
+
+
+# -- dynamic MIG ----------------------------------------------------------------
+
+P_1G, P_2G, P_3G = 19, 14, 9  # GPU-instance profile ids of the fake H100
+
+
+def test_fake_mig_structs_match_the_real_pynvml() -> None:
+    for struct in ("c_nvmlComputeInstanceInfo_t", "c_nvmlComputeInstancePlacement_t"):
+        fields = [f[0] for f in getattr(fake_pynvml, struct)._fields_]
+        assert fields == [f[0] for f in getattr(pynvml, struct)._fields_], struct
+    real = [f[0] for f in pynvml.c_nvmlComputeInstanceProfileInfo_v2_t._fields_]
+    assert list(inspect.get_annotations(fake_pynvml.ComputeInstanceProfileInfo)) == real
+
+
+def create(
+    fake: FakeNvml, profile_id: int, start: int, size: int, gpu: GpuUUID = H100_0
+) -> tuple[MigDevice, Inventory]:
+    async def body(backend: NvmlGpuBackend) -> tuple[MigDevice, Inventory]:
+        device = await backend.create_mig_device(gpu, profile_id, MigPlacement(start, size))
+        return device, await backend.inventory()
+
+    return scenario(fake, body)
+
+
+def destroy(fake: FakeNvml, gi_id: int, gpu: GpuUUID = H100_0) -> Inventory:
+    async def body(backend: NvmlGpuBackend) -> Inventory:
+        await backend.destroy_mig_device(gpu, gi_id)
+        return await backend.inventory()
+
+    return scenario(fake, body)
+
+
+def test_create_makes_a_gpu_and_a_compute_instance() -> None:
+    fake = FakeNvml()
+    device, inv = create(fake, P_1G, 4, 1)
+    (made,) = fake.gpus[0].mig_devices[1:]
+    assert device == MigDevice(
+        MigUUID(made.uuid), 1, 0, P_1G, "1g.10gb", MigPlacement(4, 1), 9856
+    )  # GI id 1: the lowest free one (the 3g.40gb has 2)
+    assert inv.gpus[0].mig_devices == (EXPECTED.gpus[0].mig_devices[0], device)
+    assert not fake.gpus[0].empty_instances
+    assert len(fake.threads()) == 1
+    assert fake.call_names().count("nvmlDeviceCreateGpuInstanceWithPlacement") == 1
+
+
+def test_create_is_idempotent() -> None:
+    fake = FakeNvml()
+
+    async def body(backend: NvmlGpuBackend) -> list[MigDevice]:
+        place = MigPlacement(4, 2)
+        return [await backend.create_mig_device(H100_0, P_2G, place) for _ in range(2)]
+
+    first, again = scenario(fake, body)
+    assert first == again
+    assert fake.call_names().count("nvmlDeviceCreateGpuInstanceWithPlacement") == 1
+    assert fake.call_names().count("nvmlGpuInstanceCreateComputeInstance") == 1
+    # The pre-existing 3g.40gb at 0 is "created" too: found, not made again.
+    existing, _ = create(fake, P_3G, 0, 4)
+    assert existing == EXPECTED.gpus[0].mig_devices[0]
+
+
+def test_create_completes_a_gpu_instance_left_without_compute_instance() -> None:
+    fake = FakeNvml()
+    fake.gpus[0].empty_instances.append(fake_pynvml.FakeGpuInstance(5, P_1G, 6, 1))
+    device, inv = create(fake, P_1G, 6, 1)
+    assert (device.gi_id, device.ci_id, device.placement) == (5, 0, MigPlacement(6, 1))
+    assert "nvmlDeviceCreateGpuInstanceWithPlacement" not in fake.call_names()
+    assert device in inv.gpus[0].mig_devices
+
+
+def test_profile_found_by_scanning_without_the_by_id_call() -> None:
+    fake = FakeNvml()
+    fake.by_id_missing = True
+    device, _ = create(fake, P_2G, 4, 2)
+    assert device.profile_name == "2g.20gb"
+    assert "nvmlDeviceGetGpuInstanceProfileInfo" in fake.call_names()
+
+
+def test_overlapping_placement_is_busy_and_names_what_is_in_the_way() -> None:
+    fake = FakeNvml()
+    with pytest.raises(MigPlacementBusyError) as caught:
+        create(fake, P_2G, 2, 2)  # memory slices 2-3, inside the 3g.40gb at 0-3
+    message = str(caught.value)
+    assert "2g.20gb at start 2 (size 2)" in message
+    assert f"{MIG_3G} (GPU instance 2" in message
+    assert isinstance(caught.value.__cause__, fake_pynvml.NVMLError_InsufficientResources)
+    assert fake.gpus[0].empty_instances == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [fake_pynvml.NVMLError_InUse(), fake_pynvml.NVMLError_InsufficientResources()],
+    ids=["in-use", "insufficient-resources"],
+)
+def test_nvml_busy_errors_become_placement_busy(error: Exception) -> None:
+    fake = FakeNvml()
+    fake.failures["nvmlDeviceCreateGpuInstanceWithPlacement"] = error
+    with pytest.raises(MigPlacementBusyError, match=r"1g\.10gb at start 6") as caught:
+        create(fake, P_1G, 6, 1)
+    assert caught.value.__cause__ is error
+
+
+@pytest.mark.parametrize(
+    ("gpu", "profile_id", "start", "size", "fragment"),
+    [
+        (H100_0, P_1G, 7, 1, "not a placement of 1g.10gb .*: 0/1, 1/1, 2/1"),
+        (H100_0, 99, 0, 1, "no GPU-instance profile with id 99"),
+        (H100_1, P_1G, 0, 1, "MIG mode is disabled"),
+        (GpuUUID("GPU-nope"), P_1G, 0, 1, "GPU GPU-nope: NVML knows no GPU"),
+    ],
+    ids=["bad-placement", "unknown-profile", "mig-off", "unknown-gpu"],
+)
+def test_create_refusals(
+    gpu: GpuUUID, profile_id: int, start: int, size: int, fragment: str
+) -> None:
+    with pytest.raises(InventoryError, match=fragment) as caught:
+        create(FakeNvml(), profile_id, start, size, gpu)
+    assert not isinstance(caught.value, MigPlacementBusyError)
+
+
+def test_failed_compute_instance_takes_its_new_gpu_instance_down() -> None:
+    fake = FakeNvml()
+    failure = fake_pynvml.NVMLError(fake_pynvml.NVML_ERROR_UNKNOWN)
+    fake.gpus[0].failures["nvmlGpuInstanceCreateComputeInstance"] = failure
+    with pytest.raises(
+        InventoryError, match="GPU instance 1: nvmlGpuInstanceCreateComputeInstance"
+    ):
+        create(fake, P_1G, 4, 1)
+    assert fake.gpus[0].empty_instances == []
+    assert "nvmlGpuInstanceDestroy" in fake.call_names()
+
+
+def test_destroy_removes_the_device() -> None:
+    fake = FakeNvml()
+    device, _ = create(fake, P_1G, 4, 1)
+    inv = destroy(fake, device.gi_id)
+    assert inv.gpus[0].mig_devices == EXPECTED.gpus[0].mig_devices
+    assert fake.gpus[0].empty_instances == []
+    inv = destroy(fake, 2)  # the pre-existing one
+    assert inv.gpus[0].mig_devices == ()
+
+
+def test_destroy_of_a_gpu_instance_without_compute_instance() -> None:
+    fake = FakeNvml()
+    fake.gpus[0].empty_instances.append(fake_pynvml.FakeGpuInstance(5, P_1G, 6, 1))
+    destroy(fake, 5)
+    assert fake.gpus[0].empty_instances == []
+
+
+def test_destroy_unknown_gpu_instance_is_a_no_op() -> None:
+    fake = FakeNvml()
+    assert destroy(fake, 6) == EXPECTED
+    assert "nvmlGpuInstanceDestroy" not in fake.call_names()
+
+
+def test_destroy_refused_while_in_use() -> None:
+    fake = FakeNvml()
+    fake.gpus[0].mig_devices[0].in_use = True
+    with pytest.raises(InventoryError, match="In use by another client; a process still uses it"):
+        destroy(fake, 2)
+    assert len(fake.gpus[0].mig_devices) == 1
+
+
+def test_destroy_of_unknown_gpu_is_an_error() -> None:
+    with pytest.raises(InventoryError, match="NVML knows no GPU"):
+        destroy(FakeNvml(), 1, GpuUUID("GPU-nope"))
