@@ -140,6 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _gpu_flags(plugin)
     add_flag(plugin, "--kubeconfig", "kubeconfig file; in-cluster config when unset")
+    add_flag(plugin, "--driver-root", "NVIDIA driver install root (NVML backend)", default="/")
+    add_flag(plugin, "--proc-root", "the host's /proc (MIG capability files)", default="/proc")
+    add_flag(
+        plugin,
+        "--cdi-hook-path",
+        "nvidia-cdi-hook on the host (ldcache update); empty: no hook",
+        default="/usr/bin/nvidia-cdi-hook",
+    )
+    add_flag(
+        plugin,
+        "--mps-agent-socket",
+        "the mps-agent's socket; default <plugin dir>/mps-agent.sock",
+    )
     add_flag(
         plugin,
         "--inventory-interval",
@@ -153,6 +166,36 @@ def build_parser() -> argparse.ArgumentParser:
         default="/proc/sys/kernel/random/boot_id",
     )
     _common(plugin)
+
+    agent = sub.add_parser("mps-agent", help="run the MPS daemons of this node (DaemonSet)")
+    add_flag(agent, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
+    add_flag(
+        agent,
+        "--plugin-dir",
+        f"the plugin's data directory; default {DEFAULT_PLUGINS_DIR}/<driver name>",
+    )
+    add_flag(agent, "--socket", "the agent's socket; default <plugin dir>/mps-agent.sock")
+    add_flag(
+        agent,
+        "--state-dir",
+        "MPS pipe, log and shm directories and the agent's state (tmpfs: gone at reboot)",
+        default="/run/fractional-gpu-dra/mps",
+    )
+    add_flag(
+        agent,
+        "--mps-control",
+        "nvidia-cuda-mps-control to drive; 'fake' for the packaged fake (no GPU)",
+        default="nvidia-cuda-mps-control",
+    )
+    add_flag(
+        agent,
+        "--mps-protocol",
+        "MPS protocol: v3 (driver 615+, per-claim limits held by the daemon), legacy, or auto",
+        default="auto",
+        choices=["auto", "v3", "legacy"],
+    )
+    add_flag(agent, "--driver-version", "the node's driver version (auto protocol)")
+    _common(agent)
 
     render = sub.add_parser(
         "render-slices", help="print the ResourceSlices the plugin would publish, as YAML"
@@ -275,18 +318,23 @@ def _run_plugin(args: argparse.Namespace) -> int:
         run_until_signalled,
     )
 
+    plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
     config = PluginConfig(
         driver_name=args.driver_name,
         node_name=args.node_name or "",
         registry_dir=args.registry_dir,
-        plugin_dir=args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name),
+        plugin_dir=plugin_dir,
         cdi_root=args.cdi_root,
         rolling_update_uid=args.rolling_update_uid or None,
         boot_id_file=args.boot_id_file,
         inventory_interval=_seconds(args.inventory_interval, "--inventory-interval"),
+        settings=_node_settings(args),
+        driver_root=args.driver_root,
+        proc_root=args.proc_root,
+        cdi_hook_path=args.cdi_hook_path or None,
+        mps_agent_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
     )
     config.validate()
-    settings = _node_settings(args)
     backend = _backend(args, config.node_name)
     api_client = make_api_client(args.kubeconfig)
     claims = KubernetesClaimSource(api_client)
@@ -298,13 +346,34 @@ def _run_plugin(args: argparse.Namespace) -> int:
         probe=functools.partial(
             probe_capabilities, api_client, config.driver_name, config.node_name
         ),
-        settings=settings,
     )
     try:
         asyncio.run(run_until_signalled(PluginRuntime(config, backend, claims, slices)))
     finally:
         claims.close()
         publisher.close()
+    return 0
+
+
+def _run_mps_agent(args: argparse.Namespace) -> int:
+    from dra_driver.mpsagent import fake_control_path
+    from dra_driver.mpsagent.agent import AgentConfig, run_agent
+    from dra_driver.mpsagent.compute_mode import FakeComputeMode, NvidiaSmiComputeMode
+
+    plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
+    fake = args.mps_control == "fake"
+    config = AgentConfig(
+        socket_path=args.socket or os.path.join(plugin_dir, "mps-agent.sock"),
+        state_dir=args.state_dir,
+        control_binary=fake_control_path() if fake else args.mps_control,
+        protocol=args.mps_protocol,
+        compute_mode=FakeComputeMode() if fake else NvidiaSmiComputeMode(),
+        driver_version=args.driver_version or None,
+        # The fake launcher runs ${PYTHON}: this interpreter has the package.
+        daemon_env={**os.environ, "PYTHON": sys.executable} if fake else None,
+    )
+    os.makedirs(os.path.dirname(config.socket_path), exist_ok=True)
+    asyncio.run(run_agent(config))
     return 0
 
 
@@ -317,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "version":
             print(f"dra-driver {__version__}")
             return 0
+        if args.command == "mps-agent":
+            return _run_mps_agent(args)
         if args.command == "render-slices":
             return _render_slices(args)
         if args.command == "demo":

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from dra_driver.api.configs import effective_config, limits_for
 from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, DeviceNode, merge_edits
+from dra_driver.core.driver_edits import fake_device_node
 from dra_driver.core.errors import (
     AllocationError,
     ClaimNotAllocatedError,
@@ -78,6 +79,8 @@ class NodeContext:
     common_edits: ContainerEdits = field(default_factory=ContainerEdits)
     """The driver's user-space libraries, control nodes and hooks (toolkit spec or
     driver-root discovery); empty when unknown."""
+    fake_device_nodes: bool = False
+    """Fake backend: GPU nodes are harmless stand-ins (no GPU on the host)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class MigPlan:
     """Set when the instance exists; None: the engine creates it at prepare."""
     gi_id: int | None = None
     ci_id: int | None = None
+    created: bool = False
+    """We created the instance at prepare (and destroy it at unprepare)."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +251,7 @@ def plan_prepare(
                 in_use=in_use or {},
             )
         name = cdi_device_name(claim.ref.uid, device, share_id)
-        cdi_devices.append(CdiDevice(name=name, edits=_gpu_edits(gpu)))
+        cdi_devices.append(CdiDevice(name=name, edits=_gpu_edits(gpu, ctx.fake_device_nodes)))
         planned.append(
             PlannedDevice(
                 request_names=tuple(sorted({r.main_request for r in group})),
@@ -263,13 +268,17 @@ def plan_prepare(
     spec = CdiSpec(
         kind=ctx.cdi_kind,
         devices=tuple(cdi_devices),
-        common_edits=merge_edits(
-            ContainerEdits(
-                device_nodes=(
-                    DeviceNode("/dev/nvidiactl", major=NVIDIA_MAJOR, minor=NVIDIACTL_MINOR),
-                )
-            ),
-            ctx.common_edits,
+        common_edits=(
+            ctx.common_edits
+            if ctx.fake_device_nodes
+            else merge_edits(
+                ContainerEdits(
+                    device_nodes=(
+                        DeviceNode("/dev/nvidiactl", major=NVIDIA_MAJOR, minor=NVIDIACTL_MINOR),
+                    )
+                ),
+                ctx.common_edits,
+            )
         ),
     )
     return PreparePlan(claim_uid=claim.ref.uid, devices=tuple(planned), cdi_spec=spec)
@@ -361,7 +370,9 @@ def _mig_plan(target: MigTarget) -> MigPlan:
     )
 
 
-def _gpu_edits(gpu: GpuInfo) -> ContainerEdits:
+def _gpu_edits(gpu: GpuInfo, fake: bool) -> ContainerEdits:
+    if fake:
+        return ContainerEdits(device_nodes=(fake_device_node(gpu.device_node),))
     return ContainerEdits(
         device_nodes=(DeviceNode(gpu.device_node, major=NVIDIA_MAJOR, minor=gpu.minor),),
     )

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from dra_driver.core.cdi import render_spec
+from dra_driver.core.cdi import CdiSpec, render_spec
 from dra_driver.core.errors import DriverError
 from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import Inventory, ResourceClaim
@@ -31,6 +31,7 @@ from dra_driver.core.plan import NodeContext, plan_prepare
 from dra_driver.core.ports import ClaimSource
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
 from dra_driver.plugin.cdi_store import CdiStore
+from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,
@@ -66,8 +67,11 @@ class _BatchPlan:
 
     checkpoint: Checkpoint
     changed: bool = False
-    to_write: list[tuple[_Work, CheckpointClaim]] = field(default_factory=list)
+    to_write: list[tuple[_Work, CheckpointClaim, CdiSpec | None]] = field(default_factory=list)
+    """New entries, with the plan's CDI spec when side effects must still run."""
     to_remove: dict[ClaimUID, str] = field(default_factory=dict)
+    to_release: list[tuple[_Work, CheckpointClaim]] = field(default_factory=list)
+    """Unprepared entries whose side effects (MPS share, MIG instance) must be undone."""
 
 
 def _unique(refs: Sequence[ClaimRef]) -> list[ClaimRef]:
@@ -87,8 +91,12 @@ class Driver:
         checkpoints: CheckpointStore,
         cdi: CdiStore,
         lock: NodeLock,
+        enforcer: Enforcer | None = None,
     ) -> None:
+        """``enforcer`` None: no side effects beyond CDI specs (MPS shares and MIG
+        devices are then given their GPU's nodes only; tests of the engine alone)."""
         self.ctx = ctx
+        self.enforcer = enforcer
         self.inventory = inventory
         self.claims = claims
         self.checkpoints = checkpoints
@@ -122,9 +130,17 @@ class Driver:
         return await self._submit(work)
 
     async def reconcile(self) -> ReconcileReport:
-        """Make checkpoint and CDI dir agree; run once at start-up."""
+        """Make checkpoint, CDI dir, MPS shares and MIG instances agree; once at start-up."""
         async with self.lock.hold():
-            return await asyncio.to_thread(self._reconcile)
+            report, rolled_back = await asyncio.to_thread(self._reconcile)
+            if self.enforcer is not None:
+                for entry in rolled_back:
+                    try:
+                        await self.enforcer.release(entry.ref, entry.devices)
+                        await self.enforcer.destroy_leftover(entry.devices)
+                    except DriverError as err:
+                        log.error("cleaning up half-prepared claim %s failed: %s", entry.ref, err)
+            return report
 
     async def close(self) -> None:
         if self._worker is not None:
@@ -145,7 +161,10 @@ class Driver:
             batch, self._pending = self._pending, []
             try:
                 async with self.lock.hold():
-                    await asyncio.to_thread(self._apply_batch, batch)
+                    plan = await asyncio.to_thread(self._phase1, batch)
+                    if plan is not None:
+                        await self._enforce(plan)
+                        await asyncio.to_thread(self._write_specs_and_complete, plan)
             except Exception as err:  # lock timeout, checkpoint unreadable: fail the batch
                 # Nothing of this batch is known to be on disk: every claim fails
                 # (even those decided as done) and the kubelet retries.
@@ -159,16 +178,47 @@ class Driver:
 
     # --- the critical section (runs in a worker thread, under the lock) -------
 
-    def _apply_batch(self, batch: list[_Work]) -> None:
+    def _phase1(self, batch: list[_Work]) -> _BatchPlan | None:
+        """Decide, then record PrepareStarted entries (and drop unprepared ones) on disk
+        before any side effect; None when nothing changes."""
         plan = self._decide(batch, self.checkpoints.load())
         if not plan.changed:
-            return
-        # Phase 1: PrepareStarted entries (and unprepared claims gone) before any side effect.
+            return None
         self.checkpoints.save(plan.checkpoint)
         for path in plan.to_remove.values():
             self.cdi.remove(path)
-        if plan.to_write:
-            self._write_specs_and_complete(plan)
+        return plan
+
+    async def _enforce(self, plan: _BatchPlan) -> None:
+        """Side effects (MPS shares, MIG instances); a failure fails its claim alone."""
+        if self.enforcer is None:
+            return
+        for work, entry in plan.to_release:
+            try:
+                await self.enforcer.release(entry.ref, entry.devices)
+            except DriverError as err:
+                # Keep the claim so the kubelet's retry releases what is left.
+                plan.checkpoint = plan.checkpoint.with_claim(entry)
+                work.outcomes[entry.ref.uid] = ClaimOutcome(error=f"claim {entry.ref}: {err}")
+        kept: list[tuple[_Work, CheckpointClaim, CdiSpec | None]] = []
+        for work, started, planned_spec in plan.to_write:
+            if planned_spec is None:
+                kept.append((work, started, planned_spec))
+                continue
+            try:
+                devices, spec = await self.enforcer.apply(
+                    started.ref, started.devices, planned_spec
+                )
+            except Exception as err:
+                message = f"claim {started.ref}: {err}"
+                log.warning("prepare failed: %s", message)
+                work.outcomes[started.ref.uid] = ClaimOutcome(error=message)
+                plan.checkpoint = plan.checkpoint.without(started.ref.uid)
+                continue
+            entry = replace(started, devices=devices, cdi_spec=render_spec(spec))
+            plan.checkpoint = plan.checkpoint.with_claim(entry)
+            kept.append((work, entry, spec))
+        plan.to_write = kept
 
     def _decide(self, batch: list[_Work], checkpoint: Checkpoint) -> _BatchPlan:
         """Decide every claim of the batch in arrival order; writes nothing."""
@@ -176,34 +226,37 @@ class Driver:
         for work in batch:
             for ref in work.refs:
                 if work.prepare:
-                    entry = self._decide_prepare(work, ref, plan.checkpoint)
-                    if entry is not None:
+                    decided = self._decide_prepare(work, ref, plan.checkpoint)
+                    if decided is not None:
+                        entry, spec = decided
                         plan.checkpoint = plan.checkpoint.with_claim(entry)
-                        plan.to_write.append((work, entry))
+                        plan.to_write.append((work, entry, spec))
                         plan.to_remove.pop(ref.uid, None)
                         plan.changed = True
                     continue
                 # Prepared and unprepared in one batch: the unprepare wins.
-                for other, _ in (x for x in plan.to_write if x[1].ref.uid == ref.uid):
+                for other, _, _ in (x for x in plan.to_write if x[1].ref.uid == ref.uid):
                     other.outcomes[ref.uid] = ClaimOutcome(
                         error=f"claim {ref}: unprepared while it was being prepared"
                     )
                 plan.to_write = [x for x in plan.to_write if x[1].ref.uid != ref.uid]
-                entry = plan.checkpoint.claims.get(ref.uid)
-                if entry is not None:
+                recorded = plan.checkpoint.claims.get(ref.uid)
+                if recorded is not None:
                     plan.checkpoint = plan.checkpoint.without(ref.uid)
-                    if entry.cdi_spec_file:
-                        plan.to_remove[ref.uid] = entry.cdi_spec_file
+                    if recorded.cdi_spec_file:
+                        plan.to_remove[ref.uid] = recorded.cdi_spec_file
+                    plan.to_release.append((work, recorded))
                     plan.changed = True
                     log.info("unprepared claim %s", ref)
                 work.outcomes[ref.uid] = ClaimOutcome()
         return plan
 
     def _write_specs_and_complete(self, plan: _BatchPlan) -> None:
-        """Phase 2: write each claim's CDI spec, then record PrepareCompleted."""
+        """Phase 2: write each claim's CDI spec, then record PrepareCompleted (and
+        what the side effects changed)."""
         checkpoint = plan.checkpoint
         completed: list[tuple[_Work, CheckpointClaim]] = []
-        for work, entry in plan.to_write:
+        for work, entry, _ in plan.to_write:
             try:
                 self.cdi.write(entry.ref.uid, entry.cdi_spec or {})
             except OSError as err:
@@ -232,8 +285,9 @@ class Driver:
 
     def _decide_prepare(
         self, work: _Work, ref: ClaimRef, checkpoint: Checkpoint
-    ) -> CheckpointClaim | None:
-        """Record the outcome for a claim that needs no work, or return its new entry."""
+    ) -> tuple[CheckpointClaim, CdiSpec | None] | None:
+        """Record the outcome for a claim that needs no work, or return its new entry
+        (with the plan's CDI spec when its side effects must still run)."""
         recorded = checkpoint.claims.get(ref.uid)
         if recorded is not None and recorded.state is ClaimState.PREPARE_COMPLETED:
             if (
@@ -244,7 +298,7 @@ class Driver:
                 # Someone emptied the CDI dir under a prepared claim: the
                 # runtime would fail to start the container, so write it again.
                 log.warning("CDI spec of prepared claim %s is missing; writing it again", ref)
-                return replace(recorded, state=ClaimState.PREPARE_STARTED)
+                return replace(recorded, state=ClaimState.PREPARE_STARTED), None
             work.outcomes[ref.uid] = ClaimOutcome(devices=recorded.devices)
             return None
         fetched = work.fetched[ref.uid]
@@ -263,16 +317,18 @@ class Driver:
             log.warning("prepare failed: %s", err)
             work.outcomes[ref.uid] = ClaimOutcome(error=str(err))
             return None
-        return CheckpointClaim(
+        entry = CheckpointClaim(
             ref=ref,
             state=ClaimState.PREPARE_STARTED,
             devices=plan.devices,
             cdi_spec_file=self.cdi.path_for(ref.uid),
             cdi_spec=render_spec(plan.cdi_spec),
         )
+        return entry, plan.cdi_spec
 
-    def _reconcile(self) -> ReconcileReport:
+    def _reconcile(self) -> tuple[ReconcileReport, list[CheckpointClaim]]:
         checkpoint = self.checkpoints.load()
+        rolled_back_entries: list[CheckpointClaim] = []
         original = checkpoint
         rolled_back: list[ClaimUID] = []
         rewritten: list[ClaimUID] = []
@@ -282,6 +338,7 @@ class Driver:
                     self.cdi.remove(entry.cdi_spec_file)
                 checkpoint = checkpoint.without(uid)
                 rolled_back.append(uid)
+                rolled_back_entries.append(entry)
                 log.warning("rolled back half-prepared claim %s", entry.ref)
             elif entry.cdi_spec is not None and (
                 self.cdi.path_for(uid) != entry.cdi_spec_file
@@ -303,4 +360,5 @@ class Driver:
             self.cdi.remove(path)
         if checkpoint is not original or not os.path.exists(self.checkpoints.path):
             self.checkpoints.save(checkpoint)
-        return ReconcileReport(tuple(rolled_back), tuple(rewritten), tuple(orphans))
+        report = ReconcileReport(tuple(rolled_back), tuple(rewritten), tuple(orphans))
+        return report, rolled_back_entries

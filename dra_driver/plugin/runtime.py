@@ -13,10 +13,16 @@ import logging
 import os
 import signal
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.core.cdi import cdi_kind_for_driver
+from dra_driver.core.cdi import ContainerEdits, cdi_kind_for_driver
+from dra_driver.core.driver_edits import (
+    DEFAULT_HOOK_PATH,
+    edits_from_driver_files,
+    edits_from_toolkit_spec,
+    fake_common_edits,
+)
 from dra_driver.core.errors import ConfigError, DriverError
 from dra_driver.core.ids import PoolName
 from dra_driver.core.model import Inventory
@@ -24,12 +30,16 @@ from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend
 from dra_driver.core.settings import NodeSettings
 from dra_driver.core.slices import device_names
+from dra_driver.gpu.driver_files import discover_driver_files, load_toolkit_spec
+from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.kubeletplugin.health import HealthHub, all_healthy
 from dra_driver.kubeletplugin.server import PluginServer
 from dra_driver.kubeletplugin.sockets import SocketPaths, socket_paths
+from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.driver import Driver, ReconcileReport
+from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.plugin.publishing import ProbeFn, SlicePublishing
 from dra_driver.state.checkpoint import CheckpointStore, read_boot_id
 from dra_driver.state.locks import NodeLock
@@ -56,6 +66,16 @@ class PluginConfig:
     inventory_interval: float = 60.0
     """Seconds between re-discoveries of the GPUs (MIG mode changes after a
     reset, a GPU gone); 0 turns it off."""
+    settings: NodeSettings = field(default_factory=NodeSettings)
+    """Sharing and allocator per GPU, memory reserve and steps (node settings)."""
+    driver_root: str = "/"
+    """Where the NVIDIA driver is installed, as the plugin sees it (NVML backend)."""
+    proc_root: str = "/proc"
+    """The host's /proc (MIG capability files)."""
+    cdi_hook_path: str | None = DEFAULT_HOOK_PATH
+    """The toolkit's CDI hook on the host, for the ldcache update; None: no hook."""
+    mps_agent_socket: str | None = None
+    """The mps-agent's socket; None: MPS shares fail with a message naming it."""
 
     def validate(self) -> None:
         if not self.node_name:
@@ -71,7 +91,6 @@ class SliceOptions:
 
     publisher: SlicePublisher
     probe: ProbeFn
-    settings: NodeSettings
 
 
 class PluginRuntime:
@@ -101,11 +120,21 @@ class PluginRuntime:
         cfg = self.config
         os.makedirs(cfg.plugin_dir, exist_ok=True)
         inventory = self.inventory = await self.backend.inventory()
+        fake = self.backend.name == "fake"
         ctx = NodeContext(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
             pool_name=PoolName(cfg.node_name),
             cdi_kind=cdi_kind_for_driver(cfg.driver_name),
+            settings=cfg.settings,
+            common_edits=await asyncio.to_thread(self._common_edits, fake),
+            fake_device_nodes=fake,
+        )
+        enforcer = Enforcer(
+            backend=self.backend,
+            inventory=self._current_inventory,
+            mig_caps=None if fake else MigCapabilities(cfg.proc_root),
+            mps=MpsAgentClient(cfg.mps_agent_socket) if cfg.mps_agent_socket else None,
         )
         self.driver = Driver(
             ctx=ctx,
@@ -116,6 +145,7 @@ class PluginRuntime:
             ),
             cdi=CdiStore(cfg.cdi_root, ctx.cdi_kind),
             lock=NodeLock(os.path.join(cfg.plugin_dir, LOCK_FILE)),
+            enforcer=enforcer,
         )
         self.reconcile_report = await self.driver.reconcile()
         hub = HealthHub(all_healthy(device_names(inventory), ctx.pool_name))
@@ -125,7 +155,7 @@ class PluginRuntime:
                 self.slice_options.publisher,
                 self.slice_options.probe,
                 inventory=inventory,
-                settings=self.slice_options.settings,
+                settings=cfg.settings,
                 driver_name=cfg.driver_name,
                 node_name=cfg.node_name,
             )
@@ -142,6 +172,28 @@ class PluginRuntime:
             len(inventory.gpus),
             self.backend.name,
         )
+
+    def _current_inventory(self) -> Inventory:
+        assert self.inventory is not None
+        return self.inventory
+
+    def _common_edits(self, fake: bool) -> ContainerEdits:
+        """What every GPU container needs besides its GPU: libraries, control nodes, hooks.
+
+        Fake backend: stand-in control nodes. Otherwise the NVIDIA Container
+        Toolkit's CDI spec when the node has one (its common edits), else our own
+        discovery under ``--driver-root``.
+        """
+        if fake:
+            return fake_common_edits()
+        doc = load_toolkit_spec()
+        if doc is not None:
+            log.info("using the NVIDIA Container Toolkit's CDI spec for the driver files")
+            return edits_from_toolkit_spec(doc).common
+        files = discover_driver_files(self.config.driver_root)
+        for note in files.notes:
+            log.info("driver discovery: %s", note)
+        return edits_from_driver_files(files, hook_path=self.config.cdi_hook_path)
 
     def _spawn(self, work: Coroutine[Any, Any, object], name: str) -> None:
         """Run ``work`` for the plugin's lifetime; an unexpected end is logged loudly."""

@@ -114,6 +114,7 @@ def _mig_to_json(m: MigPlan) -> dict[str, Any]:
         "migUUID": m.mig_uuid,
         "giID": m.gi_id,
         "ciID": m.ci_id,
+        "created": m.created,
     }
 
 
@@ -126,6 +127,7 @@ def _mig_from_json(raw: Mapping[str, Any]) -> MigPlan:
         mig_uuid=raw.get("migUUID"),
         gi_id=raw.get("giID"),
         ci_id=raw.get("ciID"),
+        created=bool(raw.get("created", False)),
     )
 
 

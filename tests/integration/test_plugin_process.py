@@ -63,6 +63,7 @@ def start_plugin(
         "--kubeconfig", kubeconfig,
         "--boot-id-file", dirs.boot_id_file,
         "--log-level", "WARNING",
+        "--sharing", "timeslicing",  # the MPS path is tested with the agent elsewhere
     ]  # fmt: skip
     with open(os.path.join(dirs.root, "plugin.log"), "ab") as log:
         return subprocess.Popen(

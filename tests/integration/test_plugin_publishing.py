@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from dra_driver.core.model import Inventory
-from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
@@ -41,7 +40,6 @@ def runtime_with_slices(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginRuntime
     options = SliceOptions(
         publisher=publisher,
         probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
-        settings=NodeSettings(),
     )
     runtime = PluginRuntime(
         dirs.config(),
@@ -145,7 +143,6 @@ def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) 
             SliceOptions(
                 publisher=publisher,
                 probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
-                settings=NodeSettings(),
             ),
         )
         await runtime.start()

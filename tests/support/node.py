@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.plugin.runtime import PluginConfig, PluginRuntime
 from dra_driver.testing.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
@@ -58,6 +59,9 @@ class NodeDirs:
             cdi_root=self.cdi,
             rolling_update_uid=rolling_update_uid,
             boot_id_file=self.boot_id_file,
+            # Shares are time-sliced here: these tests exercise the engine, not
+            # MPS (tests/integration/test_enforcement.py runs the mps-agent).
+            settings=NodeSettings(default=GpuSettings(Sharing.TIMESLICING)),
         )
 
     def runtime(

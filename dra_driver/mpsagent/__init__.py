@@ -1,0 +1,28 @@
+"""The mps-agent: a long-lived per-node process that owns the MPS control daemons.
+
+MPS daemons never run in the kubelet plugin, so a plugin restart or rolling
+update does not kill a running client. The plugin asks the agent over a unix
+socket (:mod:`.protocol`, :mod:`.client`) to ensure a GPU's daemon and a share's
+limits, and to release them; the agent (:mod:`.agent`) supervises one daemon per
+GPU (:mod:`.daemon`) and restores every live share's limits after a daemon dies.
+
+Public surface (imported from the modules, so that the fake control executable,
+which runs as ``python -m dra_driver.mpsagent.fake_control``, stays light):
+
+* :class:`.agent.AgentConfig`, :func:`.agent.run_agent`
+* :class:`.client.MpsAgentClient`, :class:`.client.MpsAgentError`,
+  :class:`.client.MpsAgentUnavailableError`
+* :func:`.commands.share_cdi_edits` (pure: env and mounts for a share's containers)
+* :class:`.compute_mode.ComputeMode`, :class:`.compute_mode.FakeComputeMode`,
+  :class:`.compute_mode.NvidiaSmiComputeMode`
+* :func:`fake_control_path`: the shipped fake ``nvidia-cuda-mps-control``
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def fake_control_path() -> str:
+    """The fake ``nvidia-cuda-mps-control`` launcher shipped in this package."""
+    return os.path.join(os.path.dirname(__file__), "bin", "nvidia-cuda-mps-control")

@@ -1,0 +1,509 @@
+"""The mps-agent server: owns the MPS daemons, answers the plugin on a unix socket.
+
+The agent is its own long-lived process (``dra-driver mps-agent``, a DaemonSet
+updated only on delete), so a plugin restart or rolling update never touches a
+running daemon or its clients. Requests (:mod:`.protocol`) are served one line
+at a time per connection; operations on one GPU are serialised by a lock per
+GPU; a request that fails answers an error and never stops the agent. A plugin
+that disconnects mid-request does not cancel it: the operation completes and is
+recorded, and a repeated ``ensure_share`` is idempotent.
+
+Every live share is recorded in ``<state dir>/mps-agent-state.json`` (written
+atomically after each change). A starting agent adopts a daemon a previous
+agent left running, or starts a fresh one, and restores the recorded shares'
+namespaces and limits. A supervisor per GPU waits for the daemon's exit; when
+it dies unasked, the agent logs what was lost with it and restarts it with
+every live share restored, retrying with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent import protocol as wire
+from dra_driver.mpsagent.commands import ShareLimits
+from dra_driver.mpsagent.compute_mode import ComputeMode, NvidiaSmiComputeMode
+from dra_driver.mpsagent.daemon import DaemonError, MpsDaemon
+from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
+from dra_driver.state.files import atomic_write
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "mps-agent-state.json"
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    socket_path: str
+    """The agent's unix socket, in the plugin directory (e.g. ``<plugin dir>/mps-agent.sock``)."""
+    state_dir: str
+    """Per-GPU daemon directories and the agent's state file."""
+    control_binary: str = "nvidia-cuda-mps-control"
+    """The real binary, or the fake launcher (:func:`dra_driver.mpsagent.fake_control_path`)."""
+    protocol: str = "auto"
+    """``v3``, ``legacy``, or ``auto`` (v3 from driver 615, by ``driver_version``)."""
+    compute_mode: ComputeMode = field(default_factory=NvidiaSmiComputeMode)
+    driver_version: str | None = None
+    daemon_env: Mapping[str, str] | None = None
+    """Base environment of the daemons and commands (default: the agent's own)."""
+    command_timeout_s: float = 10.0
+    restart_backoff_s: float = 0.2
+    restart_backoff_max_s: float = 30.0
+    stop_daemons_on_exit: bool = True
+    """Quit the daemons when the agent stops (its container is going away anyway)."""
+
+
+class AgentRequestError(Exception):
+    def __init__(self, kind: wire.ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: wire.ErrorKind = kind
+
+
+def _limits(share: ShareInfo) -> ShareLimits:
+    return ShareLimits(share.share_id, share.memory_limit_bytes, share.active_thread_percentage)
+
+
+class MpsAgent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.protocol: MpsProtocol = cmd.choose_protocol(config.protocol, config.driver_version)
+        self._shares: dict[tuple[str, str], ShareInfo] = {}
+        self._daemons: dict[str, MpsDaemon] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._restarts: dict[str, int] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._server: asyncio.Server | None = None
+
+    # -- state ----------------------------------------------------------------------
+
+    @property
+    def state_path(self) -> str:
+        return os.path.join(self.config.state_dir, STATE_FILE)
+
+    def _save(self) -> None:
+        doc = {
+            "version": STATE_VERSION,
+            "protocol": self.protocol,
+            "shares": [wire.share_to_json(s) for _, s in sorted(self._shares.items())],
+        }
+        atomic_write(self.state_path, json.dumps(doc, indent=1).encode())
+
+    def _load(self) -> None:
+        """Lenient: what we wrote ourselves, maybe by a newer or older agent."""
+        try:
+            with open(self.state_path, "rb") as f:
+                doc = json.load(f)
+            shares = [wire.share_from_json(s) for s in doc.get("shares", [])]
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as err:
+            log.error("ignoring unreadable MPS agent state %s: %s", self.state_path, err)
+            return
+        for share in shares:
+            if share.protocol != self.protocol:
+                log.warning(
+                    "share %s on GPU %s was made under %s MPS; the agent now runs %s and "
+                    "re-creates it so (its running containers keep the old mounts)",
+                    share.share_id,
+                    share.gpu_uuid,
+                    share.protocol,
+                    self.protocol,
+                )
+                share = self._share_info(  # noqa: PLW2901 (the converted record)
+                    share.gpu_uuid,
+                    share.share_id,
+                    claim_uid=share.claim_uid,
+                    memory_limit_bytes=share.memory_limit_bytes,
+                    pct=share.active_thread_percentage,
+                    uid=share.uid,
+                )
+            self._shares[(share.gpu_uuid, share.share_id)] = share
+
+    def _gpu_shares(self, gpu_uuid: str) -> list[ShareInfo]:
+        return [s for (gpu, _), s in sorted(self._shares.items()) if gpu == gpu_uuid]
+
+    def _lock(self, gpu_uuid: str) -> asyncio.Lock:
+        return self._locks.setdefault(gpu_uuid, asyncio.Lock())
+
+    def _daemon(self, gpu_uuid: str) -> MpsDaemon:
+        daemon = self._daemons.get(gpu_uuid)
+        if daemon is None:
+            daemon = MpsDaemon(
+                gpu_uuid,
+                self.config.state_dir,
+                self.config.control_binary,
+                self.protocol,
+                self.config.compute_mode,
+                base_env=self.config.daemon_env,
+                command_timeout=self.config.command_timeout_s,
+            )
+            self._daemons[gpu_uuid] = daemon
+        return daemon
+
+    def _share_info(
+        self,
+        gpu_uuid: str,
+        share_id: str,
+        *,
+        claim_uid: str,
+        memory_limit_bytes: int,
+        pct: int,
+        uid: int | None,
+    ) -> ShareInfo:
+        daemon_dirs = self._daemon(gpu_uuid).dirs
+        namespace = cmd.namespace_name(share_id) if self.protocol == "v3" else None
+        pipe = (
+            cmd.v3_namespace_dir(daemon_dirs.pipe, namespace)
+            if namespace is not None
+            else daemon_dirs.pipe
+        )
+        return ShareInfo(
+            gpu_uuid=gpu_uuid,
+            share_id=share_id,
+            claim_uid=claim_uid,
+            memory_limit_bytes=memory_limit_bytes,
+            active_thread_percentage=pct,
+            uid=uid,
+            protocol=self.protocol,
+            namespace=namespace,
+            pipe_dir=pipe,
+            shm_dir=daemon_dirs.shm,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the recorded shares and bring each of their GPUs' daemons back."""
+        os.makedirs(self.config.state_dir, exist_ok=True)
+        self._load()
+        for gpu_uuid in sorted({gpu for gpu, _ in self._shares}):
+            async with self._lock(gpu_uuid):
+                daemon = self._daemon(gpu_uuid)
+                shares = [_limits(s) for s in self._gpu_shares(gpu_uuid)]
+                try:
+                    if not await daemon.adopt():
+                        await daemon.start()
+                    await daemon.restore(shares)
+                except DaemonError as err:
+                    log.error("cannot bring back the MPS daemon of GPU %s: %s", gpu_uuid, err)
+                    if not daemon.running:
+                        continue
+                self._watch(gpu_uuid)
+        self._save()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        # Closing the transports ends each connection's loop at its next read (an
+        # operation in flight completes first); cancelling the handler tasks instead
+        # trips asyncio 3.11's stream callback into logging a CancelledError.
+        for writer in list(self._connections.values()):
+            writer.close()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        if self.config.stop_daemons_on_exit:
+            for gpu_uuid in sorted(self._daemons):
+                async with self._lock(gpu_uuid):
+                    await self._stop_daemon(gpu_uuid)
+        for task in self._watchers.values():
+            task.cancel()
+        await asyncio.gather(*self._watchers.values(), return_exceptions=True)
+        self._watchers.clear()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.config.socket_path)
+
+    # -- supervision ----------------------------------------------------------------
+
+    def _watch(self, gpu_uuid: str) -> None:
+        task = self._watchers.get(gpu_uuid)
+        if task is None or task.done():
+            task = asyncio.create_task(self._supervise(gpu_uuid), name=f"mps-watch-{gpu_uuid}")
+            task.add_done_callback(self._watcher_done)
+            self._watchers[gpu_uuid] = task
+
+    @staticmethod
+    def _watcher_done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("MPS daemon supervisor %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _supervise(self, gpu_uuid: str) -> None:
+        daemon = self._daemons[gpu_uuid]
+        while True:
+            pid = daemon.pid
+            code = await daemon.wait_exit()
+            if daemon.stopping:
+                return
+            lost = self._gpu_shares(gpu_uuid)
+            log.error(
+                "MPS control daemon for GPU %s (pid %s) died unasked (exit status %s). Lost "
+                "with it: its server and %s; clients connected to it lost their MPS "
+                "connection. Restarting it and restoring %d live share(s).",
+                gpu_uuid,
+                pid,
+                "unknown (adopted daemon)" if code is None else code,
+                ", ".join(
+                    f"share {s.share_id} (claim {s.claim_uid}"
+                    + (f", namespace {s.namespace}" if s.namespace else "")
+                    + f": {cmd.memory_limit_value(s.memory_limit_bytes)} pinned memory, "
+                    f"{s.active_thread_percentage}% threads)"
+                    for s in lost
+                )
+                or "no shares",
+                len(lost),
+            )
+            delay = self.config.restart_backoff_s
+            while True:
+                async with self._lock(gpu_uuid):
+                    if daemon.stopping:
+                        return
+                    shares = [_limits(s) for s in self._gpu_shares(gpu_uuid)]
+                    try:
+                        await daemon.start()
+                        await daemon.restore(shares)
+                    except DaemonError as err:
+                        log.error("restarting the MPS daemon of GPU %s failed: %s", gpu_uuid, err)
+                    else:
+                        self._restarts[gpu_uuid] = self._restarts.get(gpu_uuid, 0) + 1
+                        log.warning(
+                            "MPS daemon of GPU %s restarted (pid %s); %d share(s) restored: %s",
+                            gpu_uuid,
+                            daemon.pid,
+                            len(shares),
+                            ", ".join(s.share_id for s in shares) or "none",
+                        )
+                        break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.restart_backoff_max_s)
+
+    async def _stop_daemon(self, gpu_uuid: str) -> None:
+        daemon = self._daemons.get(gpu_uuid)
+        if daemon is None:
+            return
+        await daemon.stop()
+        watcher = self._watchers.pop(gpu_uuid, None)
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        del self._daemons[gpu_uuid]
+
+    # -- operations -----------------------------------------------------------------
+
+    async def ensure_share(self, req: wire.EnsureShare) -> ShareInfo:
+        async with self._lock(req.gpu_uuid):
+            key = (req.gpu_uuid, req.share_id)
+            existing = self._shares.get(key)
+            if existing is not None and existing.claim_uid != req.claim_uid:
+                raise AgentRequestError(
+                    "conflict",
+                    f"share {req.share_id} on GPU {req.gpu_uuid} belongs to claim "
+                    f"{existing.claim_uid}, not {req.claim_uid}",
+                )
+            others = [s for s in self._gpu_shares(req.gpu_uuid) if s.share_id != req.share_id]
+            if self.protocol == "legacy" and req.uid is not None:
+                uids = sorted({s.uid for s in others if s.uid is not None and s.uid != req.uid})
+                if uids:
+                    raise AgentRequestError(
+                        "conflict",
+                        f"legacy MPS serves one UID at a time: GPU {req.gpu_uuid} already "
+                        f"serves UID {uids[0]}, this share asks for UID {req.uid}; run the "
+                        "pods sharing a GPU as the same user, or use MPS v3 (driver 615+)",
+                    )
+            info = self._share_info(
+                req.gpu_uuid,
+                req.share_id,
+                claim_uid=req.claim_uid,
+                memory_limit_bytes=req.memory_limit_bytes,
+                pct=req.active_thread_percentage,
+                uid=req.uid,
+            )
+            daemon = self._daemon(req.gpu_uuid)
+            started = False
+            try:
+                if not daemon.running:
+                    started = True  # also when start fails half-way: undo the compute mode
+                    await daemon.start()
+                    await daemon.restore([_limits(s) for s in others])
+                await daemon.apply(_limits(info), [*map(_limits, others), _limits(info)])
+            except DaemonError as err:
+                if started and not others:
+                    await self._stop_daemon(req.gpu_uuid)
+                raise AgentRequestError("daemon_failed", str(err)) from err
+            self._watch(req.gpu_uuid)
+            self._shares[key] = info
+            self._save()
+            if existing is None:
+                log.info(
+                    "share %s (claim %s) on GPU %s ensured: %s, %d%% threads",
+                    req.share_id,
+                    req.claim_uid,
+                    req.gpu_uuid,
+                    cmd.memory_limit_value(req.memory_limit_bytes),
+                    req.active_thread_percentage,
+                )
+            return info
+
+    async def release_share(self, req: wire.ReleaseShare) -> bool:
+        async with self._lock(req.gpu_uuid):
+            key = (req.gpu_uuid, req.share_id)
+            share = self._shares.get(key)
+            if share is None:
+                return False
+            remaining = [s for s in self._gpu_shares(req.gpu_uuid) if s.share_id != req.share_id]
+            daemon = self._daemons.get(req.gpu_uuid)
+            try:
+                if not remaining:
+                    await self._stop_daemon(req.gpu_uuid)
+                elif daemon is not None and daemon.running:
+                    await daemon.remove(_limits(share), [_limits(s) for s in remaining])
+            except DaemonError as err:
+                raise AgentRequestError("daemon_failed", str(err)) from err
+            del self._shares[key]
+            self._save()
+            log.info("share %s on GPU %s released", req.share_id, req.gpu_uuid)
+            return True
+
+    def list_shares(self) -> list[ShareInfo]:
+        return [s for _, s in sorted(self._shares.items())]
+
+    def status(self) -> wire.AgentStatus:
+        gpus = sorted({gpu for gpu, _ in self._shares} | set(self._daemons))
+        daemons = []
+        for gpu in gpus:
+            daemon = self._daemons.get(gpu)
+            daemons.append(
+                wire.DaemonStatus(
+                    gpu_uuid=gpu,
+                    pid=daemon.pid if daemon is not None and daemon.running else None,
+                    running=daemon is not None and daemon.running,
+                    restarts=self._restarts.get(gpu, 0),
+                    shares=len(self._gpu_shares(gpu)),
+                )
+            )
+        return wire.AgentStatus(wire.PROTOCOL_VERSION, self.protocol, tuple(daemons))
+
+    # -- the socket -----------------------------------------------------------------
+
+    async def handle_line(self, line: bytes) -> bytes:
+        """One request line to one response line; never raises."""
+        try:
+            return wire.encode_result(await self._dispatch(wire.parse_request(line)))
+        except (wire.ProtocolError, AgentRequestError) as err:
+            return wire.encode_error(err.kind, str(err))
+        except Exception as err:
+            log.exception("mps-agent request failed")
+            return wire.encode_error("internal", f"{type(err).__name__}: {err}")
+
+    async def _dispatch(self, request: wire.Request) -> dict[str, Any]:
+        match request:
+            case wire.EnsureShare():
+                return {"share": wire.share_to_json(await self.ensure_share(request))}
+            case wire.ReleaseShare():
+                return {"released": await self.release_share(request)}
+            case wire.ListShares():
+                return {"shares": [wire.share_to_json(s) for s in self.list_shares()]}
+            case wire.Status():
+                return wire.status_to_json(self.status())
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[task] = writer
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (asyncio.LimitOverrunError, ValueError):
+                    writer.write(
+                        wire.encode_error(
+                            "invalid_request", f"request line over {wire.MAX_LINE_BYTES} bytes"
+                        )
+                    )
+                    await writer.drain()
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                # Shielded: a plugin that goes away mid-request must not cut an
+                # operation (a daemon start, a namespace) in half.
+                reply = await asyncio.shield(self.handle_line(line))
+                writer.write(reply)
+                await writer.drain()
+        except (ConnectionError, BrokenPipeError):
+            pass
+        finally:
+            self._connections.pop(task, None)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def serve(self) -> None:
+        """Bind the socket (refusing if another agent answers on it)."""
+        path = self.config.socket_path
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                if _answers(path):
+                    raise RuntimeError(f"another mps-agent is already serving {path}")
+                os.unlink(path)
+        self._server = await asyncio.start_unix_server(
+            self._on_connection, path=path, limit=wire.MAX_LINE_BYTES + 1
+        )
+        os.chmod(path, 0o660)
+        log.info("mps-agent serving %s (MPS %s)", path, self.protocol)
+
+
+def _answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+        return True
+
+
+async def run_agent(
+    config: AgentConfig,
+    *,
+    install_signal_handlers: bool = True,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Run the agent until cancelled, SIGTERM or SIGINT; then shut down in order."""
+    agent = MpsAgent(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    if install_signal_handlers:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+                handled.append(sig)
+    try:
+        await agent.start()
+        await agent.serve()
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("mps-agent stopping")
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        await agent.close()

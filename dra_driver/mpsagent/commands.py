@@ -1,0 +1,398 @@
+"""What we tell ``nvidia-cuda-mps-control``, and how we read its answers (pure).
+
+Two protocols (dra-facts 10, 10.1):
+
+* **MPS v3** (driver 615+, ``-p 3`` / ``CUDA_MPS_PROTOCOL_VERSION=3``): commands
+  are ``module verb`` arguments on the command line. Per GPU: one daemon, one
+  named server (:data:`SERVER_NAME`), one namespace per share holding the share's
+  pinned memory limit and active thread percentage. A client picks its
+  namespace by the socket it connects to, ``<pipe>/<server>/<namespace>/control``,
+  so the container's pipe directory is that namespace directory and nothing else.
+  Multiuser mode (``-m``): clients of any UID share the server.
+* **Legacy MPS** (protocol 2): commands are lines on stdin. Per GPU one control
+  daemon; its defaults are the largest share's limits (a client's environment can
+  only lower the daemon's value), and each share's caps go into its containers'
+  environment. Cooperative, and one UID at a time.
+
+Provenance of every command form is marked where it is rendered:
+``docs:<page>`` names the NVIDIA MPS documentation page (docs.nvidia.com/deploy/mps,
+release 615/620) the form was taken from. **None of the forms has been run
+against a real GPU yet** (``gpu-unverified``); the fake control executable
+(:mod:`dra_driver.mpsagent.fake_control`) implements them as documented.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
+
+SERVER_NAME = "shares"
+"""The one MPS v3 server of a GPU's daemon (names: lowercase, digits, '_', <= 64)."""
+
+NAMESPACE_PREFIX = "s_"
+"""Namespaces we create start with this, so ones we did not make are left alone."""
+
+CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+"""Where a container sees its pipe directory (the path NVIDIA's DRA driver uses)."""
+
+CONTAINER_SHM_DIR = "/dev/shm"
+
+MIB = 1 << 20
+V3_MIN_DRIVER_MAJOR = 615
+
+_NAME_OK = re.compile(r"^[a-z0-9_]{1,64}$")
+
+
+@dataclass(frozen=True)
+class ControlCall:
+    """One run of ``nvidia-cuda-mps-control``: arguments after the binary, and stdin."""
+
+    args: tuple[str, ...] = ()
+    stdin: str | None = None
+
+    def __str__(self) -> str:
+        return " ".join(self.args) if self.args else (self.stdin or "").strip()
+
+
+@dataclass(frozen=True)
+class ShareLimits:
+    share_id: str
+    memory_limit_bytes: int
+    active_thread_percentage: int
+
+    @property
+    def namespace(self) -> str:
+        return namespace_name(self.share_id)
+
+
+# -- choices --------------------------------------------------------------------------
+
+
+def choose_protocol(setting: str, driver_version: str | None) -> MpsProtocol:
+    """``v3``/``legacy`` as configured; ``auto``: v3 from driver release 615 on.
+
+    ``auto`` without a known driver version picks legacy, which every driver speaks.
+    """
+    if setting in ("v3", "legacy"):
+        return "v3" if setting == "v3" else "legacy"
+    if setting != "auto":
+        raise ValueError(f"MPS protocol {setting!r} is not one of v3, legacy, auto")
+    if not driver_version:
+        return "legacy"
+    major = re.match(r"^\s*(\d+)", driver_version)
+    return "v3" if major and int(major.group(1)) >= V3_MIN_DRIVER_MAJOR else "legacy"
+
+
+def namespace_name(share_id: str) -> str:
+    """The v3 namespace of a share: ``s_`` + the share id in the allowed alphabet.
+
+    Names allow lowercase letters, digits and '_' up to 64 characters
+    (docs:mpsv3-interface "CLI Command Structure"). A Kubernetes UID (36 chars)
+    fits as is; anything longer is cut and suffixed with a hash so that it stays
+    unique.
+    """
+    body = re.sub(r"[^a-z0-9_]", "_", share_id.lower())
+    name = NAMESPACE_PREFIX + body
+    if len(name) > 64:
+        digest = hashlib.sha256(share_id.encode()).hexdigest()[:12]
+        name = f"{name[: 64 - 13]}_{digest}"
+    assert _NAME_OK.match(name), name
+    return name
+
+
+def memory_limit_value(limit_bytes: int) -> str:
+    """``<MiB>M``, rounded down so the limit never exceeds what was granted.
+
+    Both protocols take an integer with a unit suffix (docs:mpsv2-interface
+    ``set_default_device_pinned_mem_limit``: "G" or "M"; docs:mpsv3-interface:
+    ``4G``, ``512M``, ``1024K``). Mebibytes are exact enough and valid for both.
+    """
+    mib = limit_bytes // MIB
+    if mib < 1:
+        raise ValueError(f"MPS memory limits are whole MiB; {limit_bytes} bytes is below 1 MiB")
+    return f"{mib}M"
+
+
+def parse_memory_limit(text: str) -> int:
+    """``512M``/``4G``/``1024K``/plain bytes -> bytes (what list/get print)."""
+    match = re.match(r"^\s*(\d+)\s*([KMGT]?)i?B?\s*$", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"not a memory limit: {text!r}")
+    unit = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    return int(match.group(1)) * unit[match.group(2).upper()]
+
+
+# -- the daemon -----------------------------------------------------------------------
+
+
+def daemon_args(protocol: MpsProtocol) -> tuple[str, ...]:
+    """Arguments that start the control daemon in the foreground.
+
+    ``-f`` (docs:mpsv2-interface, docs:mpsv3-interface "Control Daemon Options"):
+    the agent supervises the daemon as its own child (see :mod:`.daemon`).
+    v3 adds ``-p 3`` and ``-m`` (multiuser). gpu-unverified.
+    """
+    return ("-f", "-p", "3", "-m") if protocol == "v3" else ("-f",)
+
+
+def daemon_env(
+    base: Mapping[str, str], gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: MpsProtocol
+) -> dict[str, str]:
+    """The daemon's environment, also used for every command sent to it.
+
+    Only its GPU is visible (``CUDA_VISIBLE_DEVICES=<uuid>``); pipe and log
+    directories are its own (docs:appendix-environment-variables). For v3 the
+    protocol is also selected by ``CUDA_MPS_PROTOCOL_VERSION=3``, which takes
+    precedence over ``-p`` (docs:mpsv3-interface "Enabling MPS v3").
+    """
+    # Client-side caps or a protocol inherited from the agent's own env must not leak in.
+    inherited = (
+        "CUDA_MPS_PROTOCOL_VERSION",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    )
+    env = {k: v for k, v in base.items() if k not in inherited}
+    env["CUDA_VISIBLE_DEVICES"] = gpu_uuid
+    env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
+    env["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+    if protocol == "v3":
+        env["CUDA_MPS_PROTOCOL_VERSION"] = "3"
+    return env
+
+
+def quit_call(protocol: MpsProtocol) -> ControlCall:
+    """Stop the daemon and its servers.
+
+    v3: ``-q`` (docs:mpsv3-interface, docs:quick-start); legacy: ``quit`` on stdin
+    (docs:mpsv2-interface). gpu-unverified.
+    """
+    return ControlCall(args=("-q",)) if protocol == "v3" else ControlCall(stdin="quit\n")
+
+
+def probe_call(protocol: MpsProtocol) -> ControlCall:
+    """A harmless query that succeeds once the daemon answers (readiness)."""
+    if protocol == "v3":
+        # docs:mpsv3-interface "Server"; gpu-unverified.
+        return ControlCall(args=("server", "list", "--format=csv,noheader"))
+    return ControlCall(stdin="get_server_list\n")  # docs:mpsv2-interface; gpu-unverified.
+
+
+# -- MPS v3 ---------------------------------------------------------------------------
+# All forms: docs:mpsv3-interface ("Server", "Namespace"); gpu-unverified.
+
+
+def v3_server_create(server: str = SERVER_NAME) -> ControlCall:
+    # Multiuser mode allows only uid 0 and defaults to the connecting user (root,
+    # the agent); --allowed-devices is left out: the daemon sees only its GPU.
+    return ControlCall(args=("server", "create", server))
+
+
+def v3_namespace_create(namespace: str, server: str = SERVER_NAME) -> ControlCall:
+    return ControlCall(args=("namespace", "create", namespace, f"--server={server}"))
+
+
+def v3_namespace_set(limits: ShareLimits, server: str = SERVER_NAME) -> ControlCall:
+    return ControlCall(
+        args=(
+            "namespace",
+            "set",
+            limits.namespace,
+            f"--server={server}",
+            f"--pinned-memory-limit={memory_limit_value(limits.memory_limit_bytes)}",
+            f"--active-thread-percentage={limits.active_thread_percentage}",
+        )
+    )
+
+
+def v3_namespace_delete(namespace: str, server: str = SERVER_NAME) -> ControlCall:
+    # --force: the claim is released, so any client left in it must go too.
+    return ControlCall(args=("namespace", "delete", namespace, f"--server={server}", "--force"))
+
+
+def v3_namespace_list(server: str = SERVER_NAME) -> ControlCall:
+    return ControlCall(args=("namespace", "list", f"--server={server}", "--format=csv,noheader"))
+
+
+def v3_server_list() -> ControlCall:
+    return ControlCall(args=("server", "list", "--format=csv,noheader"))
+
+
+@dataclass(frozen=True)
+class NamespaceRow:
+    name: str
+    server: str
+    pinned_memory_limit: int | None
+    active_thread_percentage: int | None
+
+
+def parse_v3_namespace_list(stdout: str) -> list[NamespaceRow]:
+    """``namespace list --format=csv,noheader``.
+
+    Columns (docs:mpsv3-interface): name, server, server-status,
+    pinned-memory-limit, active-thread-percentage, client-priority,
+    pipe-directory. Unset limits may print as ``-``. gpu-unverified.
+    """
+    rows = []
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 5 or not cells[0]:
+            continue
+        mem = None if cells[3] in ("", "-") else parse_memory_limit(cells[3])
+        pct = None if cells[4] in ("", "-") else int(cells[4])
+        rows.append(NamespaceRow(cells[0], cells[1], mem, pct))
+    return rows
+
+
+def parse_v3_server_names(stdout: str) -> list[str]:
+    """``server list --format=csv,noheader``: the first column is the name."""
+    return [line.split(",")[0].strip() for line in stdout.splitlines() if line.strip()]
+
+
+def render_v3_apply(limits: ShareLimits, namespace_exists: bool) -> list[ControlCall]:
+    """Create the share's namespace if missing, then (re)set its limits."""
+    calls = [] if namespace_exists else [v3_namespace_create(limits.namespace)]
+    return [*calls, v3_namespace_set(limits)]
+
+
+def render_v3_restore(
+    shares: Iterable[ShareLimits], present: Iterable[str], server_exists: bool
+) -> list[ControlCall]:
+    """Bring a daemon (fresh after a restart, or adopted) to exactly ``shares``.
+
+    Our namespaces that no share holds any more are deleted; namespaces without
+    our prefix are left alone.
+    """
+    present_set = set(present)
+    wanted = {s.namespace: s for s in shares}
+    calls = [] if server_exists else [v3_server_create()]
+    for name in sorted(wanted):
+        calls += render_v3_apply(wanted[name], name in present_set)
+    calls += [
+        v3_namespace_delete(name)
+        for name in sorted(present_set - set(wanted))
+        if name.startswith(NAMESPACE_PREFIX)
+    ]
+    return calls
+
+
+# -- legacy MPS -----------------------------------------------------------------------
+# All forms: docs:mpsv2-interface (interactive commands on stdin); gpu-unverified.
+# The device is named by UUID, as NVIDIA's DRA driver does; the docs' example uses
+# an ordinal ("0"), which would also be right here (the daemon sees one GPU).
+
+
+def legacy_defaults(shares: Sequence[ShareLimits]) -> tuple[int, int]:
+    """The daemon defaults: the largest share's memory and thread percentage."""
+    return (
+        max(s.memory_limit_bytes for s in shares),
+        max(s.active_thread_percentage for s in shares),
+    )
+
+
+def render_legacy_apply(
+    gpu_uuid: str, shares: Sequence[ShareLimits], server_pids: Sequence[int]
+) -> list[ControlCall]:
+    """Daemon defaults no larger than the largest share, for new and running servers.
+
+    ``set_default_*`` only affects servers started afterwards, so a running
+    server (``get_server_list``) gets the same values with the per-PID forms.
+    No shares: nothing to set (the daemon is about to stop).
+    """
+    if not shares:
+        return []
+    mem_bytes, pct = legacy_defaults(shares)
+    mem = memory_limit_value(mem_bytes)
+    calls = [
+        ControlCall(stdin=f"set_default_active_thread_percentage {pct}\n"),
+        ControlCall(stdin=f"set_default_device_pinned_mem_limit {gpu_uuid} {mem}\n"),
+    ]
+    for pid in server_pids:
+        calls.append(ControlCall(stdin=f"set_active_thread_percentage {pid} {pct}\n"))
+        calls.append(ControlCall(stdin=f"set_device_pinned_mem_limit {pid} {gpu_uuid} {mem}\n"))
+    return calls
+
+
+def parse_legacy_server_list(stdout: str) -> list[int]:
+    """``get_server_list``: server PIDs, one per line (docs:mpsv2-interface)."""
+    return [int(tok) for tok in stdout.split() if tok.isdigit()]
+
+
+def legacy_client_env(gpu_uuid: str, memory_limit_bytes: int, pct: int) -> tuple[str, ...]:
+    """Per-share caps for a legacy client (docs:appendix-environment-variables).
+
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` is ``<device>=<value>``; the device is
+    named by UUID so that it does not depend on the container's ordinals
+    (docs-unverified that a UUID is accepted here; dra-facts 14).
+    """
+    return (
+        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={gpu_uuid}={memory_limit_value(memory_limit_bytes)}",
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}",
+    )
+
+
+# -- replies --------------------------------------------------------------------------
+
+
+def reply_error(returncode: int, stdout: str, stderr: str) -> str | None:
+    """The daemon's complaint, if the reply is one; None when the command worked.
+
+    A non-zero exit status, or (legacy, where the interactive shell may exit 0) an
+    answer line starting with "Error"/"Invalid"/"Unknown". The real tool's exact
+    error texts are docs-unverified and gpu-unverified.
+    """
+    lines = [ln.strip() for ln in (stdout + "\n" + stderr).splitlines() if ln.strip()]
+    bad = [ln for ln in lines if re.match(r"^(error|invalid|unknown|failed)", ln, re.I)]
+    if returncode != 0:
+        return "; ".join(bad or lines) or f"exit status {returncode}"
+    return "; ".join(bad) or None
+
+
+# -- containers -----------------------------------------------------------------------
+
+
+def v3_namespace_dir(pipe_dir: str, namespace: str, server: str = SERVER_NAME) -> str:
+    """The namespace's socket directory (docs:mpsv3-namespaces "Namespace Routing")."""
+    return f"{pipe_dir.rstrip('/')}/{server}/{namespace}"
+
+
+@dataclass(frozen=True)
+class MpsMount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ("rw", "nosuid", "nodev", "bind")
+
+
+@dataclass(frozen=True)
+class MpsContainerEdits:
+    """What a container of the share needs, as plain data (the plugin maps it to CDI)."""
+
+    env: tuple[str, ...]
+    mounts: tuple[MpsMount, ...]
+
+
+def share_cdi_edits(share: ShareInfo) -> MpsContainerEdits:
+    """Env and mounts for a share's containers.
+
+    Both protocols: the share's pipe directory at :data:`CONTAINER_PIPE_DIR` with
+    ``CUDA_MPS_PIPE_DIRECTORY`` pointing there, and the GPU's shm directory at
+    ``/dev/shm`` (the layout NVIDIA's DRA driver uses). v3: the pipe directory is
+    the share's namespace directory, so the limits are the daemon's and the
+    container cannot reach another namespace. Legacy: the GPU's whole pipe
+    directory, plus the share's caps in the environment (cooperative).
+    """
+    env = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"]
+    if share.protocol == "legacy":
+        env += legacy_client_env(
+            share.gpu_uuid, share.memory_limit_bytes, share.active_thread_percentage
+        )
+    return MpsContainerEdits(
+        env=tuple(env),
+        mounts=(
+            MpsMount(share.pipe_dir, CONTAINER_PIPE_DIR),
+            MpsMount(share.shm_dir, CONTAINER_SHM_DIR),
+        ),
+    )

@@ -1,0 +1,359 @@
+"""One MPS control daemon per GPU (I/O; what to send comes from :mod:`.commands`).
+
+Directories: ``<state dir>/<gpu uuid>/{pipe,log,shm}``. The daemon runs with only
+its GPU visible and its own pipe and log directories; every command is a run of
+the control binary with the same environment, so it reaches this GPU's daemon.
+
+The daemon is started with ``-f`` as the agent's own child rather than with
+``-d``: ``-d`` detaches, and the agent would then learn of the daemon's death
+only by polling its pid file, racing PID reuse. As a child, its exit is an
+awaited event (:meth:`MpsDaemon.wait_exit`), and the agent restarts it at once.
+It runs in its own session, so a signal to the agent's process group does not
+reach it, and a crashed agent leaves it running: the next agent *adopts* it
+from the pid file the daemon writes into its pipe directory and watches it by
+polling, since it is no longer a child.
+
+A dead daemon takes its servers, namespaces and limits with it (they live only
+in the daemon); :meth:`MpsDaemon.restore` re-creates them for the live shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent.commands import ControlCall, ShareLimits
+from dra_driver.mpsagent.compute_mode import ComputeMode, ComputeModeError
+from dra_driver.mpsagent.protocol import MpsProtocol
+
+log = logging.getLogger(__name__)
+
+PID_FILE = "nvidia-cuda-mps-control.pid"
+"""Written by the daemon into its pipe directory (dra-facts 10)."""
+
+
+class DaemonError(RuntimeError):
+    """The daemon could not be started, or refused or failed a command."""
+
+
+@dataclass(frozen=True)
+class DaemonDirs:
+    root: str
+    pipe: str
+    log: str
+    shm: str
+
+    @classmethod
+    def for_gpu(cls, state_dir: str, gpu_uuid: str) -> DaemonDirs:
+        root = os.path.join(state_dir, gpu_uuid)
+        return cls(
+            root=root,
+            pipe=os.path.join(root, "pipe"),
+            log=os.path.join(root, "log"),
+            shm=os.path.join(root, "shm"),
+        )
+
+    def create(self) -> None:
+        for path in (self.pipe, self.log, self.shm):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class MpsDaemon:
+    def __init__(
+        self,
+        gpu_uuid: str,
+        state_dir: str,
+        control_binary: str,
+        protocol: MpsProtocol,
+        compute_mode: ComputeMode,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        command_timeout: float = 10.0,
+        ready_timeout: float = 15.0,
+        adopted_poll_interval: float = 0.5,
+    ) -> None:
+        self.gpu_uuid = gpu_uuid
+        self.dirs = DaemonDirs.for_gpu(state_dir, gpu_uuid)
+        self.control_binary = control_binary
+        self.protocol: MpsProtocol = protocol
+        self.compute_mode = compute_mode
+        self.env = cmd.daemon_env(
+            os.environ if base_env is None else base_env,
+            gpu_uuid,
+            self.dirs.pipe,
+            self.dirs.log,
+            protocol,
+        )
+        self.command_timeout = command_timeout
+        self.ready_timeout = ready_timeout
+        self.adopted_poll_interval = adopted_poll_interval
+        self.stopping = False
+        self._proc: asyncio.subprocess.Process | None = None
+        self._adopted_pid: int | None = None
+        self._server_exists = False
+        self._namespaces: set[str] = set()
+
+    # -- state ----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        if self._proc is not None:
+            return self._proc.pid
+        return self._adopted_pid
+
+    @property
+    def running(self) -> bool:
+        if self._proc is not None:
+            return self._proc.returncode is None
+        return self._adopted_pid is not None and _alive(self._adopted_pid)
+
+    def namespace_dir(self, namespace: str) -> str:
+        return cmd.v3_namespace_dir(self.dirs.pipe, namespace)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Set EXCLUSIVE_PROCESS, spawn the daemon, and wait until it answers."""
+        self.stopping = False
+        self._server_exists = False
+        self._namespaces = set()
+        self._adopted_pid = None
+        self.dirs.create()
+        try:
+            await self.compute_mode.set_mode(self.gpu_uuid, "EXCLUSIVE_PROCESS")
+        except ComputeModeError as err:
+            raise DaemonError(f"GPU {self.gpu_uuid}: {err}") from err
+        out = os.open(
+            os.path.join(self.dirs.log, "daemon-output.log"),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o644,
+        )
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                self.control_binary,
+                *cmd.daemon_args(self.protocol),
+                env=self.env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+            )
+        except OSError as err:
+            raise DaemonError(
+                f"cannot start the MPS control daemon {self.control_binary!r} for GPU "
+                f"{self.gpu_uuid}: {err}"
+            ) from err
+        finally:
+            os.close(out)
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self._kill()
+            raise
+        log.info(
+            "MPS control daemon for GPU %s started (pid %s, %s)",
+            self.gpu_uuid,
+            self.pid,
+            self.protocol,
+        )
+
+    async def _wait_ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout
+        last = ""
+        while True:
+            if self._proc is not None and self._proc.returncode is not None:
+                raise DaemonError(
+                    f"the MPS control daemon for GPU {self.gpu_uuid} exited with "
+                    f"{self._proc.returncode} while starting; see {self.dirs.log}"
+                )
+            try:
+                await self.run(cmd.probe_call(self.protocol))
+                return
+            except DaemonError as err:
+                last = str(err)
+            if loop.time() >= deadline:
+                raise DaemonError(
+                    f"the MPS control daemon for GPU {self.gpu_uuid} did not answer within "
+                    f"{self.ready_timeout:g}s: {last}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def adopt(self) -> bool:
+        """Take over a daemon a previous agent left running; False if there is none."""
+        pid = _read_pid(os.path.join(self.dirs.pipe, PID_FILE))
+        if pid is None or not _alive(pid):
+            return False
+        self._proc = None
+        self._adopted_pid = pid
+        self.stopping = False
+        try:
+            await self.run(cmd.probe_call(self.protocol))
+            await self._refresh()
+        except DaemonError as err:
+            log.warning("cannot adopt MPS daemon pid %s for GPU %s: %s", pid, self.gpu_uuid, err)
+            self._adopted_pid = None
+            return False
+        log.info("adopted the running MPS control daemon for GPU %s (pid %s)", self.gpu_uuid, pid)
+        return True
+
+    async def wait_exit(self) -> int | None:
+        """Return when the daemon is gone: its exit status, None if adopted (unknown)."""
+        if self._proc is not None:
+            return await self._proc.wait()
+        # Not our child: no exit event to await, so poll.
+        while self._adopted_pid is not None and _alive(self._adopted_pid):  # noqa: ASYNC110
+            await asyncio.sleep(self.adopted_poll_interval)
+        return None
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """``quit`` the daemon, wait for it, and give the GPU back its DEFAULT mode."""
+        self.stopping = True
+        if self.running:
+            try:
+                await self.run(cmd.quit_call(self.protocol))
+            except DaemonError as err:
+                log.warning("quit failed for the MPS daemon of GPU %s: %s", self.gpu_uuid, err)
+            try:
+                await asyncio.wait_for(self.wait_exit(), timeout)
+            except TimeoutError:
+                log.warning("MPS daemon of GPU %s did not quit; killing it", self.gpu_uuid)
+                await self._kill()
+        self._adopted_pid = None
+        try:
+            await self.compute_mode.set_mode(self.gpu_uuid, "DEFAULT")
+        except ComputeModeError as err:
+            log.error("cannot restore GPU %s compute mode: %s", self.gpu_uuid, err)
+        log.info("MPS control daemon for GPU %s stopped", self.gpu_uuid)
+
+    async def _kill(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            await self._proc.wait()
+        elif self._adopted_pid is not None and _alive(self._adopted_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._adopted_pid, 9)
+
+    # -- commands -------------------------------------------------------------------
+
+    async def run(self, call: ControlCall) -> str:
+        """Run the control binary with ``call`` in the daemon's environment."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.control_binary,
+                *call.args,
+                env=self.env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as err:
+            raise DaemonError(f"cannot run {self.control_binary!r}: {err}") from err
+        data = (call.stdin or "").encode()
+        try:
+            out, err_out = await asyncio.wait_for(proc.communicate(data), self.command_timeout)
+        except TimeoutError as err:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise DaemonError(
+                f"GPU {self.gpu_uuid}: `{call}` timed out after {self.command_timeout:g}s"
+            ) from err
+        stdout, stderr = out.decode(errors="replace"), err_out.decode(errors="replace")
+        problem = cmd.reply_error(proc.returncode or 0, stdout, stderr)
+        if problem is not None:
+            raise DaemonError(f"GPU {self.gpu_uuid}: `{call}` failed: {problem}")
+        return stdout
+
+    async def _refresh(self) -> None:
+        """Learn which server and namespaces the daemon holds (v3)."""
+        if self.protocol != "v3":
+            return
+        servers = cmd.parse_v3_server_names(await self.run(cmd.v3_server_list()))
+        self._server_exists = cmd.SERVER_NAME in servers
+        self._namespaces = set()
+        if self._server_exists:
+            rows = cmd.parse_v3_namespace_list(await self.run(cmd.v3_namespace_list()))
+            self._namespaces = {r.name for r in rows if r.server == cmd.SERVER_NAME}
+
+    async def restore(self, shares: Sequence[ShareLimits]) -> None:
+        """Make the daemon hold exactly ``shares`` (after a start, restart or adoption)."""
+        if self.protocol == "v3":
+            for call in cmd.render_v3_restore(shares, self._namespaces, self._server_exists):
+                await self.run(call)
+            self._server_exists = True
+            self._namespaces = {s.namespace for s in shares}
+            for share in shares:
+                os.makedirs(self.namespace_dir(share.namespace), exist_ok=True)
+        else:
+            await self._apply_legacy(shares)
+
+    async def apply(self, share: ShareLimits, all_shares: Sequence[ShareLimits]) -> None:
+        """Put one share's limits in force; ``all_shares`` includes it."""
+        if self.protocol != "v3":
+            await self._apply_legacy(all_shares)
+            return
+        if not self._server_exists:
+            await self._refresh()
+            if not self._server_exists:
+                await self.run(cmd.v3_server_create())
+                self._server_exists = True
+        exists = share.namespace in self._namespaces
+        calls = cmd.render_v3_apply(share, exists)
+        try:
+            for call in calls:
+                await self.run(call)
+        except DaemonError:
+            # Our view may be stale (a half-done earlier attempt): look, then retry once.
+            await self._refresh()
+            for call in cmd.render_v3_apply(share, share.namespace in self._namespaces):
+                await self.run(call)
+        self._namespaces.add(share.namespace)
+        # The container's pipe mount needs the directory even before a client connects.
+        os.makedirs(self.namespace_dir(share.namespace), exist_ok=True)
+
+    async def remove(self, share: ShareLimits, remaining: Sequence[ShareLimits]) -> None:
+        """Drop one share (others remain; the last share stops the daemon instead)."""
+        if self.protocol != "v3":
+            await self._apply_legacy(remaining)
+            return
+        try:
+            await self.run(cmd.v3_namespace_delete(share.namespace))
+        except DaemonError:
+            await self._refresh()
+            if share.namespace in self._namespaces:
+                raise
+        self._namespaces.discard(share.namespace)
+
+    async def _apply_legacy(self, shares: Sequence[ShareLimits]) -> None:
+        pids = cmd.parse_legacy_server_list(await self.run(ControlCall(stdin="get_server_list\n")))
+        for call in cmd.render_legacy_apply(self.gpu_uuid, shares, pids):
+            await self.run(call)

@@ -1,0 +1,552 @@
+"""A fake ``nvidia-cuda-mps-control`` for tests and ``--backend fake`` (stdlib only).
+
+Run as ``python -m dra_driver.mpsagent.fake_control`` (or through the shipped
+launcher ``dra_driver/mpsagent/bin/nvidia-cuda-mps-control``). It speaks both
+protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
+615/620: "Legacy MPS v2 Interface", "MPS v3 Interface", "MPS v3 Namespaces"):
+
+* ``-d`` / ``-f``: the control daemon (background / foreground). ``-p 3`` or
+  ``CUDA_MPS_PROTOCOL_VERSION=3`` (the variable wins) selects v3; ``-m``
+  multiuser. It writes ``nvidia-cuda-mps-control.pid`` and a ``control`` file
+  into the pipe directory and keeps its state (servers, namespaces, limits) in
+  ``fake-mps-state.json`` there, so separate command invocations see it. A
+  daemon that starts finds no state from a dead predecessor: like the real one,
+  what it held dies with it.
+* without ``-d``/``-f``: a command. v3: ``<module> <verb> [args]`` on the command
+  line, ``-q`` to quit. Legacy: commands on stdin, one per line. Like the real
+  tool, an invocation follows the running daemon's protocol.
+
+Every invocation is recorded as a JSON line in ``fake-mps-commands.jsonl`` in the
+log directory (``CUDA_MPS_LOG_DIRECTORY``). Error texts and exit statuses are
+this fake's own choice: the real tool's are not documented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+PID_FILE = "nvidia-cuda-mps-control.pid"
+STATE_FILE = "fake-mps-state.json"
+LOCK_FILE = ".fake-mps.lock"
+RECORD_FILE = "fake-mps-commands.jsonl"
+
+_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
+_V3_MEM = re.compile(r"^\d+[KMG]$")
+_LEGACY_MEM = re.compile(r"^\d+[MG]$")
+
+
+class CommandError(Exception):
+    pass
+
+
+def _dirs() -> tuple[str, str]:
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    logs = os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps"
+    return pipe, logs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (killed, not yet reaped by its parent) is not a running daemon.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _record(logs: str, entry: dict[str, Any]) -> None:
+    os.makedirs(logs, exist_ok=True)
+    entry = {"t": round(time.time(), 3), **entry}
+    with open(os.path.join(logs, RECORD_FILE), "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+@contextlib.contextmanager
+def _locked(pipe: str) -> Iterator[None]:
+    os.makedirs(pipe, exist_ok=True)
+    fd = os.open(os.path.join(pipe, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _read_state(pipe: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(pipe, STATE_FILE)) as f:
+            state: dict[str, Any] = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state
+
+
+def _write_state(pipe: str, state: dict[str, Any]) -> None:
+    path = os.path.join(pipe, STATE_FILE)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _touch(path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a"):
+        pass
+
+
+# -- the daemon -----------------------------------------------------------------------
+
+
+def run_daemon(protocol: int, multiuser: bool) -> int:
+    pipe, logs = _dirs()
+    os.makedirs(logs, exist_ok=True)
+    with _locked(pipe):
+        old = _read_state(pipe)
+        if old and _alive(int(old.get("daemon_pid", 0))) and old["daemon_pid"] != os.getpid():
+            print("An instance of this daemon is already running", file=sys.stderr)
+            return 1
+        state: dict[str, Any] = {
+            "daemon_pid": os.getpid(),
+            "protocol": protocol,
+            "multiuser": multiuser,
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "next_pid": 100000 + os.getpid() % 100000 * 10,
+            "servers": {},  # v3: name -> {uid, pid, limits, namespaces{name: limits}}
+            "legacy": {"default_pct": None, "default_mem": {}, "servers": {}},
+        }
+        _write_state(pipe, state)
+        _touch(os.path.join(pipe, "control"))
+        with open(os.path.join(pipe, PID_FILE), "w") as f:
+            f.write(f"{os.getpid()}\n")
+    _record(logs, {"event": "start", "daemon_pid": os.getpid(), "protocol": protocol,
+                   "multiuser": multiuser,
+                   "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})  # fmt: skip
+    with open(os.path.join(logs, "control.log"), "a") as f:
+        f.write(f"Starting control daemon (fake), protocol {protocol}\n")
+        f.write(
+            f"To connect CUDA applications to this daemon, set CUDA_MPS_PIPE_DIRECTORY={pipe}\n"
+        )
+    print(f"To connect CUDA applications to this daemon, set CUDA_MPS_PIPE_DIRECTORY={pipe}",
+          flush=True)  # fmt: skip
+
+    stop = False
+
+    def _on_signal(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    while not stop:
+        time.sleep(0.02)
+    with _locked(pipe):
+        state = _read_state(pipe) or {}
+        if state.get("daemon_pid") == os.getpid():
+            for name in (PID_FILE, "control"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(pipe, name))
+            state["stopped"] = True
+            _write_state(pipe, state)
+    _record(logs, {"event": "exit", "daemon_pid": os.getpid()})
+    return 0
+
+
+def spawn_background(argv: list[str]) -> int:
+    """``-d``: run ourselves with ``-f`` in a new session and wait for the pid file."""
+    pipe, _ = _dirs()
+    fg = ["-f" if a in ("-d", "--daemon") else a for a in argv]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dra_driver.mpsagent.fake_control", *fg],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state = _read_state(pipe)
+        if state and state.get("daemon_pid") == proc.pid and not state.get("stopped"):
+            return 0
+        if proc.poll() is not None:
+            return proc.returncode or 1
+        time.sleep(0.02)
+    return 1
+
+
+def _running_state(pipe: str) -> dict[str, Any]:
+    state = _read_state(pipe)
+    if not state or state.get("stopped") or not _alive(int(state.get("daemon_pid", 0))):
+        raise CommandError("Cannot find MPS control daemon process")
+    return state
+
+
+def _new_pid(state: dict[str, Any]) -> int:
+    pid = int(state["next_pid"])
+    state["next_pid"] = pid + 1
+    return pid
+
+
+# -- MPS v3 commands ------------------------------------------------------------------
+
+
+@dataclass
+class _Args:
+    """``[positional] [--key=value | key=value] [--flag]`` (docs:mpsv3-interface)."""
+
+    positional: list[str] = field(default_factory=list)
+    options: dict[str, str] = field(default_factory=dict)
+    flags: set[str] = field(default_factory=set)
+    fmt: str = "table"
+
+    @classmethod
+    def split(cls, args: list[str]) -> _Args:
+        out = cls()
+        for arg in args:
+            key, eq, value = arg.removeprefix("--").partition("=")
+            if eq:
+                out.options[key] = value
+            elif arg.startswith("--"):
+                out.flags.add(key)
+            else:
+                out.positional.append(arg)
+        out.fmt = out.options.pop("format", "table")
+        return out
+
+
+def _limits(options: dict[str, str], allowed: set[str]) -> dict[str, Any]:
+    unknown = set(options) - allowed
+    if unknown:
+        raise CommandError(f"Error: unknown option(s) {sorted(unknown)}")
+    out: dict[str, Any] = {}
+    if "pinned-memory-limit" in options:
+        value = options["pinned-memory-limit"]
+        if not _V3_MEM.match(value):
+            raise CommandError(f"Error: invalid pinned memory limit {value!r} (use 4G, 512M)")
+        out["pinned_memory_limit"] = value
+    if "active-thread-percentage" in options:
+        value = options["active-thread-percentage"]
+        if not value.isdigit() or not 1 <= int(value) <= 100:
+            raise CommandError(f"Error: active thread percentage must be 1-100, got {value!r}")
+        out["active_thread_percentage"] = int(value)
+    if "client-priority" in options:
+        out["client_priority"] = options["client-priority"]
+    return out
+
+
+def _need_name(positional: list[str], what: str) -> str:
+    if not positional:
+        raise CommandError(f"Error: {what} name required")
+    if not _NAME.match(positional[0]):
+        raise CommandError(
+            f"Error: invalid {what} name {positional[0]!r}: lowercase letters, digits and "
+            "underscores only, up to 64 characters"
+        )
+    return positional[0]
+
+
+def _server(state: dict[str, Any], options: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    name = options.get("server")
+    if not name:
+        raise CommandError("Error: --server=<s> required")
+    if name not in state["servers"]:
+        raise CommandError(f"Error: server {name!r} not found")
+    server: dict[str, Any] = state["servers"][name]
+    return name, server
+
+
+def _v3(state: dict[str, Any], pipe: str, args: list[str]) -> str:
+    if len(args) < 2:
+        raise CommandError("Error: usage: <module> <verb> [arguments]")
+    module, verb, rest = args[0], args[1], _Args.split(args[2:])
+    if module == "server":
+        return _v3_server(state, pipe, verb, rest)
+    if module == "namespace":
+        if verb in ("list", "get"):
+            return _v3_namespace_query(state, pipe, verb, rest)
+        return _v3_namespace(state, pipe, verb, rest)
+    if module == "client" and verb == "list":
+        return ""
+    raise CommandError(f"Error: unknown command {module} {verb}")
+
+
+def _v3_server(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> str:
+    positional, options, fmt = args.positional, args.options, args.fmt
+    servers: dict[str, Any] = state["servers"]
+    if verb == "create":
+        name = _need_name(positional, "server")
+        if name in servers:
+            raise CommandError(f"Error: server {name!r} already exists")
+        uid = int(options.pop("uid", "0"))
+        if state["multiuser"] and uid != 0:
+            raise CommandError("Error: only --uid=0 is allowed in multiuser mode")
+        options.pop("allowed-devices", None)
+        options.pop("locality-domains", None)
+        if options:
+            raise CommandError(f"Error: unknown option(s) {sorted(options)}")
+        servers[name] = {"uid": uid, "pid": _new_pid(state), "limits": {}, "namespaces": {}}
+        _touch(os.path.join(pipe, name, "control"))
+        _touch(os.path.join(pipe, name, "default", "control"))
+        return ""
+    if verb == "delete":
+        name = _need_name(positional, "server")
+        if servers.pop(name, None) is None:
+            raise CommandError(f"Error: server {name!r} not found")
+        return ""
+    if verb == "set":
+        name = _need_name(positional, "server")
+        if name not in servers:
+            raise CommandError(f"Error: server {name!r} not found")
+        limits = _limits(options, {"pinned-memory-limit", "active-thread-percentage",
+                                   "client-priority", "uid", "locality-domains"})  # fmt: skip
+        if not limits:
+            raise CommandError("Error: at least one option is required")
+        servers[name]["limits"].update(limits)
+        return ""
+    if verb == "list":
+        rows = [
+            [n, str(s["uid"]), str(s["pid"]), "Ready", os.path.join(pipe, n),
+             state.get("visible_devices") or "-", "-"]
+            for n, s in sorted(servers.items()) if not positional or n == positional[0]
+        ]  # fmt: skip
+        return _table(["NAME", "UID", "PID", "STATUS", "PIPE-DIRECTORY", "ALLOWED-DEVICES",
+                       "CONTEXT-IDS"], rows, fmt)  # fmt: skip
+    raise CommandError(f"Error: unknown command server {verb}")
+
+
+def _v3_namespace_query(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> str:
+    positional, options = args.positional, args.options
+    if verb == "list":
+        rows = []
+        for sname, server in sorted(state["servers"].items()):
+            if options.get("server", sname) != sname:
+                continue
+            everyone = {"default": server["limits"], **server["namespaces"]}
+            for nname, lim in sorted(everyone.items()):
+                if positional and nname != positional[0]:
+                    continue
+                rows.append([nname, sname, "Ready", lim.get("pinned_memory_limit", "-"),
+                             str(lim.get("active_thread_percentage", "-")),
+                             str(lim.get("client_priority", "0")),
+                             os.path.join(pipe, sname, nname)])  # fmt: skip
+        return _table(["NAME", "SERVER", "SERVER-STATUS", "PINNED-MEMORY-LIMIT",
+                       "ACTIVE-THREAD-PERCENTAGE", "CLIENT-PRIORITY", "PIPE-DIRECTORY"],
+                      rows, args.fmt)  # fmt: skip
+    if verb == "get":
+        if len(positional) != 3:
+            raise CommandError("Error: usage: namespace get <name> <server> <field>")
+        name, sname, wanted = positional
+        server = state["servers"].get(sname)
+        if server is None or (name != "default" and name not in server["namespaces"]):
+            raise CommandError(f"Error: namespace {name!r} not found on server {sname!r}")
+        lim = server["limits"] if name == "default" else server["namespaces"][name]
+        return str(lim.get(wanted.replace("-", "_"), "-")) + "\n"
+    raise CommandError(f"Error: unknown command namespace {verb}")
+
+
+def _v3_namespace(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> str:
+    options = args.options
+    name = _need_name(args.positional, "namespace")
+    sname, server = _server(state, options)
+    options.pop("server")
+    spaces = server["namespaces"]
+    if verb == "create":
+        if name in spaces or name == "default":
+            raise CommandError(f"Error: namespace {name!r} already exists")
+        if options:
+            raise CommandError(f"Error: unknown option(s) {sorted(options)}")
+        spaces[name] = {}
+        _touch(os.path.join(pipe, sname, name, "control"))
+        return ""
+    if verb == "delete":
+        if spaces.pop(name, None) is None:
+            raise CommandError(f"Error: namespace {name!r} not found")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(pipe, sname, name, "control"))
+        return ""
+    if verb == "set":
+        target = server["limits"] if name == "default" else spaces.get(name)
+        if target is None:
+            raise CommandError(f"Error: namespace {name!r} not found")
+        limits = _limits(options, {"pinned-memory-limit", "active-thread-percentage",
+                                   "client-priority"})  # fmt: skip
+        if not limits:
+            raise CommandError("Error: at least one option is required")
+        target.update(limits)
+        return ""
+    raise CommandError(f"Error: unknown command namespace {verb}")
+
+
+def _table(header: list[str], rows: list[list[str]], fmt: str) -> str:
+    kind, _, extra = fmt.partition(",")
+    lines = [] if extra == "noheader" else [header]
+    lines += rows
+    sep = "," if kind == "csv" else " "
+    return "".join(sep.join(cells) + "\n" for cells in lines)
+
+
+# -- legacy commands ------------------------------------------------------------------
+
+
+def _legacy(state: dict[str, Any], line: str) -> str:  # noqa: PLR0911 (one return per command)
+    words = line.split()
+    cmd, args = words[0], words[1:]
+    legacy: dict[str, Any] = state["legacy"]
+    servers: dict[str, Any] = legacy["servers"]
+
+    def need(n: int) -> None:
+        if len(args) != n:
+            raise CommandError(f"Error: {cmd} takes {n} argument(s)")
+
+    def pct(value: str) -> int:
+        if not value.isdigit() or not 0 < int(value) <= 100:
+            raise CommandError(f"Error: invalid active thread percentage {value!r}")
+        return int(value)
+
+    def mem(value: str) -> str:
+        if not _LEGACY_MEM.match(value):
+            raise CommandError(f"Error: invalid device pinned memory limit {value!r}")
+        return value
+
+    def server(pid: str) -> dict[str, Any]:
+        if pid not in servers:
+            raise CommandError(f"Error: no server with PID {pid}")
+        found: dict[str, Any] = servers[pid]
+        return found
+
+    if cmd == "get_server_list":
+        return "".join(f"{pid}\n" for pid in servers)
+    if cmd == "start_server":
+        if len(args) < 2 or args[0] != "-uid" or not args[1].isdigit():
+            raise CommandError("Error: usage: start_server -uid <uid>")
+        if any(s["uid"] != int(args[1]) for s in servers.values()):
+            raise CommandError("Error: a server for another user is running")
+        pid = str(_new_pid(state))
+        servers[pid] = {"uid": int(args[1]), "pct": legacy["default_pct"],
+                        "mem": dict(legacy["default_mem"])}  # fmt: skip
+        return ""
+    if cmd == "get_server_status":
+        need(1)
+        server(args[0])
+        return "ACTIVE\n"
+    if cmd == "set_default_active_thread_percentage":
+        need(1)
+        legacy["default_pct"] = pct(args[0])
+        return f"{legacy['default_pct']}\n"
+    if cmd == "get_default_active_thread_percentage":
+        need(0)
+        return f"{legacy['default_pct'] or 100}.0\n"
+    if cmd == "set_default_device_pinned_mem_limit":
+        need(2)
+        legacy["default_mem"][args[0]] = mem(args[1])
+        return ""
+    if cmd == "get_default_device_pinned_mem_limit":
+        need(1)
+        return f"{legacy['default_mem'].get(args[0], '0M')}\n"
+    if cmd == "set_active_thread_percentage":
+        need(2)
+        server(args[0])["pct"] = pct(args[1])
+        return f"{args[1]}\n"
+    if cmd == "set_device_pinned_mem_limit":
+        need(3)
+        server(args[0])["mem"][args[1]] = mem(args[2])
+        return ""
+    if cmd in ("get_client_list", "get_device_client_list", "ps"):
+        return ""
+    raise CommandError(f"Error: unknown command {cmd!r}")
+
+
+# -- entry point ----------------------------------------------------------------------
+
+
+def _quit(state: dict[str, Any]) -> None:
+    os.kill(int(state["daemon_pid"]), signal.SIGTERM)
+
+
+def _run_command(argv: list[str], protocol_wanted: int) -> int:
+    pipe, logs = _dirs()
+    stdin = None if argv else sys.stdin.read()
+    entry: dict[str, Any] = {"argv": argv} if argv else {"stdin": stdin}
+    out: list[str] = []
+    ok = True
+    with _locked(pipe):
+        try:
+            state = _running_state(pipe)
+            entry["daemon_pid"] = state["daemon_pid"]
+            entry["protocol"] = state["protocol"]
+            if argv in (["-q"], ["--quit"]):
+                _quit(state)
+            elif argv:
+                if state["protocol"] != 3:
+                    raise CommandError("Error: module verb commands need MPS protocol 3")
+                out.append(_v3(state, pipe, argv))
+            else:
+                for line in (stdin or "").splitlines():
+                    if not line.strip():
+                        continue
+                    if line.strip() == "quit":
+                        _quit(state)
+                        break
+                    if state["protocol"] == 3:
+                        raise CommandError(f"Error: legacy command {line.strip()!r} under v3")
+                    out.append(_legacy(state, line))
+            _write_state(pipe, state)
+        except CommandError as err:
+            ok = False
+            out.append(f"{err}\n")
+    entry.update(ok=ok, reply="".join(out))
+    _record(logs, entry)
+    stream = sys.stdout if ok else sys.stderr
+    stream.write("".join(out))
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    protocol, daemon, foreground, multiuser = 2, False, False, False
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-d", "--daemon"):
+            daemon = True
+        elif arg in ("-f", "--foreground"):
+            foreground = True
+        elif arg in ("-m", "--multiuser"):
+            multiuser = True
+        elif arg in ("-p", "--protocol") and i + 1 < len(args):
+            protocol = int(args[i + 1])
+            i += 1
+        elif arg in ("-v", "--version"):
+            print("nvidia-cuda-mps-control (fake, dra_driver.mpsagent.fake_control)")
+            return 0
+        else:
+            rest.append(arg)
+        i += 1
+    env_protocol = os.environ.get("CUDA_MPS_PROTOCOL_VERSION")
+    if env_protocol:
+        protocol = int(env_protocol)  # the variable wins over -p (docs:mpsv3-interface)
+    if daemon:
+        return spawn_background(args)
+    if foreground:
+        return run_daemon(protocol, multiuser)
+    return _run_command(rest, protocol)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Side effects of a prepare beyond the CDI spec: MPS shares and MIG instances.
+
+The plan (pure) says what each device gets; this module makes it so and
+returns the CDI edits that only exist afterwards:
+
+* an **MPS share** asks the mps-agent (its own process and DaemonSet, so a
+  plugin restart never touches a running daemon) to ensure the GPU's daemon
+  and the share's namespace and limits; the container then gets the share's
+  pipe directory and the GPU's shm directory;
+* a **MIG device** on a free placement is created through the GPU backend
+  (idempotent: a retry finds the instance it made), then its GI and CI
+  capability nodes are read from the driver's files under ``--proc-root``;
+  an existing instance only needs its capability nodes. With the fake backend
+  the capability nodes are harmless stand-ins.
+
+Release reverses both: the share is released (the agent stops the daemon
+after the last one), an instance *we* created is destroyed; instances that
+existed before are never touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, Mount, merge_edits
+from dra_driver.core.driver_edits import fake_device_node
+from dra_driver.core.errors import DriverError, InventoryError
+from dra_driver.core.ids import ClaimRef, GpuUUID, MigUUID
+from dra_driver.core.mig_edits import CapNode, mig_device_edits
+from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement
+from dra_driver.core.plan import Mode, PlannedDevice
+from dra_driver.core.ports import GpuBackend
+from dra_driver.gpu.mig_caps import MigCapabilities
+from dra_driver.mpsagent.commands import share_cdi_edits
+from dra_driver.mpsagent.protocol import ShareInfo
+
+log = logging.getLogger(__name__)
+
+
+class MpsPort(Protocol):
+    """What the plugin needs of the mps-agent (``MpsAgentClient``)."""
+
+    async def ensure_share(
+        self,
+        gpu_uuid: str,
+        share_id: str,
+        *,
+        claim_uid: str,
+        memory_limit_bytes: int,
+        active_thread_percentage: int,
+        uid: int | None = None,
+    ) -> ShareInfo: ...
+
+    async def release_share(self, gpu_uuid: str, share_id: str) -> bool: ...
+
+
+class Enforcer:
+    def __init__(
+        self,
+        *,
+        backend: GpuBackend,
+        inventory: Callable[[], Inventory],
+        mig_caps: MigCapabilities | None,
+        mps: MpsPort | None,
+    ) -> None:
+        """``mig_caps`` None: stand-in capability nodes (fake backend);
+        ``mps`` None: MPS shares fail with a message naming the missing agent."""
+        self.backend = backend
+        self.inventory = inventory
+        self.mig_caps = mig_caps
+        self.mps = mps
+
+    async def apply(
+        self, claim: ClaimRef, devices: Sequence[PlannedDevice], spec: CdiSpec
+    ) -> tuple[tuple[PlannedDevice, ...], CdiSpec]:
+        """Run each device's side effects; on failure undo this claim's and raise."""
+        done: list[PlannedDevice] = []
+        cdi_devices = list(spec.devices)
+        try:
+            for i, device in enumerate(devices):
+                applied, extra = await self._apply_one(claim, device)
+                done.append(applied)
+                if extra is not None:
+                    # Ours first: its explicit numbers win over the plan's node.
+                    cdi_devices[i] = CdiDevice(
+                        name=cdi_devices[i].name, edits=merge_edits(extra, cdi_devices[i].edits)
+                    )
+        except Exception:
+            await self.release(claim, done)
+            raise
+        return tuple(done), dataclasses.replace(spec, devices=tuple(cdi_devices))
+
+    async def release(self, claim: ClaimRef, devices: Sequence[PlannedDevice]) -> None:
+        """Undo ``devices``' side effects; errors are logged and raised after trying all."""
+        failures: list[str] = []
+        for device in devices:
+            try:
+                await self._release_one(device)
+            except DriverError as err:
+                failures.append(str(err))
+                log.error("claim %s: releasing %s failed: %s", claim, device.device_name, err)
+        if failures:
+            raise InventoryError("; ".join(failures))
+
+    # --- MPS -------------------------------------------------------------------
+
+    async def _apply_one(
+        self, claim: ClaimRef, device: PlannedDevice
+    ) -> tuple[PlannedDevice, ContainerEdits | None]:
+        if device.mode is Mode.MPS:
+            return device, await self._ensure_share(claim, device)
+        if device.mode is Mode.MIG:
+            return await self._mig(device)
+        return device, None
+
+    async def _ensure_share(self, claim: ClaimRef, device: PlannedDevice) -> ContainerEdits:
+        if self.mps is None:
+            raise InventoryError(
+                f"{device.device_name} is MPS-shared but this plugin has no mps-agent "
+                "(--mps-agent-socket); deploy the mps-agent DaemonSet on this node"
+            )
+        assert device.limits is not None and device.share_id is not None
+        share = await self.mps.ensure_share(
+            device.gpu_uuid,
+            device.share_id,
+            claim_uid=claim.uid,
+            memory_limit_bytes=device.limits.memory_bytes,
+            active_thread_percentage=device.limits.compute_percent or 100,
+        )
+        edits = share_cdi_edits(share)
+        return ContainerEdits(
+            env=edits.env,
+            mounts=tuple(Mount(m.host_path, m.container_path, m.options) for m in edits.mounts),
+        )
+
+    # --- MIG -------------------------------------------------------------------
+
+    def _gpu(self, uuid: GpuUUID) -> GpuInfo:
+        for gpu in self.inventory().gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        raise InventoryError(f"GPU {uuid} is no longer on this node")
+
+    async def _mig(self, device: PlannedDevice) -> tuple[PlannedDevice, ContainerEdits]:
+        plan = device.mig
+        assert plan is not None
+        gpu = self._gpu(device.gpu_uuid)
+        if plan.mig_uuid is None:
+            placement = MigPlacement(plan.placement_start, plan.placement_size)
+            created = await self.backend.create_mig_device(gpu.uuid, plan.profile_id, placement)
+            plan = dataclasses.replace(
+                plan,
+                mig_uuid=created.uuid,
+                gi_id=created.gi_id,
+                ci_id=created.ci_id,
+                created=True,
+            )
+            device = dataclasses.replace(device, mig=plan)
+            log.info("created MIG device %s (%s) on %s", created.uuid, plan.profile_name, gpu.uuid)
+        assert plan.gi_id is not None and plan.ci_id is not None and plan.mig_uuid is not None
+        mig = MigDevice(
+            uuid=MigUUID(plan.mig_uuid),
+            gi_id=plan.gi_id,
+            ci_id=plan.ci_id,
+            profile_id=plan.profile_id,
+            profile_name=plan.profile_name,
+            placement=MigPlacement(plan.placement_start, plan.placement_size),
+            memory_mib=0,
+        )
+        return device, mig_device_edits(gpu, mig, self._caps(gpu, plan.gi_id, plan.ci_id))
+
+    def _caps(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> tuple[CapNode, CapNode]:
+        if self.mig_caps is not None:
+            return self.mig_caps.cap_nodes(gpu.minor, gi_id, ci_id)
+        # Fake backend: stand-ins with /dev/null's numbers at distinct paths.
+        stand_in = fake_device_node("/dev/null")
+        major, minor = stand_in.major or 1, stand_in.minor or 3
+        return (
+            CapNode(f"/dev/nvidia-caps/nvidia-cap-gpu{gpu.minor}-gi{gi_id}", major, minor, 0o444),
+            CapNode(
+                f"/dev/nvidia-caps/nvidia-cap-gpu{gpu.minor}-gi{gi_id}-ci{ci_id}",
+                major,
+                minor,
+                0o444,
+            ),
+        )
+
+    async def _release_one(self, device: PlannedDevice) -> None:
+        if device.mode is Mode.MPS and self.mps is not None and device.share_id is not None:
+            await self.mps.release_share(device.gpu_uuid, device.share_id)
+        elif device.mode is Mode.MIG and device.mig is not None and device.mig.created:
+            assert device.mig.gi_id is not None
+            await self.backend.destroy_mig_device(device.gpu_uuid, device.mig.gi_id)
+            log.info("destroyed MIG device %s on %s", device.mig.mig_uuid, device.gpu_uuid)
+
+    async def destroy_leftover(self, devices: Sequence[PlannedDevice]) -> None:
+        """After a crash: destroy instances a half-done prepare may have created.
+
+        A planned MIG device without a UUID was to be created at a placement
+        that was free when planned; an instance there now is ours.
+        """
+        inventory = self.inventory()
+        for device in devices:
+            plan = device.mig
+            if device.mode is not Mode.MIG or plan is None:
+                continue
+            if plan.created and plan.gi_id is not None:
+                await self.backend.destroy_mig_device(device.gpu_uuid, plan.gi_id)
+                continue
+            if plan.mig_uuid is not None:
+                continue  # an instance that existed before: not ours
+            for gpu in inventory.gpus:
+                for found in gpu.mig_devices if gpu.uuid == device.gpu_uuid else ():
+                    if (found.profile_id, found.placement.start) == (
+                        plan.profile_id,
+                        plan.placement_start,
+                    ):
+                        await self.backend.destroy_mig_device(gpu.uuid, found.gi_id)
+                        log.warning(
+                            "destroyed MIG device %s left by a half-done prepare", found.uuid
+                        )

@@ -1,0 +1,153 @@
+"""The plugin enforcing shares and MIG devices: the real engine, the mps-agent with the
+fake nvidia-cuda-mps-control (real processes), the fake GPU backend's MIG."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.core.model import MigPlacement
+from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
+from dra_driver.core.settings import NodeSettings
+from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.mpsagent import fake_control_path
+from dra_driver.mpsagent.agent import AgentConfig
+from dra_driver.mpsagent.client import MpsAgentClient
+from dra_driver.mpsagent.compute_mode import FakeComputeMode
+from dra_driver.plugin.runtime import PluginRuntime
+from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
+from dra_driver.testing.kubelet import FakeKubelet
+from dra_driver.testing.memory_claims import InMemoryClaimSource
+from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
+from tests.support.mps import agent_running
+from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+
+def spec_of(dirs: NodeDirs, uid: str) -> Any:
+    with open(os.path.join(dirs.cdi, f"k8s.gpu.fractional.dev-claim_{uid}.json")) as handle:
+        return json.load(handle)
+
+
+def test_mps_shares_of_two_claims_on_one_gpu(node_dirs: NodeDirs) -> None:
+    socket = os.path.join(node_dirs.plugin, "mps-agent.sock")
+    agent = AgentConfig(
+        socket_path=socket,
+        state_dir=os.path.join(node_dirs.root, "mps"),
+        control_binary=fake_control_path(),
+        protocol="v3",
+        compute_mode=FakeComputeMode(),
+        daemon_env={**os.environ, "PYTHON": sys.executable},
+    )
+    small = resource_claim(
+        "a", "small", devices=[share("gpu-0", memory="10Gi", compute_percent=25)]
+    )
+    big = resource_claim("b", "big", devices=[share("gpu-0", memory="20Gi", compute_percent=50)])
+    too_big = resource_claim("c", "too-big", devices=[share("gpu-0", memory="60Gi")])
+    source = InMemoryClaimSource([small, big, too_big])
+    config = dataclasses.replace(
+        node_dirs.config(), settings=NodeSettings(), mps_agent_socket=socket
+    )
+
+    async def scenario() -> None:
+        async with agent_running(agent):
+            runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                plugin = await kubelet.wait_for_plugin(DRIVER)
+                refs = [claim_ref(c) for c in (small, big, too_big)]
+                results = await plugin.prepare(refs)
+                assert results[refs[0].uid].error == "" and results[refs[1].uid].error == ""
+                assert "gpu-0 cannot hold this share" in results[refs[2].uid].error
+                shares = {s.claim_uid: s for s in await MpsAgentClient(socket).list_shares()}
+                assert set(shares) == {refs[0].uid, refs[1].uid}
+                assert shares[refs[0].uid].memory_limit_bytes == 10 * 2**30
+                assert shares[refs[0].uid].active_thread_percentage == 25
+                assert shares[refs[1].uid].active_thread_percentage == 50
+                (device,) = spec_of(node_dirs, refs[0].uid)["devices"]
+                edits = device["containerEdits"]
+                assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+                mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+                assert mounts["/tmp/nvidia-mps"] == shares[refs[0].uid].pipe_dir
+                assert mounts["/dev/shm"] == shares[refs[0].uid].shm_dir
+                assert not any((await plugin.unprepare(refs)).values())
+                assert list(await MpsAgentClient(socket).list_shares()) == []
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+
+    run_checked(scenario())
+
+
+def test_mig_device_created_at_prepare_and_destroyed_at_unprepare(node_dirs: NodeDirs) -> None:
+    backend = FakeGpuBackend("h100-80gb:1:mig", NODE)
+    claim = resource_claim("ns", "mig", devices=[Allocated("gpu-0-mig-1g10gb-19-3")])
+
+    async def scenario() -> None:
+        runtime = PluginRuntime(node_dirs.config(), backend, InMemoryClaimSource([claim]))
+        await runtime.start()
+        kubelet = FakeKubelet(node_dirs.registry)
+        try:
+            plugin = await kubelet.wait_for_plugin(DRIVER)
+            ref = claim_ref(claim)
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            (created,) = (await backend.inventory()).gpus[0].mig_devices
+            assert (created.profile_id, created.placement) == (19, MigPlacement(3, 1))
+            store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-1")
+            (device,) = store.load().claims[ref.uid].devices
+            assert device.mig is not None and device.mig.created
+            assert device.mig.mig_uuid == created.uuid
+            (cdi_device,) = spec_of(node_dirs, ref.uid)["devices"]
+            paths = [n["path"] for n in cdi_device["containerEdits"]["deviceNodes"]]
+            assert paths[0] == "/dev/nvidia0"
+            assert sum(p.startswith("/dev/nvidia-caps/") for p in paths) == 2
+            # A repeat is answered from the checkpoint: no second instance.
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            assert len((await backend.inventory()).gpus[0].mig_devices) == 1
+            assert (await plugin.unprepare([ref]))[ref.uid] == ""
+            assert (await backend.inventory()).gpus[0].mig_devices == ()
+        finally:
+            await kubelet.close()
+            await runtime.stop()
+
+    run_checked(scenario())
+
+
+def test_instance_of_a_prepare_that_died_is_destroyed_at_start(node_dirs: NodeDirs) -> None:
+    """Crash after the MIG instance was created, before PrepareCompleted."""
+    backend = FakeGpuBackend("h100-80gb:1:mig", NODE)
+
+    async def scenario() -> None:
+        gpu = (await backend.inventory()).gpus[0]
+        await backend.create_mig_device(gpu.uuid, 19, MigPlacement(3, 1))
+        uid = ClaimUID("7b1e0000-0000-4000-8000-00000000dead")
+        half_done = CheckpointClaim(
+            ref=ClaimRef("ns", "crashed", uid),
+            state=ClaimState.PREPARE_STARTED,
+            devices=(
+                PlannedDevice(
+                    request_names=("gpu",),
+                    pool_name=PoolName(NODE),
+                    device_name=DeviceName("gpu-0-mig-1g10gb-19-3"),
+                    share_id=None,
+                    gpu_uuid=GpuUUID(gpu.uuid),
+                    mode=Mode.MIG,
+                    cdi_device_ids=(),
+                    mig=MigPlan(19, "1g.10gb", 3, 1),
+                ),
+            ),
+        )
+        store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-1")
+        store.save(store.load().with_claim(half_done))
+        runtime = PluginRuntime(node_dirs.config(), backend, InMemoryClaimSource())
+        await runtime.start()
+        await runtime.stop()
+        assert runtime.reconcile_report is not None
+        assert runtime.reconcile_report.rolled_back == (uid,)
+        assert (await backend.inventory()).gpus[0].mig_devices == ()
+
+    run_checked(scenario())
