@@ -31,7 +31,7 @@ from dra_driver.core.plan import NodeContext, plan_prepare
 from dra_driver.core.ports import ClaimSource
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
 from dra_driver.plugin.cdi_store import CdiStore
-from dra_driver.plugin.enforcement import Enforcer
+from dra_driver.plugin.enforcement import Enforcer, owned_shares
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,
@@ -140,6 +140,14 @@ class Driver:
                         await self.enforcer.destroy_leftover(entry.devices)
                     except DriverError as err:
                         log.error("cleaning up half-prepared claim %s failed: %s", entry.ref, err)
+                kept = (await asyncio.to_thread(self.checkpoints.load)).claims.values()
+                owned = [key for entry in kept for key in owned_shares(entry.devices)]
+                try:
+                    await self.enforcer.release_orphan_shares(owned)
+                except DriverError as err:
+                    # No agent yet (its DaemonSet may start after us): shares are
+                    # checked again at the next start.
+                    log.warning("could not reconcile MPS shares with the mps-agent: %s", err)
             return report
 
     async def close(self) -> None:

@@ -56,6 +56,23 @@ class MpsPort(Protocol):
 
     async def release_share(self, gpu_uuid: str, share_id: str) -> bool: ...
 
+    async def list_shares(self) -> list[ShareInfo]: ...
+
+
+def _mps_group(devices: Sequence[PlannedDevice], gpu_uuid: str) -> list[PlannedDevice]:
+    return [d for d in devices if d.mode is Mode.MPS and d.gpu_uuid == gpu_uuid]
+
+
+def _share_key(group: Sequence[PlannedDevice]) -> str:
+    """The agent's key for a claim's namespace on a GPU: its lowest shareID."""
+    return min(d.share_id or "" for d in group)
+
+
+def owned_shares(devices: Sequence[PlannedDevice]) -> list[tuple[str, str]]:
+    """(GPU UUID, share key) of every namespace ``devices`` hold."""
+    gpus = {d.gpu_uuid for d in devices if d.mode is Mode.MPS}
+    return [(gpu, _share_key(_mps_group(devices, gpu))) for gpu in sorted(gpus)]
+
 
 class Enforcer:
     def __init__(
@@ -79,9 +96,20 @@ class Enforcer:
         """Run each device's side effects; on failure undo this claim's and raise."""
         done: list[PlannedDevice] = []
         cdi_devices = list(spec.devices)
+        shares: dict[str, ContainerEdits] = {}
         try:
             for i, device in enumerate(devices):
-                applied, extra = await self._apply_one(claim, device)
+                extra: ContainerEdits | None
+                if device.mode is Mode.MPS:
+                    # All of a claim's shares of one GPU are one MPS namespace:
+                    # a container sees one pipe directory.
+                    if device.gpu_uuid not in shares:
+                        shares[device.gpu_uuid] = await self._ensure_share(
+                            claim, _mps_group(devices, device.gpu_uuid)
+                        )
+                    applied, extra = device, shares[device.gpu_uuid]
+                else:
+                    applied, extra = await self._apply_one(device)
                 done.append(applied)
                 if extra is not None:
                     # Ours first: its explicit numbers win over the plan's node.
@@ -96,39 +124,67 @@ class Enforcer:
     async def release(self, claim: ClaimRef, devices: Sequence[PlannedDevice]) -> None:
         """Undo ``devices``' side effects; errors are logged and raised after trying all."""
         failures: list[str] = []
+        released: set[str] = set()
         for device in devices:
             try:
-                await self._release_one(device)
+                if device.mode is Mode.MPS:
+                    if self.mps is not None and device.gpu_uuid not in released:
+                        released.add(device.gpu_uuid)
+                        group = _mps_group(devices, device.gpu_uuid)
+                        await self.mps.release_share(device.gpu_uuid, _share_key(group))
+                else:
+                    await self._release_one(device)
             except DriverError as err:
                 failures.append(str(err))
                 log.error("claim %s: releasing %s failed: %s", claim, device.device_name, err)
         if failures:
             raise InventoryError("; ".join(failures))
 
-    # --- MPS -------------------------------------------------------------------
+    async def release_orphan_shares(self, owned: Sequence[tuple[str, str]]) -> list[str]:
+        """Release the agent's shares no prepared claim owns (after a crash or reboot)."""
+        if self.mps is None:
+            return []
+        keep = set(owned)
+        released = []
+        for share in await self.mps.list_shares():
+            if (share.gpu_uuid, share.share_id) not in keep:
+                await self.mps.release_share(share.gpu_uuid, share.share_id)
+                released.append(share.share_id)
+                log.warning(
+                    "released MPS share %s of claim %s: no prepared claim owns it",
+                    share.share_id,
+                    share.claim_uid,
+                )
+        return released
 
     async def _apply_one(
-        self, claim: ClaimRef, device: PlannedDevice
+        self, device: PlannedDevice
     ) -> tuple[PlannedDevice, ContainerEdits | None]:
-        if device.mode is Mode.MPS:
-            return device, await self._ensure_share(claim, device)
         if device.mode is Mode.MIG:
             return await self._mig(device)
         return device, None
 
-    async def _ensure_share(self, claim: ClaimRef, device: PlannedDevice) -> ContainerEdits:
+    # --- MPS -------------------------------------------------------------------
+
+    async def _ensure_share(
+        self, claim: ClaimRef, group: Sequence[PlannedDevice]
+    ) -> ContainerEdits:
+        """One namespace for ``group`` (a claim's shares of one GPU): the sum of their
+        memory, and of their SM caps (none if any share has none)."""
+        first = group[0]
         if self.mps is None:
             raise InventoryError(
-                f"{device.device_name} is MPS-shared but this plugin has no mps-agent "
+                f"{first.device_name} is MPS-shared but this plugin has no mps-agent "
                 "(--mps-agent-socket); deploy the mps-agent DaemonSet on this node"
             )
-        assert device.limits is not None and device.share_id is not None
+        limits = [d.limits for d in group if d.limits is not None]
+        percents = [lim.compute_percent for lim in limits]
         share = await self.mps.ensure_share(
-            device.gpu_uuid,
-            device.share_id,
+            first.gpu_uuid,
+            _share_key(group),
             claim_uid=claim.uid,
-            memory_limit_bytes=device.limits.memory_bytes,
-            active_thread_percentage=device.limits.compute_percent or 100,
+            memory_limit_bytes=sum(lim.memory_bytes for lim in limits),
+            active_thread_percentage=100 if 0 in percents else min(100, sum(percents)),
         )
         edits = share_cdi_edits(share)
         return ContainerEdits(
@@ -189,9 +245,7 @@ class Enforcer:
         )
 
     async def _release_one(self, device: PlannedDevice) -> None:
-        if device.mode is Mode.MPS and self.mps is not None and device.share_id is not None:
-            await self.mps.release_share(device.gpu_uuid, device.share_id)
-        elif device.mode is Mode.MIG and device.mig is not None and device.mig.created:
+        if device.mode is Mode.MIG and device.mig is not None and device.mig.created:
             assert device.mig.gi_id is not None
             await self.backend.destroy_mig_device(device.gpu_uuid, device.mig.gi_id)
             log.info("destroyed MIG device %s on %s", device.mig.mig_uuid, device.gpu_uuid)

@@ -32,38 +32,52 @@ def spec_of(dirs: NodeDirs, uid: str) -> Any:
         return json.load(handle)
 
 
-def test_mps_shares_of_two_claims_on_one_gpu(node_dirs: NodeDirs) -> None:
-    socket = os.path.join(node_dirs.plugin, "mps-agent.sock")
-    agent = AgentConfig(
-        socket_path=socket,
-        state_dir=os.path.join(node_dirs.root, "mps"),
+def agent_config(dirs: NodeDirs) -> AgentConfig:
+    return AgentConfig(
+        socket_path=os.path.join(dirs.plugin, "mps-agent.sock"),
+        state_dir=os.path.join(dirs.root, "mps"),
         control_binary=fake_control_path(),
         protocol="v3",
         compute_mode=FakeComputeMode(),
         daemon_env={**os.environ, "PYTHON": sys.executable},
     )
+
+
+def mps_runtime(dirs: NodeDirs, source: InMemoryClaimSource) -> PluginRuntime:
+    config = dataclasses.replace(
+        dirs.config(),
+        settings=NodeSettings(),
+        mps_agent_socket=os.path.join(dirs.plugin, "mps-agent.sock"),
+    )
+    return PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)
+
+
+async def daemon_pids(client: MpsAgentClient) -> list[int | None]:
+    return [d.pid for d in (await client.status()).daemons]
+
+
+def test_mps_shares_of_two_claims_on_one_gpu(node_dirs: NodeDirs) -> None:
+    agent = agent_config(node_dirs)
     small = resource_claim(
         "a", "small", devices=[share("gpu-0", memory="10Gi", compute_percent=25)]
     )
     big = resource_claim("b", "big", devices=[share("gpu-0", memory="20Gi", compute_percent=50)])
     too_big = resource_claim("c", "too-big", devices=[share("gpu-0", memory="60Gi")])
     source = InMemoryClaimSource([small, big, too_big])
-    config = dataclasses.replace(
-        node_dirs.config(), settings=NodeSettings(), mps_agent_socket=socket
-    )
+    refs = [claim_ref(c) for c in (small, big, too_big)]
+    client = MpsAgentClient(agent.socket_path)
 
     async def scenario() -> None:
         async with agent_running(agent):
-            runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)
+            runtime = mps_runtime(node_dirs, source)
             await runtime.start()
             kubelet = FakeKubelet(node_dirs.registry)
             try:
                 plugin = await kubelet.wait_for_plugin(DRIVER)
-                refs = [claim_ref(c) for c in (small, big, too_big)]
                 results = await plugin.prepare(refs)
                 assert results[refs[0].uid].error == "" and results[refs[1].uid].error == ""
                 assert "gpu-0 cannot hold this share" in results[refs[2].uid].error
-                shares = {s.claim_uid: s for s in await MpsAgentClient(socket).list_shares()}
+                shares = {s.claim_uid: s for s in await client.list_shares()}
                 assert set(shares) == {refs[0].uid, refs[1].uid}
                 assert shares[refs[0].uid].memory_limit_bytes == 10 * 2**30
                 assert shares[refs[0].uid].active_thread_percentage == 25
@@ -74,8 +88,74 @@ def test_mps_shares_of_two_claims_on_one_gpu(node_dirs: NodeDirs) -> None:
                 mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
                 assert mounts["/tmp/nvidia-mps"] == shares[refs[0].uid].pipe_dir
                 assert mounts["/dev/shm"] == shares[refs[0].uid].shm_dir
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+
+            # The plugin restarts (upgrade, crash): the daemon and the shares stay,
+            # and a share no prepared claim owns is released.
+            pids = await daemon_pids(client)
+            await client.ensure_share(
+                shares[refs[0].uid].gpu_uuid,
+                "0e0e0e0e-0000-4000-8000-000000000000",
+                claim_uid="deleted-claim",
+                memory_limit_bytes=2**30,
+                active_thread_percentage=10,
+            )
+            runtime = mps_runtime(node_dirs, source)
+            await runtime.start()
+            try:
+                assert {s.claim_uid for s in await client.list_shares()} == {
+                    refs[0].uid,
+                    refs[1].uid,
+                }
+                assert await daemon_pids(client) == pids
+                kubelet = FakeKubelet(node_dirs.registry)
+                plugin = await kubelet.wait_for_plugin(DRIVER)
                 assert not any((await plugin.unprepare(refs)).values())
-                assert list(await MpsAgentClient(socket).list_shares()) == []
+                assert await client.list_shares() == []
+                await kubelet.close()
+            finally:
+                await runtime.stop()
+
+    run_checked(scenario())
+
+
+def test_a_claims_two_shares_of_one_gpu_are_one_namespace(node_dirs: NodeDirs) -> None:
+    """count: 2 on one GPU (two results, two shareIDs): the container sees one pipe dir."""
+    agent = agent_config(node_dirs)
+    claim = resource_claim(
+        "ns",
+        "pair",
+        devices=[
+            share("gpu-0", memory="4Gi", compute_percent=10),
+            share("gpu-0", memory="6Gi", compute_percent=20),
+        ],
+    )
+    client = MpsAgentClient(agent.socket_path)
+
+    async def scenario() -> None:
+        async with agent_running(agent):
+            runtime = mps_runtime(node_dirs, InMemoryClaimSource([claim]))
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                plugin = await kubelet.wait_for_plugin(DRIVER)
+                ref = claim_ref(claim)
+                result = (await plugin.prepare([ref]))[ref.uid]
+                assert result.error == "" and len(result.devices) == 2
+                assert len({d.share_id for d in result.devices}) == 2
+                (one,) = await client.list_shares()
+                assert (one.memory_limit_bytes, one.active_thread_percentage) == (10 * 2**30, 30)
+                pipes = {
+                    m["hostPath"]
+                    for d in spec_of(node_dirs, ref.uid)["devices"]
+                    for m in d["containerEdits"]["mounts"]
+                    if m["containerPath"] == "/tmp/nvidia-mps"
+                }
+                assert pipes == {one.pipe_dir}
+                assert (await plugin.unprepare([ref]))[ref.uid] == ""
+                assert await client.list_shares() == []
             finally:
                 await kubelet.close()
                 await runtime.stop()
