@@ -1,28 +1,39 @@
 """``dra-driver demo``: the whole node-side flow on one machine, no cluster, no GPU.
 
-Fake GPUs; an in-memory claim source holding a few allocated example claims;
-the kubelet plugin on real unix sockets in a temp dir; a kubelet-like client
-that registers it over gRPC and prepares the claims; a table of what each
-claim got. Later issues extend it (slices, the allocator, enforcement).
+Fake GPUs (two H100s, an L4 and an H100 with MIG on); the slices the node
+would publish; the mps-agent with the packaged fake MPS control daemon; the
+kubelet plugin on real unix sockets in a temp dir; a kubelet-like client that
+registers it over gRPC and prepares example claims: two MPS shares of one GPU
+with different limits, a whole GPU, a time-sliced share, a MIG instance made
+on demand, and two claims the node must refuse; then a table of what each
+claim got, and the unprepare that undoes it all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from dra_driver.core.ids import ClaimRef
+from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import Inventory
-from dra_driver.core.settings import Capabilities, NodeSettings
+from dra_driver.core.plan import Mode, PlannedDevice
+from dra_driver.core.quantity import format_bytes
+from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slice_rules import validate_pool
 from dra_driver.core.slices import build_slices
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.publisher import slice_name
+from dra_driver.mpsagent import fake_control_path
+from dra_driver.mpsagent.agent import AgentConfig, run_agent
+from dra_driver.mpsagent.client import MpsAgentClient
+from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, PluginConfig, PluginRuntime
+from dra_driver.state.checkpoint import CheckpointClaim
 from dra_driver.testing.kubelet import FakeKubelet, PrepareResult
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
@@ -33,8 +44,20 @@ NODE = "demo-node"
 def example_claims(node: str, driver: str) -> list[dict[str, Any]]:
     """Claims a scheduler could have allocated on ``node``, plus two it should refuse."""
     return [
+        # Two pods' claims sharing gpu-0 under MPS, each with its own limits.
         resource_claim(
-            "default", "llm-inference", node=node, driver=driver, devices=[Allocated("gpu-0")]
+            "default",
+            "llm-small",
+            node=node,
+            driver=driver,
+            devices=[share("gpu-0", memory="10Gi", compute_percent=25)],
+        ),
+        resource_claim(
+            "default",
+            "llm-large",
+            node=node,
+            driver=driver,
+            devices=[share("gpu-0", memory="30Gi", compute_percent=50)],
         ),
         resource_claim(
             "research",
@@ -43,19 +66,14 @@ def example_claims(node: str, driver: str) -> list[dict[str, Any]]:
             driver=driver,
             devices=[Allocated("gpu-1", request="big")],
         ),
+        resource_claim("default", "notebook", node=node, driver=driver, devices=[share("gpu-2")]),
+        # A MIG 1g.10gb instance, created at prepare on the MIG-enabled gpu-3.
         resource_claim(
             "default",
-            "notebook-share",
+            "mig-job",
             node=node,
             driver=driver,
-            devices=[
-                share(
-                    "gpu-2",
-                    memory="10Gi",
-                    compute_percent=25,
-                    share_id="7d3f52c1-0b7e-4f0e-9a55-2b1d5e0c9a10",
-                )
-            ],
+            devices=[Allocated("gpu-3-mig-1g10gb-19-0")],
         ),
         resource_claim(
             "default", "other-node", node="node-b", driver=driver, devices=[Allocated("gpu-0")]
@@ -82,14 +100,14 @@ def _describe_device(device: Mapping[str, Any]) -> str:
     return f"{device['name']} {sharing}: memory {memory.get('value')}"
 
 
-def _print_slices(inventory: Inventory, out: TextIO) -> None:
+def _print_slices(inventory: Inventory, settings: NodeSettings, out: TextIO) -> None:
     """A summary of the ResourceSlices the plugin would publish on a 1.36 cluster."""
     caps = Capabilities.for_version(36)
     slices = build_slices(
         inventory,
         driver_name=DEFAULT_DRIVER_NAME,
         node_name=NODE,
-        settings=NodeSettings(),
+        settings=settings,
         capabilities=caps,
     )
     validate_pool([s.spec for s in slices], caps)
@@ -124,39 +142,47 @@ def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
             print("  ".join("-" * w for w in widths), file=out)
 
 
+def _enforced(device: PlannedDevice) -> str:
+    if device.mode is Mode.MPS and device.limits is not None:
+        sm = f", {device.limits.compute_percent}% SMs" if device.limits.compute_percent else ""
+        return f"MPS {format_bytes(device.limits.memory_bytes)}{sm}"
+    if device.mode is Mode.MIG and device.mig is not None:
+        return f"MIG {device.mig.profile_name}" + (" (created)" if device.mig.created else "")
+    return {Mode.EXCLUSIVE: "whole GPU", Mode.SHARED: "time-sliced"}.get(device.mode, device.mode)
+
+
 def _result_rows(
-    refs: Sequence[ClaimRef], results: dict[str, PrepareResult], cdi_root: str, kind_prefix: str
+    refs: Sequence[ClaimRef],
+    results: dict[str, PrepareResult],
+    recorded: Mapping[ClaimUID, CheckpointClaim],
 ) -> list[list[str]]:
-    rows = [["CLAIM", "DEVICE", "SHARE", "CDI DEVICE ID", "SPEC FILE (in CDI root) / ERROR"]]
+    rows = [["CLAIM", "DEVICE", "ENFORCED", "CDI DEVICE ID", "ERROR"]]
     for ref in refs:
         result = results[ref.uid]
         name = f"{ref.namespace}/{ref.name}"
         if result.error:
-            rows.append([name, "-", "-", "-", "ERROR: " + result.error.split(": ", 1)[-1]])
+            rows.append([name, "-", "-", "-", result.error.split(": ", 1)[-1]])
             continue
-        spec = os.path.join(cdi_root, f"{kind_prefix}{ref.uid}.json")
-        for d in result.devices:
+        for got, planned in zip(result.devices, recorded[ref.uid].devices, strict=True):
             rows.append(
-                [
-                    name,
-                    f"{d.pool_name}/{d.device_name}",
-                    d.share_id[:8] + "…" if d.share_id else "-",
-                    ",".join(d.cdi_device_ids),
-                    os.path.basename(spec) if os.path.exists(spec) else "(missing)",
-                ]
+                [name, got.device_name, _enforced(planned), ",".join(got.cdi_device_ids), ""]
             )
     return rows
 
 
 def _node_dirs(work_dir: str) -> PluginConfig:
     """Lay out a node's kubelet directories under ``work_dir``."""
+    plugin_dir = os.path.join(work_dir, "plugins", DEFAULT_DRIVER_NAME)
     config = PluginConfig(
         driver_name=DEFAULT_DRIVER_NAME,
         node_name=NODE,
         registry_dir=os.path.join(work_dir, "plugins_registry"),
-        plugin_dir=os.path.join(work_dir, "plugins", DEFAULT_DRIVER_NAME),
+        plugin_dir=plugin_dir,
         cdi_root=os.path.join(work_dir, "cdi"),
         boot_id_file=os.path.join(work_dir, "boot_id"),
+        # gpu-0 is MPS-shared (the default), gpu-2 time-sliced.
+        settings=NodeSettings(per_gpu={"2": GpuSettings(Sharing.TIMESLICING)}),
+        mps_agent_socket=os.path.join(plugin_dir, "mps-agent.sock"),
     )
     for folder in (config.registry_dir, config.plugin_dir, config.cdi_root):
         os.makedirs(folder, exist_ok=True)
@@ -165,14 +191,36 @@ def _node_dirs(work_dir: str) -> PluginConfig:
     return config
 
 
-async def run_demo(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
+def _agent_config(config: PluginConfig, work_dir: str) -> AgentConfig:
+    """The mps-agent with the packaged fake nvidia-cuda-mps-control (MPS v3)."""
+    assert config.mps_agent_socket is not None
+    return AgentConfig(
+        socket_path=config.mps_agent_socket,
+        state_dir=os.path.join(work_dir, "mps"),
+        control_binary=fake_control_path(),
+        protocol="v3",
+        compute_mode=FakeComputeMode(),
+        daemon_env={**os.environ, "PYTHON": sys.executable},
+    )
+
+
+async def run_demo(fake_gpus: str, config: PluginConfig, work_dir: str, out: TextIO) -> int:
+    agent_ready = asyncio.Event()
+    agent = asyncio.create_task(
+        run_agent(_agent_config(config, work_dir), install_signal_handlers=False, ready=agent_ready)
+    )
+    try:
+        await asyncio.wait_for(agent_ready.wait(), timeout=10)
+        return await _run_plugin_side(fake_gpus, config, out)
+    finally:
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+
+
+async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
     registry, cdi_root = config.registry_dir, config.cdi_root
     claims = example_claims(NODE, DEFAULT_DRIVER_NAME)
-    runtime = PluginRuntime(
-        config,
-        FakeGpuBackend(fake_gpus, NODE),
-        InMemoryClaimSource(claims),
-    )
+    runtime = PluginRuntime(config, FakeGpuBackend(fake_gpus, NODE), InMemoryClaimSource(claims))
     kubelet = FakeKubelet(registry)
     await runtime.start()
     try:
@@ -181,7 +229,7 @@ async def run_demo(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
         for gpu in inventory.gpus:
             memory = f"{gpu.memory_bytes / 2**30:.1f} GiB"
             print(f"  {gpu.device_name}  {gpu.product_name}  {memory}  {gpu.uuid}", file=out)
-        _print_slices(inventory, out)
+        _print_slices(inventory, config.settings, out)
         plugin = await kubelet.wait_for_plugin(DEFAULT_DRIVER_NAME)
         print(f"\nkubelet registered {plugin.name}: endpoint {plugin.endpoint}", file=out)
         print(
@@ -191,18 +239,27 @@ async def run_demo(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
 
         refs = [claim_ref(c) for c in claims]
         results = await plugin.prepare(refs)
-        kind_prefix = f"k8s.{DEFAULT_DRIVER_NAME}-claim_"
+        assert runtime.driver is not None
+        recorded = runtime.driver.checkpoints.load().claims
         print(
-            f"\nNodePrepareResources ({len(refs)} claims in one call), CDI root {cdi_root}:",
+            f"\nNodePrepareResources ({len(refs)} claims in one call); one CDI spec per "
+            f"claim in {cdi_root}:",
             file=out,
         )
-        _table(_result_rows(refs, results, cdi_root, kind_prefix), out)
+        _table(_result_rows(refs, results, recorded), out)
+
+        assert config.mps_agent_socket is not None
+        agent = MpsAgentClient(config.mps_agent_socket)
+        for daemon in (await agent.status()).daemons:
+            print(
+                f"\nmps-agent: MPS daemon for {daemon.gpu_uuid} (pid {daemon.pid}) holds "
+                f"{daemon.shares} namespace(s), one per claim, with their limits",
+                file=out,
+            )
 
         again = await plugin.prepare(refs)
         same = all(again[r.uid] == results[r.uid] for r in refs)
-        print(
-            f"\nrepeated prepare returns the recorded result: {'yes' if same else 'NO'}", file=out
-        )
+        print(f"repeated prepare returns the recorded result: {'yes' if same else 'NO'}", file=out)
 
         async for health in plugin.watch_health("v1alpha1"):
             states = Counter(
@@ -215,12 +272,15 @@ async def run_demo(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
         prepared = [r for r in refs if not results[r.uid].error]
         errors = await plugin.unprepare(prepared)
         left = sorted(os.listdir(cdi_root))
+        shares = await agent.list_shares()
+        migs = sum(len(g.mig_devices) for g in (await runtime.backend.inventory()).gpus)
         print(
             f"\nNodeUnprepareResources ({len(prepared)} claims): "
-            f"{'all ok' if not any(errors.values()) else errors}; CDI specs left: {len(left)}",
+            f"{'all ok' if not any(errors.values()) else errors}; CDI specs left: {len(left)}, "
+            f"MPS namespaces left: {len(shares)}, MIG instances left: {migs}",
             file=out,
         )
-        ok = same and not any(errors.values()) and not left
+        ok = same and not any(errors.values()) and not left and not shares and not migs
         return 0 if ok else 1
     finally:
         await kubelet.close()
@@ -231,7 +291,7 @@ async def run_demo(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
 def main(fake_gpus: str, work_dir: str | None, out: TextIO) -> int:
     if work_dir:
         os.makedirs(work_dir, exist_ok=True)
-        return asyncio.run(run_demo(fake_gpus, _node_dirs(work_dir), out))
+        return asyncio.run(run_demo(fake_gpus, _node_dirs(work_dir), work_dir, out))
     # Unix socket paths must stay short: keep the temp dir near the root.
     with tempfile.TemporaryDirectory(prefix="dra-demo-") as tmp:
-        return asyncio.run(run_demo(fake_gpus, _node_dirs(tmp), out))
+        return asyncio.run(run_demo(fake_gpus, _node_dirs(tmp), tmp, out))

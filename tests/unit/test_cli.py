@@ -198,8 +198,10 @@ def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "kubelet uses v1.DRAPlugin" in out
-    assert "default/llm-inference   demo-node/gpu-0" in out
-    assert "ERROR: it is allocated to node node-b" in out
+    assert "MPS 10Gi, 25% SMs" in out and "MPS 30Gi, 50% SMs" in out
+    assert "MIG 1g.10gb (created)" in out and "time-sliced" in out and "whole GPU" in out
+    assert "it is allocated to node node-b" in out
+    assert "holds 2 namespace(s)" in out
     assert "repeated prepare returns the recorded result: yes" in out
     assert "25 MIG placements" in out
-    assert "CDI specs left: 0" in out
+    assert "CDI specs left: 0, MPS namespaces left: 0, MIG instances left: 0" in out
