@@ -27,7 +27,7 @@ from dra_driver.core.cdi import CdiSpec, render_spec
 from dra_driver.core.errors import DriverError
 from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import Inventory, ResourceClaim
-from dra_driver.core.plan import NodeContext, plan_prepare
+from dra_driver.core.plan import Mode, NodeContext, plan_prepare
 from dra_driver.core.ports import ClaimSource
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
 from dra_driver.plugin.cdi_store import CdiStore
@@ -173,6 +173,7 @@ class Driver:
                     if plan is not None:
                         await self._enforce(plan)
                         await asyncio.to_thread(self._write_specs_and_complete, plan)
+                    # (When nothing has side effects, _phase1 already completed it.)
             except Exception as err:  # lock timeout, checkpoint unreadable: fail the batch
                 # Nothing of this batch is known to be on disk: every claim fails
                 # (even those decided as done) and the kubelet retries.
@@ -188,14 +189,26 @@ class Driver:
 
     def _phase1(self, batch: list[_Work]) -> _BatchPlan | None:
         """Decide, then record PrepareStarted entries (and drop unprepared ones) on disk
-        before any side effect; None when nothing changes."""
+        before any side effect. Returns the plan when side effects must run (then
+        phase 2); None when nothing changed or the batch is already complete."""
         plan = self._decide(batch, self.checkpoints.load())
         if not plan.changed:
             return None
         self.checkpoints.save(plan.checkpoint)
         for path in plan.to_remove.values():
             self.cdi.remove(path)
+        if not self._has_side_effects(plan):
+            # Saves a thread hop per batch for whole GPUs and time-sliced shares.
+            self._write_specs_and_complete(plan)
+            return None
         return plan
+
+    def _has_side_effects(self, plan: _BatchPlan) -> bool:
+        if self.enforcer is None:
+            return False
+        entries = [entry for _, entry, spec in plan.to_write if spec is not None]
+        entries += [entry for _, entry in plan.to_release]
+        return any(d.mode in (Mode.MPS, Mode.MIG) for e in entries for d in e.devices)
 
     async def _enforce(self, plan: _BatchPlan) -> None:
         """Side effects (MPS shares, MIG instances); a failure fails its claim alone."""

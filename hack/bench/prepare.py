@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
 from dra_driver.testing.kubelet import FakeKubelet
@@ -58,6 +59,8 @@ def serve(root: str, claims: list[dict[str, Any]], profile: str | None) -> None:
         plugin_dir=os.path.join(root, "plugin"),
         cdi_root=os.path.join(root, "cdi"),
         boot_id_file=os.path.join(root, "boot_id"),
+        # Time-sliced shares: this measures the engine and the socket, not MPS.
+        settings=NodeSettings(default=GpuSettings(Sharing.TIMESLICING)),
     )
     runtime = PluginRuntime(
         config, FakeGpuBackend(f"h100-80gb:{GPUS}", NODE), InMemoryClaimSource(claims)
