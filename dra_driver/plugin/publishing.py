@@ -12,6 +12,7 @@ wipes them 30 s after the driver is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
@@ -27,6 +28,19 @@ log = logging.getLogger(__name__)
 ProbeFn = Callable[[], Awaitable[Capabilities]]
 
 
+def without_mig_devices(inventory: Inventory, uuids: set[str]) -> Inventory:
+    """``inventory`` as if the MIG instances ``uuids`` did not exist."""
+    if not uuids:
+        return inventory
+    gpus = tuple(
+        dataclasses.replace(
+            gpu, mig_devices=tuple(d for d in gpu.mig_devices if d.uuid not in uuids)
+        )
+        for gpu in inventory.gpus
+    )
+    return dataclasses.replace(inventory, gpus=gpus)
+
+
 class SlicePublishing:
     def __init__(
         self,
@@ -37,8 +51,13 @@ class SlicePublishing:
         settings: NodeSettings,
         driver_name: str,
         node_name: str,
+        hidden_mig_devices: Callable[[], Awaitable[set[str]]] | None = None,
     ) -> None:
+        """``hidden_mig_devices``: UUIDs of MIG instances the plugin created for
+        claims; they are published as the placements they came from, not as
+        pre-existing instances, so creating one does not change the pool."""
         self.publisher = publisher
+        self.hidden_mig_devices = hidden_mig_devices
         self.probe = probe
         self.inventory = inventory
         self.settings = settings
@@ -58,8 +77,11 @@ class SlicePublishing:
             self.capabilities = await self.probe()
             self._reprobe = False
             log.info("cluster keeps: %s", self.capabilities)
+        inventory = self.inventory
+        if self.hidden_mig_devices is not None:
+            inventory = without_mig_devices(inventory, await self.hidden_mig_devices())
         slices = build_slices(
-            self.inventory,
+            inventory,
             driver_name=self.driver_name,
             node_name=self.node_name,
             settings=self.settings,

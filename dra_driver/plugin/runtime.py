@@ -158,6 +158,7 @@ class PluginRuntime:
                 settings=cfg.settings,
                 driver_name=cfg.driver_name,
                 node_name=cfg.node_name,
+                hidden_mig_devices=self._created_mig_devices,
             )
             self.server.registration.on_registered.append(self.publishing.on_registered)
             self._spawn(self.publishing.run(), "slice-publisher")
@@ -172,6 +173,17 @@ class PluginRuntime:
             len(inventory.gpus),
             self.backend.name,
         )
+
+    async def _created_mig_devices(self) -> set[str]:
+        """MIG instances we created for prepared claims (from the checkpoint)."""
+        assert self.driver is not None
+        checkpoint = await asyncio.to_thread(self.driver.checkpoints.load)
+        return {
+            d.mig.mig_uuid
+            for claim in checkpoint.claims.values()
+            for d in claim.devices
+            if d.mig is not None and d.mig.created and d.mig.mig_uuid
+        }
 
     def _current_inventory(self) -> Inventory:
         assert self.inventory is not None

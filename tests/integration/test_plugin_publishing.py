@@ -19,7 +19,7 @@ from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import node_object
+from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -166,5 +166,48 @@ def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) 
         finally:
             await runtime.stop()
             publisher.close()
+
+    run_checked(scenario())
+
+
+def test_mig_instances_we_create_do_not_change_the_pool(node_dirs: NodeDirs) -> None:
+    claim = resource_claim("ns", "mig", devices=[Allocated("gpu-0-mig-1g10gb-19-3")])
+
+    async def scenario() -> None:
+        with FakeKubeApi(kube_minor=36) as api:
+            api.create(node_object(NODE))
+            client = make_api_client(None, host=api.url)
+            publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
+            backend = FakeGpuBackend("h100-80gb:1:mig", NODE)
+            runtime = PluginRuntime(
+                dataclasses.replace(node_dirs.config(), inventory_interval=0.05),
+                backend,
+                InMemoryClaimSource([claim]),
+                SliceOptions(
+                    publisher=publisher,
+                    probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
+                ),
+            )
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                assert runtime.publishing is not None
+                publishing = runtime.publishing
+                plugin = await kubelet.wait_for_plugin(DRIVER)
+                await wait_for(lambda: publishing.last_result is not None, "the first publish")
+                ref = claim_ref(claim)
+                assert (await plugin.prepare([ref]))[ref.uid].error == ""
+                assert len((await backend.inventory()).gpus[0].mig_devices) == 1
+                # The watcher sees the new instance, republishes: nothing changes.
+                await wait_for(lambda: publishing.inventory.gpus[0].mig_devices, "the re-discovery")
+                publishing.publisher.request_publish()
+                await asyncio.sleep(0.3)
+                assert {s["spec"]["pool"]["generation"] for s in ours(api)} == {1}
+                names = {d["name"] for s in ours(api) for d in s["spec"].get("devices", [])}
+                assert "gpu-0-mig-1g10gb-19-3" in names and "gpu-0-mig-7g80gb-0-0" in names
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+                publisher.close()
 
     run_checked(scenario())
