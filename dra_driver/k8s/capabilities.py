@@ -38,12 +38,10 @@ from kubernetes.client import ApiClient, VersionApi
 from dra_driver.core.errors import ApiError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.core.settings import Capabilities
 from dra_driver.k8s.errors import translate_api_errors
-from dra_driver.k8s.publisher import (
+from dra_driver.k8s.publisher import FIELD_MANAGER, SLICES_PATH, dns_subdomain
+from dra_driver.k8s.rest import (
     DEFAULT_REQUEST_TIMEOUT_S,
-    FIELD_MANAGER,
-    SLICES_PATH,
     JsonObj,
-    dns_subdomain,
     json_object,
     read_raw,
     request_json,

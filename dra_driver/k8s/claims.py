@@ -12,17 +12,17 @@ import contextvars
 import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
-import urllib3
 from kubernetes.client import ApiClient, ResourceV1Api
 
-from dra_driver.core.errors import ApiError, ApiNotFoundError, ClaimNotFoundError
+from dra_driver.core.errors import ApiNotFoundError, ClaimNotFoundError
 from dra_driver.core.ids import ClaimRef
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.ports import ensure_same_claim
 from dra_driver.k8s.convert import claim_from_dict
-from dra_driver.k8s.errors import translate_api_errors, truncate
+from dra_driver.k8s.errors import translate_api_errors
+from dra_driver.k8s.rest import json_object, read_raw
 
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 """Total time one GET may take; the kubelet's own Prepare deadline is longer."""
@@ -71,19 +71,14 @@ class KubernetesClaimSource:
             with translate_api_errors(what):
                 # With _preload_content=False the client returns the raw urllib3
                 # response, not the model its signature declares.
-                response = cast(
-                    urllib3.BaseHTTPResponse,
+                body = read_raw(
                     self._api.read_namespaced_resource_claim(
                         ref.name,
                         ref.namespace,
                         _preload_content=False,
                         _request_timeout=self._request_timeout_s,
-                    ),
+                    )
                 )
-                try:
-                    body: bytes = response.data
-                finally:
-                    response.release_conn()
         except ApiNotFoundError as err:
             if not _names_an_object(err):
                 raise ApiNotFoundError(
@@ -94,13 +89,7 @@ class KubernetesClaimSource:
             raise ClaimNotFoundError(
                 ref, "the ResourceClaim does not exist in the API server (deleted?)"
             ) from err
-        try:
-            obj = json.loads(body)
-        except ValueError as err:
-            raise ApiError(f"{what}: response is not JSON: {truncate(repr(body))}") from err
-        if not isinstance(obj, dict):
-            raise ApiError(f"{what}: response is not a JSON object: {truncate(repr(obj))}")
-        return obj
+        return json_object(what, body)
 
 
 def _names_an_object(err: ApiNotFoundError) -> bool:

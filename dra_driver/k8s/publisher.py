@@ -49,19 +49,16 @@ import copy
 import functools
 import hashlib
 import inspect
-import json
 import logging
 import random
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import quote
 
-import urllib3
 from kubernetes.client import ApiClient, CoreV1Api, ResourceV1Api
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.core.errors import (
     ApiConflictError,
@@ -70,11 +67,17 @@ from dra_driver.core.errors import (
     ApiUnavailableError,
 )
 from dra_driver.core.slices import DesiredSlice
-from dra_driver.k8s.errors import translate_api_errors, truncate
+from dra_driver.k8s.errors import translate_api_errors
+from dra_driver.k8s.rest import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    JsonObj,
+    json_object,
+    read_raw,
+    request_json,
+)
 
 log = logging.getLogger(__name__)
 
-JsonObj = dict[str, Any]
 T = TypeVar("T")
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -86,7 +89,6 @@ SLICE_KEY_ANNOTATION = "gpu.fractional.dev/slice-key"
 """The :attr:`DesiredSlice.key` an object was written for (informational)."""
 MAX_NAME_LEN = 253
 
-DEFAULT_REQUEST_TIMEOUT_S = 10.0
 DEFAULT_MAX_WORKERS = 2
 DEFAULT_MAX_ATTEMPTS = 5
 """Tries of one publish while the API server is unavailable, before raising."""
@@ -340,81 +342,6 @@ def _has_our_metadata(meta: Mapping[str, Any], key: str, owner: Mapping[str, Any
         and (meta.get("annotations") or {}).get(SLICE_KEY_ANNOTATION) == key
         and dict(owner) in (meta.get("ownerReferences") or [])
     )
-
-
-# --- Raw JSON requests through the official client ------------------------------------
-
-
-def request_json(
-    api_client: ApiClient,
-    method: str,
-    path: str,
-    *,
-    query: Iterable[tuple[str, str]] = (),
-    body: Mapping[str, Any] | None = None,
-    timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-) -> JsonObj:
-    """One blocking call with our JSON as the body and the reply parsed as JSON.
-
-    Goes through the client's request machinery (auth, TLS, proxies) but not
-    its models. Raises ``ApiException`` and transport errors: call it inside
-    :func:`translate_api_errors`. Works with both client generations: the
-    pydantic one (``param_serialize``, kubernetes >= 35) and the older one.
-    """
-    headers = {"Accept": "application/json"}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    params = list(query)
-    client = cast(Any, api_client)
-    if hasattr(client, "param_serialize"):
-        request = client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=params,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = client.call_api(*request, _request_timeout=timeout_s)
-        try:
-            data: bytes = response.read()
-        finally:
-            response.response.release_conn()
-        if not 200 <= response.status <= 299:
-            raise ApiException(http_resp=response)
-    else:  # kubernetes < 35: raises ApiException itself for non-2xx answers
-        raw = client.call_api(
-            path,
-            method,
-            query_params=params,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=timeout_s,
-        )
-        data = read_raw(raw)
-    return json_object(f"{method} {path}", data)
-
-
-def read_raw(response: Any) -> bytes:
-    """The body of a ``_preload_content=False`` answer (a urllib3 response)."""
-    urllib3_response = cast(urllib3.BaseHTTPResponse, response)
-    try:
-        return urllib3_response.data
-    finally:
-        urllib3_response.release_conn()
-
-
-def json_object(what: str, data: bytes) -> JsonObj:
-    try:
-        obj = json.loads(data)
-    except ValueError as err:
-        raise ApiError(f"{what}: response is not JSON: {truncate(repr(data))}") from err
-    if not isinstance(obj, dict):
-        raise ApiError(f"{what}: response is not a JSON object: {truncate(repr(obj))}")
-    return obj
 
 
 # --- The publisher ----------------------------------------------------------------------

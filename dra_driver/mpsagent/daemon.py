@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits
 from dra_driver.mpsagent.compute_mode import ComputeMode, ComputeModeError
+from dra_driver.mpsagent.procs import alive
 from dra_driver.mpsagent.protocol import MpsProtocol
 
 log = logging.getLogger(__name__)
@@ -61,20 +62,6 @@ class DaemonDirs:
     def create(self) -> None:
         for path in (self.pipe, self.log, self.shm):
             os.makedirs(path, mode=0o755, exist_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _read_pid(path: str) -> int | None:
@@ -132,7 +119,7 @@ class MpsDaemon:
     def running(self) -> bool:
         if self._proc is not None:
             return self._proc.returncode is None
-        return self._adopted_pid is not None and _alive(self._adopted_pid)
+        return self._adopted_pid is not None and alive(self._adopted_pid)
 
     def namespace_dir(self, namespace: str) -> str:
         return cmd.v3_namespace_dir(self.dirs.pipe, namespace)
@@ -209,7 +196,7 @@ class MpsDaemon:
     async def adopt(self) -> bool:
         """Take over a daemon a previous agent left running; False if there is none."""
         pid = _read_pid(os.path.join(self.dirs.pipe, PID_FILE))
-        if pid is None or not _alive(pid):
+        if pid is None or not alive(pid):
             return False
         self._proc = None
         self._adopted_pid = pid
@@ -229,7 +216,7 @@ class MpsDaemon:
         if self._proc is not None:
             return await self._proc.wait()
         # Not our child: no exit event to await, so poll.
-        while self._adopted_pid is not None and _alive(self._adopted_pid):  # noqa: ASYNC110
+        while self._adopted_pid is not None and alive(self._adopted_pid):  # noqa: ASYNC110
             await asyncio.sleep(self.adopted_poll_interval)
         return None
 
@@ -258,7 +245,7 @@ class MpsDaemon:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
             await self._proc.wait()
-        elif self._adopted_pid is not None and _alive(self._adopted_pid):
+        elif self._adopted_pid is not None and alive(self._adopted_pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._adopted_pid, 9)
 

@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.mpsagent.procs import alive
+
 PID_FILE = "nvidia-cuda-mps-control.pid"
 STATE_FILE = "fake-mps-state.json"
 LOCK_FILE = ".fake-mps.lock"
@@ -54,21 +56,6 @@ def _dirs() -> tuple[str, str]:
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
     logs = os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps"
     return pipe, logs
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (killed, not yet reaped by its parent) is not a running daemon.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _record(logs: str, entry: dict[str, Any]) -> None:
@@ -120,7 +107,7 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
     os.makedirs(logs, exist_ok=True)
     with _locked(pipe):
         old = _read_state(pipe)
-        if old and _alive(int(old.get("daemon_pid", 0))) and old["daemon_pid"] != os.getpid():
+        if old and alive(int(old.get("daemon_pid", 0))) and old["daemon_pid"] != os.getpid():
             print("An instance of this daemon is already running", file=sys.stderr)
             return 1
         state: dict[str, Any] = {
@@ -191,7 +178,7 @@ def spawn_background(argv: list[str]) -> int:
 
 def _running_state(pipe: str) -> dict[str, Any]:
     state = _read_state(pipe)
-    if not state or state.get("stopped") or not _alive(int(state.get("daemon_pid", 0))):
+    if not state or state.get("stopped") or not alive(int(state.get("daemon_pid", 0))):
         raise CommandError("Cannot find MPS control daemon process")
     return state
 

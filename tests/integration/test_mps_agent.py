@@ -30,6 +30,7 @@ from dra_driver.mpsagent.client import MpsAgentClient, MpsAgentError, MpsAgentUn
 from dra_driver.mpsagent.commands import namespace_name, share_cdi_edits
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import PID_FILE
+from dra_driver.mpsagent.procs import alive
 from tests.support.mps import agent_running
 
 GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
@@ -107,18 +108,6 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
     while not await check():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:  # reaped between the two looks
-        return False
 
 
 async def daemon_pid(client: MpsAgentClient, gpu: str) -> int | None:
