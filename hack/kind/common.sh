@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# Shared settings for the hack/kind/ scripts; source it, don't run it.
+#
+# Every setting has a default that a variable in the environment overrides.
+# Environment:
+#   K8S_VERSION           Kubernetes minor release of the cluster: 1.34 (controller
+#                         path; consumable capacity is off) or 1.36 (native path)
+#                         (default: 1.36)
+#   KIND_CLUSTER_NAME     kind cluster name (default: fractional-gpu-dra-<K8S_VERSION with ->)
+#   KIND_NODE_IMAGE       node image (default per K8S_VERSION: kindest/node:v1.34.11 or
+#                         kindest/node:v1.36.4, the images of kind v0.33.0; pin a digest
+#                         here from kind's release notes for reproducible runs)
+#   KIND_CLUSTER_CONFIG   kind Cluster config (default: hack/kind/cluster-<K8S_VERSION>.yaml)
+#   KIND_KUBECONFIG       kubeconfig the scripts write and use; never your own
+#                         KUBECONFIG, so nothing lands on another cluster by accident
+#                         (default: ~/.kube/kind-<KIND_CLUSTER_NAME>)
+#   KIND, KUBECTL, HELM   the tools (default: from PATH, else hack/bin/ from
+#                         hack/install-helm.sh)
+#   CONTAINER_TOOL        docker | podman, for load-image.sh (default: docker if found)
+#   IMAGE_NAME, IMAGE_TAG the driver image (default: fractional-gpu-dra:v<pyproject
+#                         version>, as hack/build-image.sh tags it)
+#   DRIVER_NAME           DRA driver name (default: gpu.fractional.dev)
+#   DRIVER_NAMESPACE      namespace of the chart (default: fractional-gpu-dra)
+#   HELM_RELEASE          release name (default: fractional-gpu-dra)
+#   CHART_DIR             the chart (default: deploy/helm/fractional-gpu-dra)
+#   FAKE_GPUS             fake GPUs on every opted-in node (default: two shared H100s
+#                         and one with MIG on: h100-80gb:2,h100-80gb:1:mig)
+#   NODE_LABEL_KEY        the chart's opt-in node label (default: gpu.fractional.dev/enabled)
+#   NODE_LABEL_VALUE      its value (default: true)
+#   GPU_NODE_SELECTOR     label selector of the nodes to opt in
+#                         (default: !node-role.kubernetes.io/control-plane, the workers)
+#   ALLOCATOR             who allocates the GPUs: scheduler | controller (default:
+#                         scheduler; the controller is not written yet, see issue 5)
+#   CONTROLLER_ENABLED    run the controller Deployment (default: false, same reason)
+#   ARTIFACTS_DIR         where collect-diagnostics.sh and the e2e tests write
+#                         (default: ${TMPDIR:-/tmp}/fractional-gpu-dra-e2e/<cluster>)
+#   VENV, PYTHON          see hack/common.sh
+
+KIND_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../common.sh
+source "${KIND_DIR}/../common.sh"
+
+: "${K8S_VERSION:=1.36}"
+case "${K8S_VERSION}" in
+  1.34) _default_node_image="kindest/node:v1.34.11" ;;
+  1.36) _default_node_image="kindest/node:v1.36.4" ;;
+  *)
+    echo "hack/kind: K8S_VERSION=${K8S_VERSION} has no cluster config; use 1.34 or 1.36" >&2
+    return 1
+    ;;
+esac
+: "${KIND_CLUSTER_NAME:=fractional-gpu-dra-${K8S_VERSION//./-}}"
+: "${KIND_NODE_IMAGE:=${_default_node_image}}"
+: "${KIND_CLUSTER_CONFIG:=${KIND_DIR}/cluster-${K8S_VERSION}.yaml}"
+: "${KIND_KUBECONFIG:=${HOME}/.kube/kind-${KIND_CLUSTER_NAME}}"
+
+# tool NAME: NAME from PATH, else hack/bin/NAME (hack/install-helm.sh), else NAME.
+tool() {
+  if command -v "$1" >/dev/null 2>&1; then
+    echo "$1"
+  elif [[ -x "${ROOT}/hack/bin/$1" ]]; then
+    echo "${ROOT}/hack/bin/$1"
+  else
+    echo "$1"
+  fi
+}
+: "${KIND:=$(tool kind)}"
+: "${KUBECTL:=$(tool kubectl)}"
+: "${HELM:=$(tool helm)}"
+
+_version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "${ROOT}/pyproject.toml" | head -n 1)"
+: "${IMAGE_NAME:=fractional-gpu-dra}"
+: "${IMAGE_TAG:=v${_version}}"
+
+: "${DRIVER_NAME:=gpu.fractional.dev}"
+: "${DRIVER_NAMESPACE:=fractional-gpu-dra}"
+: "${HELM_RELEASE:=fractional-gpu-dra}"
+: "${CHART_DIR:=${ROOT}/deploy/helm/fractional-gpu-dra}"
+: "${FAKE_GPUS:=h100-80gb:2,h100-80gb:1:mig}"
+: "${NODE_LABEL_KEY:=gpu.fractional.dev/enabled}"
+: "${NODE_LABEL_VALUE:=true}"
+: "${GPU_NODE_SELECTOR:=!node-role.kubernetes.io/control-plane}"
+: "${ALLOCATOR:=scheduler}"
+: "${CONTROLLER_ENABLED:=false}"
+: "${ARTIFACTS_DIR:=${TMPDIR:-/tmp}/fractional-gpu-dra-e2e/${KIND_CLUSTER_NAME}}"
+
+# require TOOL...: fail with a hint when a tool is missing.
+require() {
+  local missing=()
+  local t
+  for t in "$@"; do
+    command -v "${t}" >/dev/null 2>&1 || missing+=("${t}")
+  done
+  if ((${#missing[@]} > 0)); then
+    echo "missing tools: ${missing[*]} (kind: https://kind.sigs.k8s.io; helm and kubectl:" \
+      "hack/install-helm.sh, or set KIND/KUBECTL/HELM)" >&2
+    return 1
+  fi
+}
+
+# kubectl with the kind cluster's kubeconfig.
+kube() {
+  "${KUBECTL}" --kubeconfig "${KIND_KUBECONFIG}" "$@"
+}

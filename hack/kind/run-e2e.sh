@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# Run the e2e tests (tests/e2e) against the kind cluster.
+#
+# The tests apply deploy/examples/<name>/<name>.yaml, wait for the pods and check
+# the allocations; they pick the examples that fit the server's version. Here a
+# cluster that does not answer fails the run (E2E_REQUIRE_CLUSTER=1) instead of
+# skipping it. To run them against any other cluster, call pytest directly:
+#   KUBECONFIG=~/.kube/config .venv/bin/pytest tests/e2e
+#
+# Usage:       hack/kind/run-e2e.sh [PYTEST_ARGS...]
+#                e.g. hack/kind/run-e2e.sh -k vram_share
+# Required:    python3 3.11+ (the venv is created on first use); the cluster with
+#              the driver installed (install-driver.sh).
+# Environment: KIND_KUBECONFIG, DRIVER_NAME, DRIVER_NAMESPACE, ARTIFACTS_DIR
+#              (see hack/kind/common.sh);
+#              E2E_TIMEOUT  seconds to wait for the pods of one example (default: 180)
+set -o errexit -o nounset -o pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "${SCRIPT_DIR}/common.sh"
+cd "${ROOT}"
+ensure_venv test
+
+export KUBECONFIG="${KIND_KUBECONFIG}"
+export DRIVER_NAME DRIVER_NAMESPACE
+export E2E_REQUIRE_CLUSTER=1
+export E2E_ARTIFACTS_DIR="${ARTIFACTS_DIR}/e2e"
+mkdir -p "${E2E_ARTIFACTS_DIR}"
+
+"${VENV}/bin/pytest" tests/e2e -v -rs "$@"
