@@ -16,6 +16,11 @@ are fixed; only their selectors follow the driver name). A customised run
 anywhere else, so an example that names the driver in a new place cannot pass
 silently against the wrong driver.
 
+Modes (``E2E_MODE``, default ``chart``): ``chart`` runs ``test_examples_e2e.py``
+against a cluster with the chart installed; ``control-plane`` and
+``host-process`` run the driver as local processes (``modes.py``). The tests of
+the other modes are skipped, with the reason.
+
 Environment: ``KUBECONFIG``; ``DRIVER_NAME`` (default ``gpu.fractional.dev``);
 ``DRIVER_NAMESPACE`` (the chart's namespace, for plugin logs in diagnostics;
 default ``fractional-gpu-dra``); ``E2E_TIMEOUT`` (seconds for an example's pods,
@@ -94,7 +99,9 @@ class Cluster:
 def _probe() -> Cluster | str:
     """The cluster at KUBECONFIG, or why there is none."""
     if not os.environ.get("KUBECONFIG"):
-        return "KUBECONFIG is not set: e2e tests need a cluster with the driver installed"
+        mode = os.environ.get("E2E_MODE") or "chart"
+        needs = "with the driver installed" if mode == "chart" else "(the driver runs locally)"
+        return f"KUBECONFIG is not set: the {mode} e2e mode needs a cluster {needs}"
     try:
         from kubernetes import client, config
 
@@ -403,6 +410,29 @@ def _apply(cluster: Cluster, obj: Obj) -> None:
 
 
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+E2E_MODES = ("chart", "control-plane", "host-process")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``E2E_MODE`` (default ``chart``) selects the tests of one mode; a module names
+    its mode in ``E2E_MODE_OF`` (default ``chart``). The others skip, saying why."""
+    mode = os.environ.get("E2E_MODE") or "chart"
+    if mode not in E2E_MODES:
+        raise pytest.UsageError(f"E2E_MODE={mode!r}: expected one of {', '.join(E2E_MODES)}")
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here not in Path(str(item.path)).resolve().parents:
+            continue
+        module = getattr(item, "module", None)
+        of = getattr(module, "E2E_MODE_OF", "chart")
+        if of != mode:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"{of} mode: E2E_MODE={mode} selects the {mode} mode's tests"
+                    f" (set E2E_MODE={of} to run these)"
+                )
+            )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

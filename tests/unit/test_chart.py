@@ -1,6 +1,6 @@
 """The Helm chart (deploy/helm/fractional-gpu-dra), rendered with ``helm template``.
 
-Every rendered object must pass the official 1.36 schema (strict), the
+Every rendered object must pass the official 1.34 to 1.37 schemas (strict), the
 DaemonSets' environment must be the flags' twins, host paths must be mounted at
 the same path, the update strategies and RBAC must be what the design says, and
 ``helm lint`` must pass. Skipped when no ``helm`` is found (``hack/install-helm.sh``
@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "fractional-gpu-dra"
 NAMESPACE = "fractional-gpu-dra"
 RELEASE = "fgd"
-KUBE_VERSION = "1.36.0"
+KUBE_VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
+"""The Kubernetes versions the driver supports; every rendered object is checked on each."""
 DRIVER = "gpu.fractional.dev"
 SENTINEL = (
     'device.driver == "gpu.fractional.dev" && '
@@ -126,13 +127,25 @@ def all_sets() -> list[Any]:
 # --- schema and lint -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 @pytest.mark.parametrize("value_set", all_sets())
-def test_every_object_passes_the_official_schema(value_set: str) -> None:
+def test_every_object_passes_the_official_schema(value_set: str, kube_version: str) -> None:
+    """Every supported version: the chart uses only APIs that 1.34 already serves
+    (resource.k8s.io/v1, admissionregistration.k8s.io/v1), so nothing is gated."""
     kubernetes_validate = pytest.importorskip(
         "kubernetes_validate", reason="kubernetes-validate (test extra) is not installed"
     )
     for obj in render(value_set):
-        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        kubernetes_validate.validate(obj, kube_version, strict=True)
+
+
+def test_schema_versions_cover_the_supported_range() -> None:
+    assert KUBE_VERSIONS[0] == "1.34.0" and KUBE_VERSIONS[-1] == "1.37.0"
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate (test extra) is not installed"
+    )
+    known = set(kubernetes_validate.utils.all_versions())
+    assert set(KUBE_VERSIONS) <= known, sorted(set(KUBE_VERSIONS) - known)
 
 
 def test_one_object_per_template_named_after_it() -> None:
@@ -153,7 +166,7 @@ def test_one_object_per_template_named_after_it() -> None:
     assert sources and all(n == 1 for n in sources.values()), sources
 
 
-@pytest.mark.parametrize("value_set", ["defaults", "fake"])
+@pytest.mark.parametrize("value_set", all_sets())
 def test_helm_lint_passes(value_set: str) -> None:
     done = _run_helm(
         "lint", "--strict", str(CHART), "--namespace", NAMESPACE, *VALUE_SETS[value_set]

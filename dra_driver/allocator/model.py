@@ -1,0 +1,326 @@
+"""Typed, read-only views of the resource.k8s.io/v1 objects the allocator reads (JSON dicts in).
+
+Only the highest generation of each pool counts; a pool whose slices at that
+generation are fewer than ``resourceSliceCount`` is incomplete and skipped (as the
+scheduler does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from dra_driver.core.quantity import parse_quantity
+
+
+@dataclass(frozen=True)
+class SemVer:
+    text: str
+
+
+AttributeValue = int | bool | str | SemVer | tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    default: Fraction | None = None
+    valid_values: tuple[Fraction, ...] | None = None
+    min: Fraction | None = None
+    max: Fraction | None = None
+    step: Fraction | None = None
+
+    @property
+    def has_range(self) -> bool:
+        return self.min is not None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    value: Fraction
+    policy: RequestPolicy | None = None
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class Device:
+    driver: str
+    pool: str
+    generation: int
+    name: str
+    node_name: str | None
+    """The node the device is usable on; ``None`` for non-node-local pools."""
+    attributes: Mapping[str, AttributeValue]
+    capacity: Mapping[str, Capacity]
+    allow_multiple_allocations: bool = False
+    consumes_counters: tuple[tuple[str, Mapping[str, Fraction]], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    node_selector: Mapping[str, Any] | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.name)
+
+
+@dataclass(frozen=True)
+class Pool:
+    driver: str
+    name: str
+    generation: int
+    devices: tuple[Device, ...]
+    counter_sets: Mapping[str, Mapping[str, Fraction]] = field(default_factory=dict)
+
+
+def _attribute(raw: Mapping[str, Any]) -> AttributeValue:
+    for kind in ("int", "bool", "string"):
+        if kind in raw:
+            value: AttributeValue = raw[kind]
+            return value
+    if "version" in raw:
+        return SemVer(str(raw["version"]))
+    for kind in ("ints", "bools", "strings"):
+        if kind in raw:
+            return tuple(raw[kind])
+    if "versions" in raw:
+        return tuple(SemVer(str(v)) for v in raw["versions"])
+    raise ValueError(f"attribute {raw!r} has no value")
+
+
+def _policy(raw: Mapping[str, Any] | None) -> RequestPolicy | None:
+    if not raw:
+        return None
+    default = parse_quantity(raw["default"]) if raw.get("default") is not None else None
+    values = raw.get("validValues")
+    valid_values = tuple(sorted(parse_quantity(v) for v in values)) if values else None
+    rng = raw.get("validRange") or {}
+
+    def opt(name: str) -> Fraction | None:
+        return parse_quantity(rng[name]) if rng.get(name) is not None else None
+
+    return RequestPolicy(default, valid_values, opt("min"), opt("max"), opt("step"))
+
+
+def _device(raw: Mapping[str, Any], spec: Mapping[str, Any], generation: int) -> Device:
+    body = raw.get("basic", raw)  # v1beta1 wrapped the fields in `basic`
+    node = spec.get("nodeName") or body.get("nodeName")
+    return Device(
+        driver=spec["driver"],
+        pool=spec["pool"]["name"],
+        generation=generation,
+        name=raw["name"],
+        node_name=node,
+        attributes={k: _attribute(v) for k, v in (body.get("attributes") or {}).items()},
+        capacity={
+            k: Capacity(parse_quantity(v["value"]), _policy(v.get("requestPolicy")))
+            for k, v in (body.get("capacity") or {}).items()
+        },
+        allow_multiple_allocations=bool(body.get("allowMultipleAllocations")),
+        consumes_counters=tuple(
+            (c["counterSet"], {n: parse_quantity(x["value"]) for n, x in c["counters"].items()})
+            for c in body.get("consumesCounters") or ()
+        ),
+        taints=tuple(
+            Taint(t["key"], t.get("value", ""), t["effect"]) for t in body.get("taints") or ()
+        ),
+        node_selector=spec.get("nodeSelector") or body.get("nodeSelector"),
+    )
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec", obj)
+    assert isinstance(spec, Mapping)
+    return spec
+
+
+def gather_pools(slices: Iterable[Mapping[str, Any]]) -> list[Pool]:
+    """Pools from ResourceSlice objects (or their ``spec``); newest complete generation only."""
+    newest: dict[tuple[str, str], int] = {}
+    specs = [_spec(s) for s in slices]
+    for spec in specs:
+        key = (spec["driver"], spec["pool"]["name"])
+        newest[key] = max(newest.get(key, -1), int(spec["pool"].get("generation", 0)))
+    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for spec in specs:
+        key = (spec["driver"], spec["pool"]["name"])
+        if int(spec["pool"].get("generation", 0)) == newest[key]:
+            grouped.setdefault(key, []).append(spec)
+    pools = []
+    for (driver, name), members in sorted(grouped.items()):
+        if len(members) < int(members[0]["pool"].get("resourceSliceCount", 1)):
+            continue  # incomplete
+        generation = newest[(driver, name)]
+        devices = tuple(
+            _device(d, spec, generation) for spec in members for d in spec.get("devices") or ()
+        )
+        counter_sets = {
+            cs["name"]: {n: parse_quantity(v["value"]) for n, v in cs["counters"].items()}
+            for spec in members
+            for cs in spec.get("sharedCounters") or ()
+        }
+        pools.append(Pool(driver, name, generation, devices, counter_sets))
+    return pools
+
+
+# --- classes and claims ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    name: str
+    selectors: tuple[str, ...]
+    configs: tuple[Mapping[str, Any], ...]
+    """``spec.config[]`` entries (``{opaque: {driver, parameters}}``)."""
+
+
+def parse_class(obj: Mapping[str, Any]) -> DeviceClass:
+    spec = obj.get("spec") or {}
+    return DeviceClass(
+        name=obj["metadata"]["name"],
+        selectors=tuple(s["cel"]["expression"] for s in spec.get("selectors") or ()),
+        configs=tuple(spec.get("config") or ()),
+    )
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str | None
+    operator: str
+    value: str | None
+    effect: str | None
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key is None:  # empty key with Exists tolerates everything
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or (self.value or "") == taint.value
+
+
+@dataclass(frozen=True)
+class ExactRequest:
+    """One request's device choice (``exactly`` or one ``firstAvailable`` entry)."""
+
+    name: str
+    """``main`` or ``main/sub``."""
+    device_class: str
+    selectors: tuple[str, ...]
+    mode: str
+    count: int
+    admin_access: bool
+    tolerations: tuple[Toleration, ...]
+    capacity_requests: Mapping[str, Fraction]
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    alternatives: tuple[ExactRequest, ...]
+    """One entry for ``exactly``; the ``firstAvailable`` entries in order otherwise."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    requests: tuple[str, ...]
+    match_attribute: str | None
+    distinct_attribute: str | None
+
+
+@dataclass(frozen=True)
+class Claim:
+    namespace: str
+    name: str
+    uid: str
+    requests: tuple[Request, ...]
+    constraints: tuple[Constraint, ...]
+    configs: tuple[Mapping[str, Any], ...]
+
+
+def _exact(name: str, raw: Mapping[str, Any], admin: bool) -> ExactRequest:
+    return ExactRequest(
+        name=name,
+        device_class=raw["deviceClassName"],
+        selectors=tuple(s["cel"]["expression"] for s in raw.get("selectors") or ()),
+        mode=raw.get("allocationMode") or "ExactCount",
+        count=int(raw.get("count") or 1),
+        admin_access=admin and bool(raw.get("adminAccess")),
+        tolerations=tuple(
+            Toleration(t.get("key"), t.get("operator") or "Equal", t.get("value"), t.get("effect"))
+            for t in raw.get("tolerations") or ()
+        ),
+        capacity_requests={
+            k: parse_quantity(v)
+            for k, v in ((raw.get("capacity") or {}).get("requests") or {}).items()
+        },
+    )
+
+
+def parse_claim(obj: Mapping[str, Any]) -> Claim:
+    meta = obj.get("metadata") or {}
+    devices = (obj.get("spec") or {}).get("devices") or {}
+    requests = []
+    for raw in devices.get("requests") or ():
+        name = raw["name"]
+        if raw.get("exactly") is not None:
+            alternatives: tuple[ExactRequest, ...] = (_exact(name, raw["exactly"], True),)
+        elif raw.get("firstAvailable"):
+            alternatives = tuple(
+                _exact(f"{name}/{sub['name']}", sub, False) for sub in raw["firstAvailable"]
+            )
+        else:  # v1beta1-style flat request
+            alternatives = (_exact(name, raw, True),)
+        requests.append(Request(name, alternatives))
+    constraints = tuple(
+        Constraint(
+            tuple(c.get("requests") or ()), c.get("matchAttribute"), c.get("distinctAttribute")
+        )
+        for c in devices.get("constraints") or ()
+    )
+    return Claim(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        requests=tuple(requests),
+        constraints=constraints,
+        configs=tuple(devices.get("config") or ()),
+    )
+
+
+@dataclass(frozen=True)
+class AllocatedResult:
+    request: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None
+    consumed: Mapping[str, Fraction]
+    admin_access: bool
+
+
+def allocated_results(obj: Mapping[str, Any]) -> list[AllocatedResult]:
+    """The results of a claim's ``status.allocation`` (empty if not allocated)."""
+    allocation = (obj.get("status") or {}).get("allocation") or {}
+    return [
+        AllocatedResult(
+            request=r.get("request", ""),
+            driver=r["driver"],
+            pool=r["pool"],
+            device=r["device"],
+            share_id=r.get("shareID"),
+            consumed={k: parse_quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()},
+            admin_access=bool(r.get("adminAccess")),
+        )
+        for r in (allocation.get("devices") or {}).get("results") or ()
+    ]
+
+
+def names(items: Sequence[ExactRequest]) -> list[str]:
+    return [i.name for i in items]

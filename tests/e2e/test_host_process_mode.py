@@ -1,0 +1,178 @@
+"""Host-process mode (``E2E_MODE=host-process``): the node's real kubelet runs on this host.
+
+The kubelet plugin and the mps-agent run here as local processes, with the
+fake backend, in the kubelet's real directories (``E2E_KUBELET_ROOT``, default
+``/var/lib/kubelet``: ``plugins_registry/`` and ``plugins/<driver>/``) and the
+CDI root the container runtime reads (``E2E_CDI_ROOT``, default
+``/var/run/cdi``). The kubelet registers the plugin itself; each example's pods
+really start (kept on ``E2E_NODE_NAME``, or on the cluster's only node). The
+assertions read the claims' CDI spec files while the pods run, the pods' logs
+(``CUDA_MPS_PIPE_DIRECTORY`` for MPS shares, a ``/dev/nvidiaN`` node for every
+GPU), and, once the namespace is gone, that the kubelet's unprepare removed
+the specs. Run as a user who may write those directories (usually root); the
+chart's plugin must not serve this node at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Cluster, Obj
+from tests.e2e.modes import (
+    GPU_NODE,
+    MPS_ENV,
+    Case,
+    LocalDriver,
+    applied,
+    attribute,
+    case_params,
+    check_case_specifics,
+    check_spec,
+    delete_node_slices,
+    delete_quietly,
+    ensure_device_classes,
+    ours,
+    require_case,
+    require_cluster_kubeconfig,
+    slice_devices,
+    spec_path,
+    wait_allocated,
+)
+
+pytestmark = pytest.mark.e2e
+E2E_MODE_OF = "host-process"
+
+
+def writable_dir(path: str, what: str) -> str:
+    if not os.path.isdir(path):
+        pytest.skip(f"host-process mode: {what} {path} does not exist (is a kubelet on this host?)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        pytest.skip(f"host-process mode: {what} {path} is not writable by uid {os.getuid()}")
+    return path
+
+
+def node_name(cluster: Cluster) -> str:
+    name = os.environ.get("E2E_NODE_NAME")
+    if name:
+        return name
+    nodes = [str(n["metadata"]["name"]) for n in cluster.objects("v1", "Node")]
+    if len(nodes) != 1:
+        pytest.skip(
+            f"host-process mode: set E2E_NODE_NAME to this host's node (the cluster has"
+            f" {len(nodes)} nodes: {nodes[:5]})"
+        )
+    return nodes[0]
+
+
+def live_socket(path: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def host_driver(cluster: Cluster) -> Iterator[LocalDriver]:
+    """Our plugin and mps-agent running here in the kubelet's directories."""
+    kubeconfig = require_cluster_kubeconfig()
+    kubelet_root = writable_dir(
+        os.environ.get("E2E_KUBELET_ROOT") or "/var/lib/kubelet", "the kubelet's root"
+    )
+    registry = writable_dir(os.path.join(kubelet_root, "plugins_registry"), "the plugin registry")
+    cdi_root = os.environ.get("E2E_CDI_ROOT") or "/var/run/cdi"
+    if not os.path.exists(cdi_root) and os.access(os.path.dirname(cdi_root), os.W_OK):
+        os.makedirs(cdi_root)
+    writable_dir(cdi_root, "the CDI root")
+    node = node_name(cluster)
+    plugin_dir = os.path.join(kubelet_root, "plugins", cluster.driver)
+    if live_socket(os.path.join(registry, f"{cluster.driver}-reg.sock")):
+        pytest.skip(
+            f"host-process mode: a plugin of {cluster.driver} already serves this kubelet"
+            f" ({registry}/{cluster.driver}-reg.sock answers): uninstall the chart first"
+        )
+    made_plugin_dir = not os.path.exists(plugin_dir)
+    work = tempfile.mkdtemp(prefix="fgd-e2e-host-")
+    mps_state = os.environ.get("E2E_MPS_STATE_DIR") or os.path.join(work, "mps")
+    os.makedirs(os.path.join(work, "logs"))
+    driver = LocalDriver(
+        node=node,
+        driver=cluster.driver,
+        registry_dir=registry,
+        plugin_dir=plugin_dir,
+        cdi_root=cdi_root,
+        log_dir=os.path.join(work, "logs"),
+    )
+    classes: list[str] = []
+    try:
+        classes = ensure_device_classes(cluster)
+        driver.start(kubeconfig, mps_state)
+        driver.wait_registration_socket()
+        driver.wait_slices(cluster)
+        yield driver
+    finally:
+        driver.stop()
+        delete_node_slices(cluster, node)
+        for class_name in classes:
+            delete_quietly(cluster, "resource.k8s.io/v1", "DeviceClass", class_name)
+        if made_plugin_dir:
+            shutil.rmtree(plugin_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def check_pod_logs(case: Case, example_pods: list[Obj], logs: dict[str, str], mps: bool) -> None:
+    for pod in example_pods:
+        name = pod["metadata"]["name"]
+        text = logs[name]
+        if case.share and mps:
+            assert MPS_ENV in text, f"pod {name}: no {MPS_ENV} in its environment:\n{text}"
+        if case.mig:
+            assert "nvidia-cap" in text, f"pod {name}: no MIG capability nodes:\n{text}"
+        assert GPU_NODE.search(text), f"pod {name}: no /dev/nvidiaN device node:\n{text}"
+
+
+@pytest.mark.parametrize("case", case_params())
+def test_example_runs_with_the_local_plugin(
+    case: Case, cluster: Cluster, host_driver: LocalDriver
+) -> None:
+    require_case(case, cluster)
+    uids: list[str] = []
+    with applied(
+        cluster, case.name, host_driver.node, tolerate_unready=False, driver_logs=host_driver.logs
+    ) as example:
+        pods = example.wait_running()
+        claims = [wait_allocated(example, pod, entry) for pod, entry in case.claims]
+        check_case_specifics(case, claims, cluster.driver)
+        devices = slice_devices(cluster, host_driver.node)
+        mps = False
+        for claim in claims:
+            check_spec(cluster, host_driver.cdi_root, claim, case, host_driver.node)
+            uids.append(claim["metadata"]["uid"])
+            mps = mps or any(
+                attribute(devices[r["pool"], r["device"]], "sharing") == "mps"
+                for r in ours(claim, cluster.driver)
+            )
+        marker = MPS_ENV if case.share and mps else "/dev/nvidia"
+        logs = {
+            p["metadata"]["name"]: example.wait_logs(p["metadata"]["name"], marker) for p in pods
+        }
+        check_pod_logs(case, pods, logs, mps)
+    # The namespace is gone: the kubelet unprepared the claims, the specs went with them.
+    deadline = time.monotonic() + 30
+    left = [spec_path(host_driver.cdi_root, cluster.driver, uid) for uid in uids]
+    while any(Path(p).exists() for p in left) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not [p for p in left if Path(p).exists()], f"CDI specs left after unprepare: {left}"
+    host_driver.check_alive()
