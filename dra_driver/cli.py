@@ -115,6 +115,73 @@ def _gpu_flags(parser: argparse.ArgumentParser, fake_gpus: str = "h100-80gb:2") 
     add_flag(parser, "--node-config", "YAML file with node settings and per-GPU overrides")
 
 
+def _simulate_parser(simulate: argparse.ArgumentParser) -> None:
+    from dra_driver.allocator.simulate import INFERENCE_MIX
+
+    add_flag(simulate, "--nodes", "nodes in the simulated cluster", default="100")
+    add_flag(simulate, "--gpus", "fake GPUs of each node: MODEL[:COUNT]", default="h100-80gb:8")
+    add_flag(
+        simulate,
+        "--claims",
+        "claims to generate, or a YAML/JSON file listing each claim's memory",
+        default="1000",
+    )
+    add_flag(simulate, "--seed", "seed of the workload generator", default="1")
+    add_flag(simulate, "--mix", "model sizes to draw: MEMORY:WEIGHT,...", default=INFERENCE_MIX)
+    add_flag(
+        simulate,
+        "--policy",
+        "packing policy (both: compare them)",
+        default="both",
+        choices=["best-fit", "first-fit", "both"],
+    )
+    add_flag(
+        simulate, "--kube-version", "slices as built for", default="1.36", choices=["1.34", "1.36"]
+    )
+    add_flag(simulate, "--plot", "write a PNG bar chart here (needs matplotlib)")
+    _common(simulate, log_level="WARNING")
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from dra_driver.allocator import simulate as sim
+    from dra_driver.core.quantity import parse_quantity
+
+    def whole(text: str, flag: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise ConfigError(f"{flag} ({env_name(flag)}): {text!r} is not a whole number >= 0")
+        return value
+
+    if args.claims.isdigit():
+        memory = sim.generate(whole(args.claims, "--claims"), whole(args.seed, "--seed"), args.mix)
+    else:
+        try:
+            with open(args.claims, encoding="utf-8") as handle:
+                listed = yaml.safe_load(handle)
+            items = listed["claims"] if isinstance(listed, dict) else listed
+            memory = [int(parse_quantity(i["memory"] if isinstance(i, dict) else i)) for i in items]
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as err:
+            raise ConfigError(
+                f"--claims: {args.claims!r} is neither a number nor a file with a list of"
+                f" claims (memory quantities, or {{memory: ...}} entries): {err}"
+            ) from None
+    slices = sim.build_cluster(
+        whole(args.nodes, "--nodes"), args.gpus, int(args.kube_version.split(".")[1])
+    )
+    policies = list(sim.POLICIES) if args.policy == "both" else [args.policy]
+    reports = [sim.simulate(slices, memory, policy=p) for p in policies]
+    print(sim.format_report(reports))
+    if args.plot:
+        sim.plot(reports, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = EnvTwinParser(
         prog="dra-driver", description="Kubernetes DRA driver for fractional NVIDIA GPUs"
@@ -219,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     # The demo's table says what went wrong per claim; the driver's own
     # warnings for the two refused example claims would only repeat it.
     _common(demo, log_level="ERROR")
+
+    _simulate_parser(sub.add_parser("simulate", help="simulate packing claims on a fake cluster"))
 
     version = sub.add_parser("version", help="print the version")
     _common(version)
@@ -377,7 +446,7 @@ def _run_mps_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -394,6 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dra_driver import demo
 
             return demo.main(args.fake_gpus, args.work_dir, sys.stdout)
+        if args.command == "simulate":
+            return _run_simulate(args)
         return _run_plugin(args)
     except DriverError as err:
         log.error("%s", err)

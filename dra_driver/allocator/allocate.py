@@ -12,6 +12,7 @@ one GPU unless asked).
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,16 +23,18 @@ from dra_driver.allocator.capacity import effective_capacity, fits
 from dra_driver.allocator.cel import CelError, SelectorCache, is_sentinel
 from dra_driver.allocator.ledger import Ledger, build_ledger
 from dra_driver.allocator.model import (
+    Capacity,
     Claim,
     Device,
     DeviceClass,
     ExactRequest,
     Pool,
+    allocated_results,
     gather_pools,
     parse_claim,
     parse_class,
 )
-from dra_driver.allocator.packing import Placement, Policy, best_fit
+from dra_driver.allocator.packing import Placement, Policy, best_fit, first_fit
 from dra_driver.api import GpuShare, GpuShareGrant, decode_config, encode_config
 from dra_driver.core.quantity import format_bytes, format_count
 
@@ -133,6 +136,7 @@ class _Search:
     pools: Mapping[tuple[str, str], Pool]
     steps: int = 0
     picks: list[_Pick] = field(default_factory=list)
+    examined: int = 0
 
 
 def _index(device: Device) -> int:
@@ -285,6 +289,7 @@ def _solve(search: _Search, slots: list[list[ExactRequest]], at: int) -> bool:
     for request in slots[at]:
         options = []
         for device in search.candidates.get(request.name, ()):
+            search.examined += 1
             pick = _place(search, request, device)
             if pick is not None and _constraints_ok(search, pick):
                 options.append(pick)
@@ -309,71 +314,326 @@ def allocate(
     share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     cache: SelectorCache | None = None,
 ) -> AllocationOutcome:
-    """Allocate ``claim_obj`` (a ResourceClaim as JSON) or say why it cannot be."""
-    cache = cache or SelectorCache()
-    claim = parse_claim(claim_obj)
-    pools = gather_pools(slices)
-    pool_map = {(p.driver, p.name): p for p in pools}
-    class_map: dict[str, DeviceClass] = {}
-    for obj in classes:
-        dc = parse_class(obj)
-        class_map[dc.name] = dc
-    ledger = build_ledger(pools, allocated_claims)
+    """Allocate ``claim_obj`` (a ResourceClaim as JSON) or say why it cannot be.
 
-    devices = [
-        d
-        for p in pools
-        if p.driver == driver_name
-        for d in p.devices
-        if d.attributes.get(ALLOCATOR_ATTRIBUTE) == CONTROLLER
-        and (d.node_name is None or node_filter is None or node_filter(d.node_name))
-    ]
-    by_node: dict[str | None, dict[str, list[Device]]] = {}
-    try:
+    One-shot: builds a throwaway :class:`AllocatorState`. To allocate many claims
+    against the same slices, build the state once and call its ``allocate``.
+    """
+    state = AllocatorState(
+        slices=slices,
+        classes=classes,
+        allocated_claims=allocated_claims,
+        driver_name=driver_name,
+        cache=cache,
+    )
+    return state.allocate(
+        claim_obj, node_filter=node_filter, policy=policy, share_id=share_id, record=False
+    )
+
+
+_MatchKey = tuple[str, tuple[str, ...], tuple[Any, ...]]
+_Entry = tuple[Any, ...]
+"""(free memory, shares, index, total memory, pool, name, position): best-fit order."""
+
+
+@dataclass
+class _Group:
+    """The matching devices of one request shape that share one capacity signature."""
+
+    shareable: bool
+    caps: Mapping[str, Capacity]
+    static: list[int]
+    """Positions in first-fit order (pool, index, total memory, name)."""
+    ordered: list[_Entry] = field(default_factory=list)
+    """Available devices in best-fit order (free memory ascending)."""
+    current: dict[int, _Entry] = field(default_factory=dict)
+    """Position -> its entry in ``ordered``; absent while the device cannot take a share."""
+
+
+@dataclass
+class _Match:
+    devices: list[int]
+    """Positions of matching (tolerated) devices, in device order."""
+    errors: list[tuple[int, CelError]]
+    groups: list[_Group] | None = None
+
+
+class AllocatorState:
+    """Slices, classes and the ledger, parsed once; allocations update it incrementally.
+
+    Per request shape (class, selectors, tolerations) the matching devices are found
+    once (CEL evaluated once per device) and grouped by capacity signature; each group
+    keeps its available devices sorted by free memory. A claim that needs one device
+    (the common case) then looks only at devices whose free memory can hold it: a
+    bisection and a walk to the first that fits for best fit, the first that fits in
+    index order for first fit, all that could fit for any other policy. Other claims
+    (several devices, ``All``, admin access, ``firstAvailable``) take the node-by-node
+    search over the cached candidates. Allocations made here are recorded (``record``);
+    claims allocated elsewhere are added with :meth:`record_claim`. Nothing is ever
+    released: build a new state when claims are deallocated or slices change.
+    """
+
+    def __init__(
+        self,
+        *,
+        slices: Iterable[Mapping[str, Any]],
+        classes: Iterable[Mapping[str, Any]],
+        allocated_claims: Iterable[Mapping[str, Any]],
+        driver_name: str,
+        cache: SelectorCache | None = None,
+    ) -> None:
+        self.driver_name = driver_name
+        self.cache = cache or SelectorCache()
+        self.pools = gather_pools(slices)
+        self.pool_map = {(p.driver, p.name): p for p in self.pools}
+        self.class_map: dict[str, DeviceClass] = {}
+        for obj in classes:
+            dc = parse_class(obj)
+            self.class_map[dc.name] = dc
+        self.ledger = build_ledger(self.pools, allocated_claims)
+        self.devices: list[Device] = [
+            d
+            for p in self.pools
+            if p.driver == driver_name
+            for d in p.devices
+            if d.attributes.get(ALLOCATOR_ATTRIBUTE) == CONTROLLER
+        ]
+        self._position = {d.key: i for i, d in enumerate(self.devices)}
+        self._index = [_index(d) for d in self.devices]
+        self._matches: dict[_MatchKey, _Match] = {}
+        self._groups_of: dict[int, list[_Group]] = {}
+        self.examined = 0
+        """Devices checked for fit (placement computed), over all claims so far."""
+
+    # --- matching -----------------------------------------------------------------
+
+    def _match(self, alt: ExactRequest, found: DeviceClass) -> _Match:
+        key: _MatchKey = (alt.device_class, alt.selectors, alt.tolerations)
+        match = self._matches.get(key)
+        if match is None:
+            selectors = [s for s in found.selectors if not is_sentinel(s, self.driver_name)]
+            selectors += alt.selectors
+            positions: list[int] = []
+            errors: list[tuple[int, CelError]] = []
+            for pos, device in enumerate(self.devices):
+                if not _tolerated(alt, device):
+                    continue
+                try:
+                    if all(self.cache.matches(s, device) for s in selectors):
+                        positions.append(pos)
+                except CelError as err:
+                    errors.append((pos, err))
+            match = _Match(positions, errors)
+            self._matches[key] = match
+        return match
+
+    def _groups(self, match: _Match) -> list[_Group]:
+        if match.groups is None:
+            by_sig: dict[Any, _Group] = {}
+            for pos in match.devices:
+                shareable, caps = effective_capacity(self.devices[pos])
+                sig = (shareable, tuple(sorted(caps.items())))
+                group = by_sig.get(sig)
+                if group is None:
+                    group = by_sig[sig] = _Group(shareable, caps, [])
+                group.static.append(pos)
+            for group in by_sig.values():
+                group.static.sort(key=lambda p: first_fit(self._placement(group, p)))
+                for pos in group.static:
+                    entry = self._entry(group, pos)
+                    if entry is not None:
+                        group.current[pos] = entry
+                        group.ordered.append(entry)
+                    self._groups_of.setdefault(pos, []).append(group)
+                group.ordered.sort()
+            match.groups = list(by_sig.values())
+        return match.groups
+
+    def _total(self, group: _Group) -> Fraction:
+        return group.caps["memory"].value if "memory" in group.caps else Fraction(0)
+
+    def _placement(self, group: _Group, pos: int) -> Placement:
+        device = self.devices[pos]
+        return Placement(device, Fraction(0), 0, self._index[pos], self._total(group))
+
+    def _entry(self, group: _Group, pos: int) -> _Entry | None:
+        device = self.devices[pos]
+        use = self.ledger.use(device.key)
+        if use.exclusive or (not group.shareable and use.in_use):
+            return None
+        total = self._total(group)
+        free = total - use.consumed.get("memory", Fraction(0)) if group.shareable else Fraction(0)
+        return (free, use.shares, self._index[pos], total, device.pool, device.name, pos)
+
+    def _refresh(self, pos: int) -> None:
+        for group in self._groups_of.get(pos, ()):
+            old = group.current.pop(pos, None)
+            if old is not None:
+                del group.ordered[bisect.bisect_left(group.ordered, old)]
+            new = self._entry(group, pos)
+            if new is not None:
+                group.current[pos] = new
+                bisect.insort(group.ordered, new)
+
+    # --- allocation ---------------------------------------------------------------
+
+    def allocate(
+        self,
+        claim_obj: Mapping[str, Any],
+        *,
+        node_filter: Callable[[str], bool] | None = None,
+        policy: Policy = best_fit,
+        share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        record: bool = True,
+    ) -> AllocationOutcome:
+        """Allocate ``claim_obj``; with ``record`` the allocation is added to the ledger."""
+        claim = parse_claim(claim_obj)
+
+        def usable(device: Device) -> bool:
+            return device.node_name is None or node_filter is None or node_filter(device.node_name)
+
+        matches: list[tuple[ExactRequest, _Match]] = []
         for request in claim.requests:
             for alt in request.alternatives:
-                found = class_map.get(alt.device_class)
+                found = self.class_map.get(alt.device_class)
                 if found is None:
                     return AllocationOutcome(
                         reason=f"request {alt.name}: device class {alt.device_class!r} not found"
                     )
-                selectors = [s for s in found.selectors if not is_sentinel(s, driver_name)]
-                selectors += alt.selectors
-                for device in devices:
-                    if not _tolerated(alt, device):
-                        continue
-                    if all(cache.matches(s, device) for s in selectors):
-                        by_node.setdefault(device.node_name, {}).setdefault(alt.name, []).append(
-                            device
-                        )
-    except CelError as err:
-        return AllocationOutcome(reason=str(err))
+                match = self._match(alt, found)
+                for pos, failure in match.errors:
+                    if usable(self.devices[pos]):
+                        return AllocationOutcome(reason=str(failure))
+                matches.append((alt, match))
 
-    best: tuple[tuple[Any, ...], str | None, list[_Pick]] | None = None
-    for node, candidates in sorted(by_node.items(), key=lambda kv: kv[0] or ""):
-        search = _Search(claim, ledger, policy, candidates, pool_map)
-        slots = _slots(claim, candidates)
-        if slots is None or not _solve(search, slots, 0):
-            continue
-        score = tuple(sorted(p.key for p in search.picks))
-        if best is None or score < best[0]:
-            best = (score, node, list(search.picks))
-    if best is None:
-        return AllocationOutcome(
-            reason=f"cannot allocate claim {claim.namespace}/{claim.name}: no node has"
-            f" controller-managed devices that match and fit every request"
-            f" ({len(devices)} candidate device(s) checked)"
+        simple = (
+            len(matches) == 1
+            and len(claim.requests[0].alternatives) == 1
+            and matches[0][0].mode != "All"
+            and matches[0][0].count == 1
+            and not matches[0][0].admin_access
         )
-    return AllocationOutcome(
-        allocation=_build(
+        if simple:
+            alt, match = matches[0]
+            picked = self._one(claim, alt, match, policy, usable)
+            best = None if picked is None else (picked.device.node_name, [picked])
+        else:
+            best = self._search(claim, matches, policy, usable)
+        if best is None:
+            checked = sum(1 for d in self.devices if usable(d))
+            return AllocationOutcome(
+                reason=f"cannot allocate claim {claim.namespace}/{claim.name}: no node has"
+                f" controller-managed devices that match and fit every request"
+                f" ({checked} candidate device(s) checked)"
+            )
+        allocation = _build(
             claim=claim,
-            node=best[1],
-            picks=best[2],
-            class_map=class_map,
-            driver=driver_name,
+            node=best[0],
+            picks=best[1],
+            class_map=self.class_map,
+            driver=self.driver_name,
             share_id=share_id,
         )
-    )
+        if record:
+            self._record(allocation.results)
+        return AllocationOutcome(allocation=allocation)
+
+    def record_claim(self, claim_obj: Mapping[str, Any]) -> None:
+        """Add a claim allocated elsewhere (its ``status.allocation``) to the ledger."""
+        for r in allocated_results(claim_obj):
+            if not r.admin_access:
+                self._add((r.driver, r.pool, r.device), r.share_id, r.consumed)
+
+    def _record(self, results: Iterable[Result]) -> None:
+        for r in results:
+            if not r.admin_access:
+                self._add((r.driver, r.pool, r.device), r.share_id, r.consumed)
+
+    def _add(
+        self, key: tuple[str, str, str], share: str | None, consumed: Mapping[str, Fraction]
+    ) -> None:
+        driver, pool, name = key
+        pos = self._position.get(key)
+        device = self.devices[pos] if pos is not None else None
+        if device is None:
+            found = self.pool_map.get((driver, pool))
+            device = next((d for d in found.devices if d.name == name), None) if found else None
+        self.ledger.add(key, device, share, consumed)
+        if pos is not None:
+            self._refresh(pos)
+
+    def _one(
+        self,
+        claim: Claim,
+        alt: ExactRequest,
+        match: _Match,
+        policy: Policy,
+        usable: Callable[[Device], bool],
+    ) -> _Pick | None:
+        """The best single-device placement, looking only at devices that could fit."""
+        search = _Search(claim, self.ledger, policy, {}, self.pool_map)
+        requested = _requested(alt, claim, self.driver_name)
+        best: tuple[tuple[Any, ...], str, int, _Pick] | None = None
+        for group in self._groups(match):
+            if group.shareable:
+                need = fits(requested, group.caps, {})
+                if isinstance(need, str):
+                    continue
+                floor = need.get("memory", Fraction(0))
+            elif alt.capacity_requests:
+                continue
+            else:
+                floor = Fraction(0)
+            if policy is first_fit:
+                order: Iterable[int] = (
+                    p
+                    for p in group.static
+                    if (e := group.current.get(p)) is not None and e[0] >= floor
+                )
+            else:
+                at = bisect.bisect_left(group.ordered, (floor,))
+                order = (e[-1] for e in group.ordered[at:])
+            early = policy is first_fit or policy is best_fit
+            for pos in order:
+                device = self.devices[pos]
+                if not usable(device):
+                    continue
+                self.examined += 1
+                pick = _place(search, alt, device)
+                if pick is None or not _constraints_ok(search, pick):
+                    continue
+                rank = (pick.key, device.node_name or "", pos, pick)
+                if best is None or rank[:3] < best[:3]:
+                    best = rank
+                if early:
+                    break
+        return None if best is None else best[3]
+
+    def _search(
+        self,
+        claim: Claim,
+        matches: Sequence[tuple[ExactRequest, _Match]],
+        policy: Policy,
+        usable: Callable[[Device], bool],
+    ) -> tuple[str | None, list[_Pick]] | None:
+        by_node: dict[str | None, dict[str, list[Device]]] = {}
+        for alt, match in matches:
+            for pos in match.devices:
+                device = self.devices[pos]
+                if usable(device):
+                    by_node.setdefault(device.node_name, {}).setdefault(alt.name, []).append(device)
+        best: tuple[tuple[Any, ...], str | None, list[_Pick]] | None = None
+        for node, candidates in sorted(by_node.items(), key=lambda kv: kv[0] or ""):
+            search = _Search(claim, self.ledger, policy, candidates, self.pool_map)
+            slots = _slots(claim, candidates)
+            solved = slots is not None and _solve(search, slots, 0)
+            self.examined += search.examined
+            if not solved:
+                continue
+            score = tuple(sorted(p.key for p in search.picks))
+            if best is None or score < best[0]:
+                best = (score, node, list(search.picks))
+        return None if best is None else (best[1], best[2])
 
 
 def _slots(claim: Claim, candidates: Mapping[str, list[Device]]) -> list[list[ExactRequest]] | None:

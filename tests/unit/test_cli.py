@@ -63,6 +63,7 @@ def test_there_are_flags_and_subcommands() -> None:
         "kubelet-plugin",
         "render-slices",
         "demo",
+        "simulate",
         "version",
     }
     flags = {(c.values[0], c.values[1]) for c in FLAG_CASES}
