@@ -264,6 +264,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_flag(agent, "--driver-version", "the node's driver version (auto protocol)")
     _common(agent)
 
+    controller = sub.add_parser(
+        "controller", help="run the allocation controller of the controller path (Deployment)"
+    )
+    add_flag(controller, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
+    add_flag(controller, "--kubeconfig", "kubeconfig file; in-cluster config when unset")
+    add_flag(
+        controller,
+        "--lease-name",
+        "the coordination.k8s.io Lease for leader election",
+        default="fractional-gpu-dra-controller",
+    )
+    add_flag(
+        controller,
+        "--lease-namespace",
+        "namespace of the Lease (downward API metadata.namespace)",
+        default="default",
+    )
+    add_flag(
+        controller,
+        "--pod-name",
+        "this replica's identity in the Lease (downward API metadata.name); default hostname",
+    )
+    _common(controller)
+
     render = sub.add_parser(
         "render-slices", help="print the ResourceSlices the plugin would publish, as YAML"
     )
@@ -446,6 +470,22 @@ def _run_mps_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_controller(args: argparse.Namespace) -> int:
+    import socket
+
+    from dra_driver.controller import ControllerConfig, run_controller
+
+    config = ControllerConfig(
+        driver_name=args.driver_name,
+        kubeconfig=args.kubeconfig or None,
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace,
+        identity=args.pod_name or socket.gethostname(),
+    )
+    asyncio.run(run_controller(config))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -459,6 +499,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
             return _run_mps_agent(args)
         if args.command == "render-slices":
             return _render_slices(args)
+        if args.command == "controller":
+            return _run_controller(args)
         if args.command == "demo":
             from dra_driver import demo
 

@@ -54,6 +54,11 @@ DEFAULT_KINDS: tuple[ResourceKind, ...] = (
         status_subresource=False,
     ),
     ResourceKind("", "v1", "nodes", "Node", namespaced=False),
+    ResourceKind("", "v1", "pods", "Pod", namespaced=True),
+    ResourceKind("", "v1", "events", "Event", namespaced=True, status_subresource=False),
+    ResourceKind(
+        "coordination.k8s.io", "v1", "leases", "Lease", namespaced=True, status_subresource=False
+    ),
 )
 
 

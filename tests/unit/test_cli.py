@@ -61,6 +61,7 @@ def test_there_are_flags_and_subcommands() -> None:
     assert set(_subcommands(build_parser())) == {
         "mps-agent",
         "kubelet-plugin",
+        "controller",
         "render-slices",
         "demo",
         "simulate",

@@ -1,0 +1,150 @@
+"""List+watch one kind into an in-memory cache (one informer per kind).
+
+The informer lists, then watches from the list's resourceVersion; a stream that
+ends (server timeout, idle read timeout, cut connection) is resumed from the
+last resourceVersion seen; a 410 ``Expired`` (history compacted) relists and
+replaces the cache; other errors back off and retry from the last version.
+
+The blocking client calls run in a thread; cache changes are applied on the
+event loop (``call_soon_threadsafe``), so readers on the loop never see a
+half-applied event. ``on_change(type, new, old)`` runs on the loop after each
+change (``type``: ADDED, MODIFIED, DELETED, or SYNCED after a (re)list with
+``new``/``old`` empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.core.errors import ApiError
+from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.watch import WatchExpiredError, list_objects, watch_events
+
+log = logging.getLogger(__name__)
+
+ChangeHandler = Callable[[str, JsonObj, JsonObj], None]
+
+
+@dataclass(frozen=True)
+class KindPath:
+    """Where a kind is listed and watched across the cluster."""
+
+    name: str
+    path: str
+
+
+CLAIMS = KindPath("resourceclaims", "/apis/resource.k8s.io/v1/resourceclaims")
+SLICES = KindPath("resourceslices", "/apis/resource.k8s.io/v1/resourceslices")
+CLASSES = KindPath("deviceclasses", "/apis/resource.k8s.io/v1/deviceclasses")
+NODES = KindPath("nodes", "/api/v1/nodes")
+PODS = KindPath("pods", "/api/v1/pods")
+
+
+def uid_of(obj: JsonObj) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+def resource_version_of(obj: JsonObj) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class Informer:
+    """The cache of one kind, keyed by UID, kept current by list+watch."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        kind: KindPath,
+        *,
+        on_change: ChangeHandler | None = None,
+        read_timeout_s: float = 30.0,
+        backoff_s: float = 1.0,
+    ) -> None:
+        self.kind = kind
+        self._api = api_client
+        self._on_change = on_change
+        self._read_timeout_s = read_timeout_s
+        self._backoff_s = backoff_s
+        self.objects: dict[str, JsonObj] = {}
+        self.synced = asyncio.Event()
+        self.relists = 0
+        self._version = ""
+        self._stop = threading.Event()
+
+    def get(self, uid: str) -> JsonObj | None:
+        return self.objects.get(uid)
+
+    def values(self) -> list[JsonObj]:
+        return list(self.objects.values())
+
+    async def run(self) -> None:
+        """List+watch until cancelled."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                try:
+                    if not self._version:
+                        await self._relist()
+                    await asyncio.to_thread(self._watch_once, loop)
+                except WatchExpiredError as err:
+                    log.info("%s: %s; relisting", self.kind.name, err)
+                    self._version = ""
+                except ApiError as err:
+                    if err.status == 410:  # Gone as an HTTP status rather than an event
+                        log.info("%s: %s; relisting", self.kind.name, err)
+                        self._version = ""
+                        continue
+                    log.warning("%s: %s; retrying in %.1fs", self.kind.name, err, self._backoff_s)
+                    await asyncio.sleep(self._backoff_s)
+        finally:
+            self._stop.set()
+
+    async def _relist(self) -> None:
+        items, version = await asyncio.to_thread(list_objects, self._api, self.kind.path)
+        self.objects = {uid_of(o): o for o in items}
+        self._version = version
+        self.relists += 1
+        self.synced.set()
+        if self._on_change is not None:
+            self._on_change("SYNCED", {}, {})
+
+    def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:
+        def emit(etype: str, obj: JsonObj) -> None:
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version:
+                self._version = str(version)
+            if etype in ("ADDED", "MODIFIED", "DELETED"):
+                try:
+                    loop.call_soon_threadsafe(self._apply, etype, obj)
+                except RuntimeError:  # the loop closed under us: shutting down
+                    self._stop.set()
+
+        watch_events(
+            self._api,
+            self.kind.path,
+            self._version,
+            emit,
+            read_timeout_s=self._read_timeout_s,
+            stopped=self._stop.is_set,
+        )
+
+    def _apply(self, etype: str, obj: JsonObj) -> None:
+        uid = uid_of(obj)
+        old = self.objects.get(uid, {})
+        if etype == "DELETED":
+            self.objects.pop(uid, None)
+        else:
+            if old and resource_version_of(old) > resource_version_of(obj):
+                return  # a relist already brought a newer copy
+            self.objects[uid] = obj
+        if self._on_change is not None:
+            self._on_change(etype, obj, old)

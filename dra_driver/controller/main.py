@@ -1,0 +1,376 @@
+"""The controller process: informers, the assume cache, a work queue, a leader-only worker.
+
+Every replica keeps its caches warm; only the Lease holder processes the queue
+and writes. One worker processes claims one at a time, so every decision sees
+the previous one through the assume cache (our own writes, laid over the
+informer's claims until the watch shows a resourceVersion at least as new).
+
+Restart: nothing is persisted here. The ledger is rebuilt from every allocated
+claim in the informer; rejected nodes live on the claim (annotation). What is
+lost is the in-memory record of allocations we wrote (``written``), which turns
+a scheduler's clearing into a rejected node; after a restart a cleared claim is
+allocated again without excluding that node, and is recorded on the next clear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.allocator import SelectorCache
+from dra_driver.controller.events import EventRecorder
+from dra_driver.controller.informer import (
+    CLAIMS,
+    CLASSES,
+    NODES,
+    PODS,
+    SLICES,
+    Informer,
+    resource_version_of,
+    uid_of,
+)
+from dra_driver.controller.leader import LeaderElector
+from dra_driver.controller.queue import WorkQueue
+from dra_driver.controller.reconcile import (
+    Allocate,
+    ClusterView,
+    Deallocate,
+    Decision,
+    Ignore,
+    RecordRejected,
+    Refuse,
+    Wait,
+    decide,
+    describe_allocation,
+    is_ours,
+    now_rfc3339,
+    pod_uses,
+    with_allocation,
+    with_finalizer,
+    with_rejected,
+    without_allocation,
+    without_finalizer,
+)
+from dra_driver.core.errors import ApiConflictError, ApiError, ApiNotFoundError
+from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.watch import send_json
+
+log = logging.getLogger(__name__)
+
+MAX_CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    driver_name: str
+    kubeconfig: str | None = None
+    host: str | None = None
+    """Plain-HTTP API URL without credentials (tests)."""
+    lease_name: str = "fractional-gpu-dra-controller"
+    lease_namespace: str = "default"
+    identity: str = field(default_factory=socket.gethostname)
+    lease_duration_s: float = 15.0
+    renew_interval_s: float = 5.0
+    retry_interval_s: float = 2.0
+    read_timeout_s: float = 30.0
+    """Idle watch streams are reopened (from the last version) after this long."""
+    resync_s: float = 60.0
+    retry_unfit_s: float = 30.0
+    """A claim that fits nowhere is tried again after this long (and on any change)."""
+    error_backoff_s: float = 2.0
+
+
+def _claim_path(claim: JsonObj, status: bool = False) -> str:
+    meta = claim.get("metadata") or {}
+    path = (
+        f"/apis/resource.k8s.io/v1/namespaces/{meta.get('namespace', 'default')}"
+        f"/resourceclaims/{meta.get('name', '')}"
+    )
+    return path + "/status" if status else path
+
+
+class Controller:
+    def __init__(
+        self,
+        api_client: Any,
+        config: ControllerConfig,
+        *,
+        share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        self.config = config
+        self._api = api_client
+        self._share_id = share_id
+        read = config.read_timeout_s
+        self.claims = Informer(
+            api_client, CLAIMS, on_change=self._claim_changed, read_timeout_s=read
+        )
+        self.pods = Informer(api_client, PODS, on_change=self._pod_changed, read_timeout_s=read)
+        self.slices = Informer(
+            api_client, SLICES, on_change=self._capacity_changed, read_timeout_s=read
+        )
+        self.classes = Informer(
+            api_client, CLASSES, on_change=self._capacity_changed, read_timeout_s=read
+        )
+        self.nodes = Informer(
+            api_client, NODES, on_change=self._capacity_changed, read_timeout_s=read
+        )
+        self.informers = (self.claims, self.pods, self.slices, self.classes, self.nodes)
+        self.queue = WorkQueue()
+        self.assumed: dict[str, JsonObj] = {}
+        """Claim UID -> the claim as we last wrote it, until the watch catches up."""
+        self.written: dict[str, str] = {}
+        """Claim UID -> node of an allocation we wrote and did not take back."""
+        self.events = EventRecorder(api_client)
+        self.elector = LeaderElector(
+            api_client,
+            name=config.lease_name,
+            namespace=config.lease_namespace,
+            identity=config.identity,
+            lease_duration_s=config.lease_duration_s,
+            renew_interval_s=config.renew_interval_s,
+            retry_interval_s=config.retry_interval_s,
+        )
+        self._selectors = SelectorCache()
+        self.writes = 0
+
+    # --- cache views ---------------------------------------------------------------
+
+    def current_claim(self, uid: str) -> JsonObj | None:
+        seen = self.claims.get(uid)
+        mine = self.assumed.get(uid)
+        if mine is not None and (
+            seen is None or resource_version_of(mine) > resource_version_of(seen)
+        ):
+            return mine
+        return seen
+
+    def all_claims(self) -> list[JsonObj]:
+        uids = set(self.claims.objects) | set(self.assumed)
+        return [c for c in (self.current_claim(u) for u in uids) if c is not None]
+
+    def view(self) -> ClusterView:
+        allocated = [c for c in self.all_claims() if (c.get("status") or {}).get("allocation")]
+        return ClusterView(
+            driver_name=self.config.driver_name,
+            slices=self.slices.values(),
+            classes=self.classes.values(),
+            allocated_claims=allocated,
+            written=dict(self.written),
+            share_id=self._share_id,
+            selector_cache=self._selectors,
+        )
+
+    def _nodes_by_name(self) -> dict[str, JsonObj]:
+        return {str((n.get("metadata") or {}).get("name")): n for n in self.nodes.values()}
+
+    # --- change handlers (on the loop) -------------------------------------------------
+
+    def _claim_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
+        if etype == "SYNCED":
+            self._enqueue_ours()
+            return
+        uid = uid_of(new)
+        mine = self.assumed.get(uid)
+        if mine is not None and resource_version_of(new) >= resource_version_of(mine):
+            del self.assumed[uid]
+        if etype == "DELETED":
+            self.assumed.pop(uid, None)
+            self.written.pop(uid, None)
+        if is_ours(new):
+            self.queue.add(uid)
+        freed = etype == "DELETED" or not (new.get("status") or {}).get("allocation")
+        if freed and (old.get("status") or {}).get("allocation"):
+            self._enqueue_ours(pending_only=True)
+
+    def _pod_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
+        if etype == "SYNCED":
+            self._enqueue_ours()
+            return
+        for claim in self.claims.values():
+            if is_ours(claim) and pod_uses(new, claim):
+                self.queue.add(uid_of(claim))
+
+    def _capacity_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
+        self._enqueue_ours(pending_only=True)
+
+    def _enqueue_ours(self, pending_only: bool = False) -> None:
+        for claim in self.all_claims():
+            if not is_ours(claim):
+                continue
+            if pending_only and (claim.get("status") or {}).get("allocation"):
+                continue
+            self.queue.add(uid_of(claim))
+
+    # --- running -------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set; then release the Lease and end every loop."""
+        async with asyncio.TaskGroup() as tg:
+            tasks = [
+                tg.create_task(i.run(), name=f"informer-{i.kind.name}") for i in self.informers
+            ]
+            tasks.append(tg.create_task(self.elector.run(), name="leader-election"))
+            tasks.append(tg.create_task(self._lead(), name="worker"))
+            tasks.append(tg.create_task(self._resync(), name="resync"))
+            await stop.wait()
+            log.info("controller %s stopping", self.config.identity)
+            for task in tasks:
+                task.cancel()
+        self.queue.close()
+
+    async def synced(self) -> None:
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.resync_s)
+            self._enqueue_ours()
+
+    async def _lead(self) -> None:
+        await self.synced()
+        while True:
+            await self.elector.leading.wait()
+            self._enqueue_ours()
+            worker = asyncio.create_task(self._work())
+            lost = asyncio.create_task(self.elector.lost.wait())
+            try:
+                await asyncio.wait({worker, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (worker, lost):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            if worker.done() and not worker.cancelled() and worker.exception() is not None:
+                raise worker.exception()  # type: ignore[misc]
+
+    async def _work(self) -> None:
+        while True:
+            uid = await self.queue.get()
+            try:
+                if self.elector.is_leader:
+                    await self.process(uid)
+            except ApiError as err:
+                log.warning(
+                    "claim %s: %s; retrying in %.1fs", uid, err, self.config.error_backoff_s
+                )
+                self.queue.add_after(uid, self.config.error_backoff_s)
+            finally:
+                self.queue.done(uid)
+
+    # --- one claim -----------------------------------------------------------------
+
+    async def process(self, uid: str) -> None:
+        """Decide and apply until the claim needs nothing more; re-read on conflicts."""
+        claim = self.current_claim(uid)
+        for _ in range(MAX_CONFLICT_RETRIES):
+            if claim is None:
+                return
+            pods = self.pods.values()
+            decision = decide(claim, pods, self._nodes_by_name(), self.view())
+            try:
+                again = await self.apply(claim, decision)
+            except ApiConflictError as err:
+                log.info("claim %s: %s; re-reading", uid, err)
+                claim = await self._get(claim)
+                continue
+            if again is None:
+                return
+            claim = again
+        self.queue.add_after(uid, self.config.error_backoff_s)
+
+    async def _get(self, claim: JsonObj) -> JsonObj | None:
+        try:
+            fresh = await asyncio.to_thread(send_json, self._api, "GET", _claim_path(claim))
+        except ApiNotFoundError:
+            return None
+        self._assume(fresh)
+        return fresh
+
+    async def _put(self, claim: JsonObj, *, status: bool = False) -> JsonObj:
+        written = await asyncio.to_thread(
+            send_json, self._api, "PUT", _claim_path(claim, status), claim
+        )
+        self.writes += 1
+        self._assume(written)
+        return written
+
+    def _assume(self, claim: JsonObj) -> None:
+        uid = uid_of(claim)
+        seen = self.claims.get(uid)
+        if seen is None or resource_version_of(claim) > resource_version_of(seen):
+            self.assumed[uid] = claim
+
+    async def apply(self, claim: JsonObj, decision: Decision) -> JsonObj | None:  # noqa: PLR0911
+        """Carry out ``decision``; returns the claim when it needs another decision."""
+        uid = uid_of(claim)
+        match decision:
+            case Ignore():
+                return None
+            case Wait(reason=reason, event=event):
+                if event:
+                    await self.events.record(claim, "CannotAllocate", reason, "Warning")
+                    self.queue.add_after(uid, self.config.retry_unfit_s)
+                return None
+            case Refuse(reason=reason):
+                await self.events.record(claim, "AllocationRefused", reason, "Warning")
+                return None
+            case Allocate(allocation=allocation, node=node):
+                protected = with_finalizer(claim)
+                if protected is not None:
+                    claim = await self._put(protected)
+                body = with_allocation(claim, allocation, now_rfc3339(), keep_shares=True)
+                claim = await self._put(body, status=True)
+                self.written[uid] = node or ""
+                await self.events.record(claim, "Allocated", describe_allocation(allocation))
+                return None
+            case RecordRejected(node=node):
+                claim = await self._put(with_rejected(claim, node))
+                self.written.pop(uid, None)
+                await self.events.record(
+                    claim,
+                    "NodeRejected",
+                    f"the scheduler cleared the allocation on node {node}; allocating elsewhere",
+                    "Warning",
+                )
+                return claim
+            case Deallocate(clear_status=clear_status):
+                if clear_status:
+                    claim = await self._put(without_allocation(claim), status=True)
+                    self.written.pop(uid, None)
+                    await self.events.record(
+                        claim, "Deallocated", "allocated but never reserved and no pod uses it"
+                    )
+                unprotected = without_finalizer(claim)
+                if unprotected is not None:
+                    await self._put(unprotected)
+                self._enqueue_ours(pending_only=True)
+                return None
+        return None
+
+
+async def run_controller(
+    config: ControllerConfig, stop: asyncio.Event | None = None, api_client: Any = None
+) -> None:
+    """Run the controller until ``stop`` is set (or, without one, SIGTERM/SIGINT)."""
+    api = api_client if api_client is not None else make_api_client(config.kubeconfig, config.host)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "controller %s for driver %s (lease %s/%s)",
+        config.identity,
+        config.driver_name,
+        config.lease_namespace,
+        config.lease_name,
+    )
+    await Controller(api, config).run(stop)

@@ -1,0 +1,344 @@
+"""What to do with one claim (pure :func:`decide`) and doing it (I/O :func:`apply`).
+
+:func:`decide` sees the claim, the pods and nodes from the caches and the
+controller's :class:`ClusterView` (slices, classes, allocated claims with the
+assume cache laid over them) and returns one :class:`Decision`. Only claims
+whose requests use the controller-managed class are ours.
+
+:func:`apply` writes as the scheduler does: first the
+``resource.kubernetes.io/delete-protection`` finalizer (metadata PUT), then
+``status.allocation`` (status PUT), each with the resourceVersion it read
+(optimistic concurrency: a 409 surfaces as ``ApiConflictError`` and the caller
+re-reads and decides again).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.allocator import Allocation, SelectorCache, allocate, best_fit
+
+JsonObj = dict[str, Any]
+
+CONTROLLER_CLASS = "share.gpu.fractional.dev"
+FINALIZER = "resource.kubernetes.io/delete-protection"
+REJECTED_ANNOTATION = "share.gpu.fractional.dev/rejected-nodes"
+"""Comma-separated nodes where the scheduler could not run the claim's pod."""
+GRANT_KIND = "GpuShareGrant"
+
+
+# --- decisions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """Not ours, or nothing to do."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Ours but not ready (no unscheduled pod yet); an Event only when ``event``."""
+
+    reason: str
+    event: bool = False
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Ours but never to be allocated as written (e.g. a forged grant): Warning Event."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Allocate:
+    allocation: Allocation
+    node: str | None
+
+
+@dataclass(frozen=True)
+class RecordRejected:
+    """The scheduler cleared our allocation on ``node``: remember it, allocate elsewhere."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class Deallocate:
+    """Allocated, never reserved, no live pod: clear the allocation and our finalizer."""
+
+    clear_status: bool = True
+
+
+Decision = Ignore | Wait | Refuse | Allocate | RecordRejected | Deallocate
+
+
+@dataclass
+class ClusterView:
+    """What :func:`decide` may read besides the claim, pods and nodes."""
+
+    driver_name: str
+    slices: Sequence[JsonObj]
+    classes: Sequence[JsonObj]
+    allocated_claims: Sequence[JsonObj]
+    """Every allocated claim (the informer's, with our assumed writes laid over)."""
+    written: Mapping[str, str] = field(default_factory=dict)
+    """Claim UID -> node of allocations this controller wrote and has not taken back."""
+    share_id: Callable[[], str] | None = None
+    selector_cache: SelectorCache | None = None
+
+
+def is_ours(claim: Mapping[str, Any]) -> bool:
+    for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
+        exact = request.get("exactly") or {}
+        if exact.get("deviceClassName") == CONTROLLER_CLASS:
+            return True
+        for alt in request.get("firstAvailable") or []:
+            if alt.get("deviceClassName") == CONTROLLER_CLASS:
+                return True
+    return False
+
+
+def forged_grant(claim: Mapping[str, Any], driver_name: str) -> bool:
+    for config in (claim.get("spec") or {}).get("devices", {}).get("config") or []:
+        opaque = config.get("opaque") or {}
+        params = opaque.get("parameters") or {}
+        if opaque.get("driver") == driver_name and params.get("kind") == GRANT_KIND:
+            return True
+    return False
+
+
+def pod_uses(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
+    meta, cmeta = pod.get("metadata") or {}, claim.get("metadata") or {}
+    if meta.get("namespace", "default") != cmeta.get("namespace", "default"):
+        return False
+    name = cmeta.get("name")
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if ref.get("resourceClaimName") == name:
+            return True
+    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if status.get("resourceClaimName") == name:
+            return True
+    return any(
+        o.get("kind") == "Pod" and o.get("uid") == meta.get("uid")
+        for o in cmeta.get("ownerReferences") or []
+    )
+
+
+def pod_is_live(pod: Mapping[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def rejected_nodes(claim: Mapping[str, Any]) -> list[str]:
+    raw = ((claim.get("metadata") or {}).get("annotations") or {}).get(REJECTED_ANNOTATION, "")
+    return [n for n in str(raw).split(",") if n]
+
+
+# --- node filtering (pure) -------------------------------------------------------------
+
+
+def _match_expression(expr: Mapping[str, Any], value: str | None) -> bool:  # noqa: PLR0911
+    op, values = expr.get("operator"), [str(v) for v in expr.get("values") or []]
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            a, b = int(value), int(values[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    fields = {"metadata.name": (node.get("metadata") or {}).get("name")}
+    exprs = term.get("matchExpressions") or []
+    field_exprs = term.get("matchFields") or []
+    if not exprs and not field_exprs:
+        return False  # an empty term matches nothing
+    return all(_match_expression(e, labels.get(e.get("key"))) for e in exprs) and all(
+        _match_expression(e, fields.get(e.get("key"))) for e in field_exprs
+    )
+
+
+def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (
+            taint.get("value") or ""
+        ):
+            return True
+    return False
+
+
+def node_fits_pod(node: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """The pod's nodeSelector, required node affinity and tolerations allow ``node``."""
+    spec = pod.get("spec") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return False
+    required = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if required is not None and not any(_term_matches(t, node) for t in required):
+        return False
+    tolerations = spec.get("tolerations") or []
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    if (node.get("spec") or {}).get("unschedulable"):
+        taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
+    return all(
+        t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerates(tolerations, t)
+        for t in taints
+    )
+
+
+# --- decide (pure) ---------------------------------------------------------------------
+
+
+def decide(  # noqa: PLR0911 (one return per decision)
+    claim: JsonObj,
+    pods: Iterable[JsonObj],
+    nodes: Mapping[str, JsonObj],
+    view: ClusterView,
+) -> Decision:
+    """The one next step for ``claim``; ``nodes`` by name. Deterministic given
+    ``view.share_id``."""
+    if not is_ours(claim):
+        return Ignore("not a claim of the controller-managed class")
+    meta, status = claim.get("metadata") or {}, claim.get("status") or {}
+    uid = str(meta.get("uid", ""))
+    allocated = bool(status.get("allocation"))
+    reserved = bool(status.get("reservedFor"))
+    finalizers = meta.get("finalizers") or []
+    if meta.get("deletionTimestamp"):
+        if not allocated and FINALIZER in finalizers:
+            return Deallocate(clear_status=False)
+        return Ignore("being deleted")
+    users = [p for p in pods if pod_uses(p, claim) and pod_is_live(p)]
+    if allocated:
+        if not reserved and not users:
+            return Deallocate()
+        return Ignore("allocated")
+    if uid in view.written:
+        return RecordRejected(view.written[uid])
+    if forged_grant(claim, view.driver_name):
+        return Refuse(
+            f"the claim's config carries a {GRANT_KIND}; grants are written only by the "
+            "controller, so this claim is not allocated (remove that config entry)"
+        )
+    pending = [p for p in users if not (p.get("spec") or {}).get("nodeName")]
+    if not pending:
+        return Wait("no unscheduled pod references the claim yet")
+    rejected = set(rejected_nodes(claim))
+
+    def node_filter(name: str) -> bool:
+        node = nodes.get(name)
+        return (
+            node is not None
+            and name not in rejected
+            and all(node_fits_pod(node, p) for p in pending)
+        )
+
+    outcome = allocate(
+        claim,
+        slices=view.slices,
+        classes=view.classes,
+        allocated_claims=view.allocated_claims,
+        node_filter=node_filter,
+        driver_name=view.driver_name,
+        policy=best_fit,
+        cache=view.selector_cache,
+        **({"share_id": view.share_id} if view.share_id is not None else {}),
+    )
+    if outcome.allocation is None:
+        why = outcome.reason or "nothing fits"
+        if rejected:
+            why += f" (nodes rejected by the scheduler: {', '.join(sorted(rejected))})"
+        return Wait(why, event=True)
+    return Allocate(outcome.allocation, outcome.allocation.node_name)
+
+
+# --- writing (pure builders) -----------------------------------------------------------
+
+
+def now_rfc3339(now: datetime.datetime | None = None) -> str:
+    now = now or datetime.datetime.now(datetime.UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def with_finalizer(claim: JsonObj) -> JsonObj | None:
+    """The claim with our finalizer added; ``None`` when it is already there."""
+    meta = dict(claim.get("metadata") or {})
+    finalizers = list(meta.get("finalizers") or [])
+    if FINALIZER in finalizers:
+        return None
+    meta["finalizers"] = [*finalizers, FINALIZER]
+    return {**claim, "metadata": meta}
+
+
+def without_finalizer(claim: JsonObj) -> JsonObj | None:
+    meta = dict(claim.get("metadata") or {})
+    finalizers = list(meta.get("finalizers") or [])
+    if FINALIZER not in finalizers:
+        return None
+    meta["finalizers"] = [f for f in finalizers if f != FINALIZER]
+    return {**claim, "metadata": meta}
+
+
+def with_rejected(claim: JsonObj, node: str) -> JsonObj:
+    meta = dict(claim.get("metadata") or {})
+    annotations = dict(meta.get("annotations") or {})
+    nodes = rejected_nodes(claim)
+    if node not in nodes:
+        nodes.append(node)
+    annotations[REJECTED_ANNOTATION] = ",".join(nodes)
+    meta["annotations"] = annotations
+    return {**claim, "metadata": meta}
+
+
+def with_allocation(
+    claim: JsonObj, allocation: Allocation, timestamp: str, *, keep_shares: bool
+) -> JsonObj:
+    status = dict(claim.get("status") or {})
+    status["allocation"] = allocation.to_status(timestamp, keep_shares=keep_shares)
+    return {**claim, "status": status}
+
+
+def without_allocation(claim: JsonObj) -> JsonObj:
+    status = {
+        k: v
+        for k, v in (claim.get("status") or {}).items()
+        if k not in ("allocation", "devices", "reservedFor")
+    }
+    return {**claim, "status": status}
+
+
+def describe_allocation(allocation: Allocation) -> str:
+    parts = []
+    for r in allocation.results:
+        amount = ", ".join(f"{k} {v}" for k, v in r.to_json().get("consumedCapacity", {}).items())
+        parts.append(f"{r.request} -> {r.pool}/{r.device}" + (f" ({amount})" if amount else ""))
+    where = f"node {allocation.node_name}" if allocation.node_name else "no node constraint"
+    return f"allocated on {where}: " + "; ".join(parts)

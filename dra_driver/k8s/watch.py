@@ -1,0 +1,152 @@
+"""Raw list and watch of any kind, as JSON: the informers' only contact with the client.
+
+Why raw: kubernetes 37.0.2's typed ``watch.Watch`` deserialises resource.k8s.io
+events into the wrong models (and its models drop fields they do not know), so
+the watch is one ``GET ...?watch=true`` through the client's request machinery
+(auth, TLS, proxies) with the body left unread (the pydantic client always
+answers ``_preload_content=False``-style: a ``RESTResponse`` around the urllib3
+response), and the newline-delimited JSON events are read from the stream
+here.
+
+Every call blocks; the controller runs them in a thread. Errors come out as
+:class:`~dra_driver.core.errors.ApiError` (through :func:`translate_api_errors`);
+an ``ERROR`` event with a 410 Status (resourceVersion too old) is
+:class:`WatchExpiredError`, and the caller relists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+import urllib3
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from dra_driver.core.errors import ApiError
+from dra_driver.k8s.errors import translate_api_errors, truncate
+from dra_driver.k8s.rest import JsonObj, request_json
+
+DEFAULT_WATCH_TIMEOUT_S = 300
+"""Server-side ``timeoutSeconds`` of one watch request."""
+
+
+class WatchExpiredError(ApiError):
+    """The watch's resourceVersion is older than the server keeps (410 Gone/Expired)."""
+
+
+def list_objects(api_client: ApiClient, path: str) -> tuple[list[JsonObj], str]:
+    """Every object at ``path`` (a collection) and the list's resourceVersion.
+
+    Items get ``kind``/``apiVersion`` filled in from the list when absent (the
+    API server leaves them out of list items).
+    """
+    with translate_api_errors(f"LIST {path}"):
+        body = request_json(api_client, "GET", path, timeout_s=60.0)
+    kind = str(body.get("kind", ""))
+    item_kind = kind[: -len("List")] if kind.endswith("List") else kind
+    items: list[JsonObj] = []
+    for raw in body.get("items") or []:
+        if isinstance(raw, dict):
+            raw.setdefault("kind", item_kind)
+            raw.setdefault("apiVersion", body.get("apiVersion", ""))
+            items.append(raw)
+    return items, str((body.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def watch_events(
+    api_client: ApiClient,
+    path: str,
+    resource_version: str,
+    emit: Callable[[str, JsonObj], None],
+    *,
+    timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
+    read_timeout_s: float = 30.0,
+    stopped: Callable[[], bool] = lambda: False,
+) -> None:
+    """Watch ``path`` from ``resource_version``, calling ``emit(type, object)`` per event.
+
+    Returns when the server ends the stream, when nothing arrived for
+    ``read_timeout_s`` (the caller resumes from the last resourceVersion it
+    saw) or when ``stopped()`` turns true between events. Raises
+    :class:`WatchExpiredError` on a 410 ``ERROR`` event and :class:`ApiError`
+    on other failures.
+    """
+    query = [
+        ("watch", "true"),
+        ("resourceVersion", resource_version),
+        ("timeoutSeconds", str(timeout_s)),
+        ("allowWatchBookmarks", "true"),
+    ]
+    what = f"WATCH {path}"
+    with translate_api_errors(what):
+        response = _open_stream(api_client, path, query, read_timeout_s)
+    try:
+        with translate_api_errors(what):
+            for line in _lines(response):
+                if stopped():
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError as err:
+                    raise ApiError(f"{what}: bad event {truncate(repr(line))}") from err
+                etype = str(event.get("type", ""))
+                obj = event.get("object") or {}
+                if etype == "ERROR":
+                    code = obj.get("code")
+                    message = f"{what}: {obj.get('message', 'watch error')}"
+                    if code == 410:
+                        raise WatchExpiredError(message, status=410)
+                    raise ApiError(message, status=code if isinstance(code, int) else None)
+                emit(etype, obj)
+    finally:
+        response.release_conn()
+
+
+def _open_stream(
+    api_client: ApiClient, path: str, query: list[tuple[str, str]], read_timeout_s: float
+) -> urllib3.BaseHTTPResponse:
+    client = cast(Any, api_client)
+    request = client.param_serialize(
+        method="GET",
+        resource_path=path,
+        query_params=query,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+    )
+    response = client.call_api(*request, _request_timeout=(10.0, read_timeout_s))
+    if not 200 <= response.status <= 299:
+        response.read()
+        raise ApiException(http_resp=response)
+    return cast(urllib3.BaseHTTPResponse, response.response)
+
+
+def _lines(response: urllib3.BaseHTTPResponse) -> Iterable[str]:
+    """The stream's lines; a read timeout or a cut connection just ends it."""
+    pending = b""
+    try:
+        for chunk in response.stream(amt=None, decode_content=True):
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                yield line.decode("utf-8", errors="replace")
+    except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
+        return
+    if pending.strip():
+        yield pending.decode("utf-8", errors="replace")
+
+
+def send_json(
+    api_client: ApiClient,
+    method: str,
+    path: str,
+    body: JsonObj | None = None,
+    *,
+    what: str | None = None,
+) -> JsonObj:
+    """One write or read, translated: ``ApiError`` (``ApiConflictError`` on 409...)."""
+    with translate_api_errors(what or f"{method} {path}"):
+        return request_json(api_client, method, path, body=body)

@@ -1,0 +1,576 @@
+"""The controller against the fake API over HTTP: real list+watch, real writes.
+
+Slices come from the real builder (fake H100s, ``allocator: controller``, 1.34
+capabilities so shares are policy attributes); the DeviceClass
+``share.gpu.fractional.dev`` carries the sentinel selector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+from collections.abc import AsyncIterator, Callable
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from dra_driver.allocator import sentinel_expression
+from dra_driver.controller import Controller, ControllerConfig
+from dra_driver.controller.informer import CLAIMS, Informer
+from dra_driver.controller.leader import lease_action, micro_time
+from dra_driver.controller.queue import WorkQueue
+from dra_driver.controller.reconcile import (
+    CONTROLLER_CLASS,
+    FINALIZER,
+    REJECTED_ANNOTATION,
+    node_fits_pod,
+)
+from dra_driver.core.quantity import parse_quantity
+from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
+from dra_driver.core.slices import build_slices
+from dra_driver.gpu.fake import build_inventory, load_spec
+from dra_driver.k8s.client import make_api_client
+from tests.support.fakekube import FakeKubeApi
+
+DRIVER = "gpu.fractional.dev"
+GI = 1024**3
+JsonObj = dict[str, Any]
+
+
+# --- seeding ---------------------------------------------------------------------------
+
+
+def seed_cluster(api: FakeKubeApi, nodes: dict[str, str]) -> None:
+    """``nodes``: name -> fake GPU spec (e.g. ``h100-80gb:2``)."""
+    settings = NodeSettings(default=GpuSettings(allocator=Allocator.CONTROLLER))
+    for node, spec in nodes.items():
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {"zone": node}},
+            }
+        )
+        desired = build_slices(
+            build_inventory(load_spec(spec), node),
+            driver_name=DRIVER,
+            node_name=node,
+            settings=settings,
+            capabilities=Capabilities.for_version(34),
+        )
+        for d in desired:
+            api.create(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": f"{node}-{DRIVER}-{d.key}"},
+                    "spec": dict(d.spec),
+                }
+            )
+    api.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": CONTROLLER_CLASS},
+            "spec": {
+                "selectors": [{"cel": {"expression": sentinel_expression(DRIVER)}}],
+                "config": [
+                    {
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": "gpu.fractional.dev/v1alpha1",
+                                "kind": "GpuConfig",
+                                "from": "class",
+                            },
+                        }
+                    }
+                ],
+            },
+        }
+    )
+
+
+def make_claim(
+    api: FakeKubeApi, name: str, memory: str = "10Gi", config: list[JsonObj] | None = None
+) -> JsonObj:
+    return api.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": CONTROLLER_CLASS,
+                                "capacity": {"requests": {"memory": memory}},
+                            },
+                        }
+                    ],
+                    "config": config or [],
+                }
+            },
+        }
+    )
+
+
+def make_pod(api: FakeKubeApi, name: str, claim: str, **spec: Any) -> JsonObj:
+    return api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "containers": [{"name": "main", "image": "x"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                **spec,
+            },
+            "status": {"phase": "Pending"},
+        }
+    )
+
+
+def claim_of(api: FakeKubeApi, name: str) -> JsonObj:
+    return api.get("ResourceClaim", name, "default")
+
+
+def allocation_of(api: FakeKubeApi, name: str) -> JsonObj | None:
+    alloc: JsonObj | None = (claim_of(api, name).get("status") or {}).get("allocation")
+    return alloc
+
+
+def node_of(allocation: JsonObj) -> str:
+    return str(allocation["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
+
+
+def events_for(api: FakeKubeApi, claim: str, reason: str | None = None) -> list[JsonObj]:
+    return [
+        e
+        for e in api.objects("Event")
+        if e["involvedObject"]["name"] == claim and reason in (None, e["reason"])
+    ]
+
+
+# --- running ---------------------------------------------------------------------------
+
+
+def config(identity: str = "ctrl-1") -> ControllerConfig:
+    return ControllerConfig(
+        driver_name=DRIVER,
+        identity=identity,
+        lease_duration_s=2.0,
+        renew_interval_s=0.3,
+        retry_interval_s=0.2,
+        read_timeout_s=0.5,
+        resync_s=5.0,
+        retry_unfit_s=1.0,
+        error_backoff_s=0.1,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(
+    api: FakeKubeApi, identity: str = "ctrl-1", *, claim_watch_lag_s: float = 0.0
+) -> AsyncIterator[Controller]:
+    """A running controller; ``claim_watch_lag_s`` delays every claim watch event it
+    sees (a slow watch: only the assume cache shows its own recent writes)."""
+    controller = Controller(make_api_client(None, host=api.url), config(identity))
+    if claim_watch_lag_s:
+        informer = controller.claims
+        apply = informer._apply
+        loop = asyncio.get_running_loop()
+
+        def lagging(etype: str, obj: JsonObj) -> None:
+            loop.call_later(claim_watch_lag_s, apply, etype, obj)
+
+        informer._apply = lagging  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        await asyncio.wait_for(controller.synced(), 10)
+        yield controller
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def eventually(cond: Callable[[], object], timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+async def settled(controller: Controller, rounds: int = 3) -> None:
+    """The worker has nothing left (checked a few times, the watch may still deliver)."""
+    for _ in range(rounds):
+        await eventually(lambda: controller.elector.is_leader and controller.queue.idle())
+        await asyncio.sleep(0.2)
+
+
+# --- tests -----------------------------------------------------------------------------
+
+
+def test_allocates_only_with_a_pod_and_writes_like_the_scheduler(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:2"})
+    claim_config = {
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": "gpu.fractional.dev/v1alpha1", "kind": "GpuConfig"},
+        }
+    }
+    make_claim(fake_kube, "c1", config=[claim_config])
+
+    async def scenario() -> None:
+        async with running(fake_kube) as controller:
+            await settled(controller)
+            assert allocation_of(fake_kube, "c1") is None
+            assert FINALIZER not in (claim_of(fake_kube, "c1")["metadata"].get("finalizers") or [])
+            fake_kube.clear_requests()
+            make_pod(fake_kube, "p1", "c1")
+            await eventually(lambda: allocation_of(fake_kube, "c1") is not None)
+            await eventually(lambda: events_for(fake_kube, "c1", "Allocated"))
+
+    asyncio.run(scenario())
+    claim = claim_of(fake_kube, "c1")
+    assert FINALIZER in claim["metadata"]["finalizers"]
+    writes = [(m, p) for m, p in fake_kube.requests if m == "PUT" and "resourceclaims" in p]
+    assert writes[0][1].endswith("/resourceclaims/c1"), "finalizer first"
+    assert writes[1][1].endswith("/resourceclaims/c1/status"), "then the allocation"
+    alloc = claim["status"]["allocation"]
+    datetime.datetime.fromisoformat(alloc["allocationTimestamp"].replace("Z", "+00:00"))
+    assert node_of(alloc) == "node-a"
+    (result,) = alloc["devices"]["results"]
+    assert result["shareID"] and result["consumedCapacity"]["memory"] == "10Gi"
+    sources = [(c["source"], c["opaque"]["parameters"]["kind"]) for c in alloc["devices"]["config"]]
+    assert sources == [
+        ("FromClass", "GpuConfig"),
+        ("FromClaim", "GpuConfig"),
+        ("FromClaim", "GpuShareGrant"),
+    ]
+    grant = alloc["devices"]["config"][2]["opaque"]["parameters"]
+    assert grant["shareID"] == result["shareID"] and grant["device"] == result["device"]
+    (event,) = events_for(fake_kube, "c1", "Allocated")
+    assert "node-a" in event["message"] and "10Gi" in event["message"]
+
+
+def test_pod_constraints_pick_another_node(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:2", "node-b": "h100-80gb:2"})
+    node_a = fake_kube.get("Node", "node-a")
+    node_a["spec"] = {"taints": [{"key": "gpu", "value": "busy", "effect": "NoSchedule"}]}
+    make_claim(fake_kube, "free")
+    make_claim(fake_kube, "steered")
+    make_claim(fake_kube, "tainted")
+
+    async def scenario() -> None:
+        async with running(fake_kube):
+            make_pod(fake_kube, "p-free", "free")
+            await eventually(lambda: allocation_of(fake_kube, "free") is not None)
+            make_pod(fake_kube, "p-steered", "steered", nodeSelector={"zone": "node-b"})
+            await eventually(lambda: allocation_of(fake_kube, "steered") is not None)
+            fake_kube.update(node_a)  # now node-a has a taint the next pod does not tolerate
+            await asyncio.sleep(0.3)
+            make_pod(fake_kube, "p-tainted", "tainted")
+            await eventually(lambda: allocation_of(fake_kube, "tainted") is not None)
+
+    asyncio.run(scenario())
+    free = allocation_of(fake_kube, "free")
+    steered = allocation_of(fake_kube, "steered")
+    tainted = allocation_of(fake_kube, "tainted")
+    assert free and steered and tainted
+    assert node_of(free) == "node-a"  # best fit on equal nodes: the first
+    assert node_of(steered) == "node-b"
+    assert node_of(tainted) == "node-b"
+
+
+def test_cleared_allocation_is_redone_elsewhere(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:1", "node-b": "h100-80gb:1"})
+    make_claim(fake_kube, "c1")
+
+    async def scenario() -> None:
+        async with running(fake_kube):
+            make_pod(fake_kube, "p1", "c1")
+            await eventually(lambda: allocation_of(fake_kube, "c1") is not None)
+            alloc = allocation_of(fake_kube, "c1")
+            assert alloc is not None and node_of(alloc) == "node-a"
+            claim = claim_of(fake_kube, "c1")  # the scheduler's PostFilter clears it
+            claim["status"] = {}
+            fake_kube.update_status(claim)
+            await eventually(
+                lambda: (a := allocation_of(fake_kube, "c1")) is not None and node_of(a) == "node-b"
+            )
+
+    asyncio.run(scenario())
+    annotations = claim_of(fake_kube, "c1")["metadata"]["annotations"]
+    assert annotations[REJECTED_ANNOTATION] == "node-a"
+    assert events_for(fake_kube, "c1", "NodeRejected")
+
+
+def test_unreserved_claim_without_pod_is_deallocated(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
+    make_claim(fake_kube, "c1")
+
+    async def scenario() -> None:
+        async with running(fake_kube):
+            make_pod(fake_kube, "p1", "c1")
+            await eventually(lambda: allocation_of(fake_kube, "c1") is not None)
+            fake_kube.delete("Pod", "p1", "default")
+            await eventually(lambda: allocation_of(fake_kube, "c1") is None)
+            await eventually(
+                lambda: FINALIZER not in (claim_of(fake_kube, "c1")["metadata"]["finalizers"])
+            )
+
+    asyncio.run(scenario())
+    assert events_for(fake_kube, "c1", "Deallocated")
+
+
+def test_conflicts_are_retried(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
+    make_claim(fake_kube, "c1")
+    fake_kube.fail_next("PUT", "/resourceclaims/c1/status", 409)
+    fake_kube.fail_next("PUT", "/resourceclaims/c1", 409)
+
+    async def scenario() -> None:
+        async with running(fake_kube):
+            make_pod(fake_kube, "p1", "c1")
+            await eventually(lambda: allocation_of(fake_kube, "c1") is not None)
+
+    asyncio.run(scenario())
+    status_puts = [p for m, p in fake_kube.requests if m == "PUT" and p.endswith("c1/status")]
+    assert len(status_puts) == 2
+    assert FINALIZER in claim_of(fake_kube, "c1")["metadata"]["finalizers"]
+
+
+def _used_memory(api: FakeKubeApi) -> dict[tuple[str, str], Fraction]:
+    used: dict[tuple[str, str], Fraction] = {}
+    for claim in api.objects("ResourceClaim"):
+        for r in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []:
+            key = (r["pool"], r["device"])
+            used[key] = used.get(key, Fraction(0)) + parse_quantity(r["consumedCapacity"]["memory"])
+    return used
+
+
+def _allocated(api: FakeKubeApi) -> int:
+    return sum(1 for c in api.objects("ResourceClaim") if (c.get("status") or {}).get("allocation"))
+
+
+def test_assume_cache_prevents_double_booking(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:2"})
+    capacity = Fraction(81559 * 1024**2)  # the fake H100's memory
+    fits = 2 * int(capacity // (10 * GI))
+
+    async def scenario() -> None:
+        async with running(fake_kube, claim_watch_lag_s=1.0) as controller:
+            for i in range(50):
+                make_claim(fake_kube, f"c{i}")
+                make_pod(fake_kube, f"p{i}", f"c{i}")
+            await eventually(lambda: _allocated(fake_kube) >= fits, timeout=60)
+            await settled(controller)
+
+    asyncio.run(scenario())
+    assert _allocated(fake_kube) == fits
+    used = _used_memory(fake_kube)
+    assert len(used) == 2
+    assert all(v <= capacity for v in used.values()), used
+    unfit = [c for c in fake_kube.objects("ResourceClaim") if not c.get("status")]
+    assert unfit and all(
+        events_for(fake_kube, c["metadata"]["name"], "CannotAllocate") for c in unfit
+    )
+
+
+def test_only_the_leader_writes(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
+    make_claim(fake_kube, "c1")
+    make_claim(fake_kube, "c2")
+
+    async def scenario() -> None:
+        async with running(fake_kube, "one") as one:
+            await eventually(lambda: one.elector.is_leader)
+            async with running(fake_kube, "two") as two:
+                await asyncio.sleep(0.5)
+                make_pod(fake_kube, "p1", "c1")
+                await eventually(lambda: allocation_of(fake_kube, "c1") is not None)
+                await asyncio.sleep(0.5)
+                assert not two.elector.is_leader
+                assert one.writes >= 2 and two.writes == 0
+                lease = fake_kube.get("Lease", "fractional-gpu-dra-controller", "default")
+                assert lease["spec"]["holderIdentity"] == "one"
+                await asyncio.sleep(0)
+            # "two" stopped without ever leading; now "one" stops and releases, a new one leads
+        async with running(fake_kube, "three") as three:
+            await eventually(lambda: three.elector.is_leader, timeout=5)
+            make_pod(fake_kube, "p2", "c2")
+            await eventually(lambda: allocation_of(fake_kube, "c2") is not None)
+            assert three.writes >= 2
+
+    asyncio.run(scenario())
+
+
+def test_restart_rebuilds_the_ledger_from_allocated_claims(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
+    capacity = Fraction(81559 * 1024**2)
+    fits = int(capacity // (10 * GI))
+
+    async def scenario() -> None:
+        async with running(fake_kube, "first"):
+            for i in range(4):
+                make_claim(fake_kube, f"a{i}")
+                make_pod(fake_kube, f"pa{i}", f"a{i}")
+            await eventually(lambda: _allocated(fake_kube) == 4)
+        async with running(fake_kube, "second") as second:
+            for i in range(fits):
+                make_claim(fake_kube, f"b{i}")
+                make_pod(fake_kube, f"pb{i}", f"b{i}")
+            await eventually(lambda: _allocated(fake_kube) >= fits, timeout=30)
+            await settled(second)
+
+    asyncio.run(scenario())
+    assert _allocated(fake_kube) == fits
+    assert all(v <= capacity for v in _used_memory(fake_kube).values())
+
+
+def test_forged_grant_is_refused(fake_kube: FakeKubeApi) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
+    forged = {
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {
+                "apiVersion": "gpu.fractional.dev/v1alpha1",
+                "kind": "GpuShareGrant",
+                "device": "gpu-0",
+                "shareID": "00000000-0000-0000-0000-000000000001",
+                "memory": "80Gi",
+                "computePercent": 100,
+            },
+        }
+    }
+    make_claim(fake_kube, "c1", config=[forged])
+
+    async def scenario() -> None:
+        async with running(fake_kube) as controller:
+            make_pod(fake_kube, "p1", "c1")
+            await eventually(lambda: events_for(fake_kube, "c1", "AllocationRefused"))
+            await settled(controller)
+
+    asyncio.run(scenario())
+    assert allocation_of(fake_kube, "c1") is None
+    assert FINALIZER not in (claim_of(fake_kube, "c1")["metadata"].get("finalizers") or [])
+
+
+def test_informer_resumes_and_relists_after_410(fake_kube: FakeKubeApi) -> None:
+    make_claim(fake_kube, "before")
+
+    async def scenario() -> None:
+        informer = Informer(make_api_client(None, host=fake_kube.url), CLAIMS, read_timeout_s=0.3)
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 10)
+            assert informer.relists == 1
+            make_claim(fake_kube, "watched")
+            await eventually(lambda: len(informer.objects) == 2)
+            await asyncio.sleep(0.5)  # an idle stream was resumed, not relisted
+            assert informer.relists == 1
+            fake_kube.compact()
+            make_claim(fake_kube, "after-compaction")
+            fake_kube.delete("ResourceClaim", "before", "default")
+            fake_kube.compact()
+            await eventually(lambda: informer.relists >= 2)
+            await eventually(
+                lambda: (
+                    {o["metadata"]["name"] for o in informer.values()}
+                    == {"watched", "after-compaction"}
+                )
+            )
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
+
+
+# --- pure parts ------------------------------------------------------------------------
+
+
+def test_node_fits_pod_selector_affinity_and_taints() -> None:
+    node = {
+        "metadata": {"name": "n1", "labels": {"zone": "a", "gpus": "4"}},
+        "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
+    }
+    tolerate = {"tolerations": [{"key": "gpu", "operator": "Exists"}]}
+    assert not node_fits_pod(node, {"spec": {}})
+    assert node_fits_pod(node, {"spec": tolerate})
+    assert not node_fits_pod(node, {"spec": {**tolerate, "nodeSelector": {"zone": "b"}}})
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["2"]}]}
+                ]
+            }
+        }
+    }
+    assert node_fits_pod(node, {"spec": {**tolerate, "affinity": affinity}})
+    affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ] = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]
+    assert not node_fits_pod(node, {"spec": {**tolerate, "affinity": affinity}})
+
+
+def test_lease_action() -> None:
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    held = {
+        "spec": {
+            "holderIdentity": "a",
+            "renewTime": micro_time(now - datetime.timedelta(seconds=5)),
+            "leaseDurationSeconds": 15,
+        }
+    }
+    assert lease_action(None, "b", now) == "take"
+    assert lease_action(held, "a", now) == "renew"
+    assert lease_action(held, "b", now) == "wait"
+    assert lease_action(held, "b", now + datetime.timedelta(seconds=11)) == "take"
+    assert lease_action({"spec": {"holderIdentity": ""}}, "b", now) == "take"
+
+
+def test_work_queue_coalesces() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue()
+        queue.add("a")
+        queue.add("b")
+        queue.add("a")
+        assert len(queue) == 2
+        key = await queue.get()
+        assert key == "a"
+        queue.add("a")  # while processing: once more after done
+        assert len(queue) == 1
+        queue.done("a")
+        assert await queue.get() == "b"
+        assert await queue.get() == "a"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("memory", ["10Gi"])
+def test_claims_of_other_classes_are_left_alone(fake_kube: FakeKubeApi, memory: str) -> None:
+    seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
+    claim = make_claim(fake_kube, "other", memory)
+    claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.fractional.dev"
+    fake_kube.update(claim)
+
+    async def scenario() -> None:
+        async with running(fake_kube) as controller:
+            make_pod(fake_kube, "p1", "other")
+            await settled(controller)
+
+    asyncio.run(scenario())
+    assert allocation_of(fake_kube, "other") is None
+    assert not events_for(fake_kube, "other")
