@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dra_driver.api.decode import decode_config
+from dra_driver.api.types import GpuShareGrant
+from dra_driver.core.errors import DriverError
 from dra_driver.core.quantity import parse_quantity
 
 
@@ -306,20 +309,67 @@ class AllocatedResult:
 
 
 def allocated_results(obj: Mapping[str, Any]) -> list[AllocatedResult]:
-    """The results of a claim's ``status.allocation`` (empty if not allocated)."""
+    """The results of a claim's ``status.allocation`` (empty if not allocated).
+
+    On clusters whose API drops ``shareID`` and ``consumedCapacity`` (1.34,
+    1.35) a share written by our controller is known by its ``GpuShareGrant``
+    config: such a result is read as the share the grant says, not as the
+    whole device (which is what a result without shareID otherwise means).
+    """
     allocation = (obj.get("status") or {}).get("allocation") or {}
-    return [
-        AllocatedResult(
-            request=r.get("request", ""),
-            driver=r["driver"],
-            pool=r["pool"],
-            device=r["device"],
-            share_id=r.get("shareID"),
-            consumed={k: parse_quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()},
-            admin_access=bool(r.get("adminAccess")),
+    devices = allocation.get("devices") or {}
+    results = []
+    for r in devices.get("results") or ():
+        share_id = r.get("shareID")
+        consumed = {k: parse_quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()}
+        if not share_id:
+            grant = _grant_for(devices.get("config") or (), r)
+            if grant is not None:
+                share_id = grant.share_id
+                consumed = consumed or {
+                    "memory": Fraction(grant.memory_bytes),
+                    "computePercent": Fraction(grant.compute_percent),
+                    "clients": Fraction(1),
+                }
+        results.append(
+            AllocatedResult(
+                request=r.get("request", ""),
+                driver=r["driver"],
+                pool=r["pool"],
+                device=r["device"],
+                share_id=share_id or None,
+                consumed=consumed,
+                admin_access=bool(r.get("adminAccess")),
+            )
         )
-        for r in (allocation.get("devices") or {}).get("results") or ()
-    ]
+    return results
+
+
+def _grant_for(
+    configs: Sequence[Mapping[str, Any]], result: Mapping[str, Any]
+) -> GpuShareGrant | None:
+    """The controller's grant for ``result``: FromClaim, our driver, the same device."""
+    for config in configs:
+        opaque = config.get("opaque") or {}
+        params = opaque.get("parameters") or {}
+        if (
+            config.get("source") != "FromClaim"
+            or opaque.get("driver") != result.get("driver")
+            or params.get("kind") != "GpuShareGrant"
+        ):
+            continue
+        requests = config.get("requests") or ()
+        if requests and str(result.get("request", "")).split("/")[0] not in {
+            str(q).split("/")[0] for q in requests
+        }:
+            continue
+        try:
+            grant = decode_config(params, str(result.get("driver")))
+        except DriverError:
+            continue
+        if isinstance(grant, GpuShareGrant) and grant.device == result.get("device"):
+            return grant
+    return None
 
 
 def names(items: Sequence[ExactRequest]) -> list[str]:

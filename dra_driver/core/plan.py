@@ -299,7 +299,7 @@ def _mode(
         return Mode.ADMIN
     if target is not None:
         return Mode.MIG
-    if not result.share_id:
+    if not result.share_id and not _has_grant(result, claim, ctx):
         return Mode.EXCLUSIVE
     sharing = ctx.settings.for_gpu(gpu.index, gpu.uuid).sharing
     if sharing is Sharing.MPS:
@@ -311,6 +311,14 @@ def _mode(
         f"the allocation holds a share of {gpu.device_name}, but this node does not share "
         f"it (sharing={sharing.value}); delete the claim so it is allocated again",
     )
+
+
+def _has_grant(result: DeviceResult, claim: ResourceClaim, ctx: NodeContext) -> bool:
+    """A share without shareID: the controller's grant, on clusters whose API drops it."""
+    try:
+        return effective_config(result, claim.configs, ctx.driver_name).grant is not None
+    except InvalidConfigError as err:
+        raise AllocationError(claim.ref, f"request {result.request}: {err}") from err
 
 
 def _limits(

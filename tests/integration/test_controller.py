@@ -574,3 +574,40 @@ def test_claims_of_other_classes_are_left_alone(fake_kube: FakeKubeApi, memory: 
     asyncio.run(scenario())
     assert allocation_of(fake_kube, "other") is None
     assert not events_for(fake_kube, "other")
+
+
+def test_shares_on_a_cluster_that_drops_share_ids() -> None:
+    """1.34/1.35: the API drops capacity.requests, shareID and consumedCapacity; the
+    fraction comes from GpuShare, and written shares are known by their grants."""
+    share = {
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {
+                "apiVersion": "gpu.fractional.dev/v1alpha1",
+                "kind": "GpuShare",
+                "memory": "30Gi",
+            },
+        }
+    }
+    with FakeKubeApi(kube_minor=34) as api:
+        seed_cluster(api, {"node-a": "h100-80gb:1"})
+        for name in ("s1", "s2", "s3"):
+            make_claim(api, name, config=[share])
+
+        async def scenario() -> None:
+            async with running(api) as controller:
+                make_pod(api, "p1", "s1")
+                make_pod(api, "p2", "s2")
+                await eventually(lambda: allocation_of(api, "s1") and allocation_of(api, "s2"))
+                for name in ("s1", "s2"):
+                    allocation = allocation_of(api, name)
+                    assert allocation is not None
+                    (result,) = allocation["devices"]["results"]
+                    assert result["device"] == "gpu-0" and "shareID" not in result
+                # 30Gi + 30Gi are given out of 79.6Gi: a third 30Gi does not fit.
+                make_pod(api, "p3", "s3")
+                await eventually(lambda: events_for(api, "s3", "CannotAllocate"))
+                await settled(controller)
+                assert allocation_of(api, "s3") is None
+
+        asyncio.run(scenario())

@@ -155,3 +155,28 @@ def test_devices_this_node_does_not_publish_are_refused(device: str) -> None:
     # The whole GPU is not published while MIG is on; placement 0 overlaps the 3g instance.
     with pytest.raises(AllocationError, match=f"device {device} is not on this node"):
         plan(claim(Allocated(device)), inventory=MIG_NODE)
+
+
+def test_controller_grant_without_share_id_is_an_mps_share() -> None:
+    """1.34/1.35: the API dropped shareID; the controller's GpuShareGrant says the share."""
+    raw = resource_claim("ns", "c", uid=UID, node=NODE, devices=[Allocated("gpu-0")])
+    raw["status"]["allocation"]["devices"]["config"] = [
+        {
+            "source": "FromClaim",
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": f"{DRIVER}/v1alpha1",
+                    "kind": "GpuShareGrant",
+                    "device": "gpu-0",
+                    "shareID": "3f1e2d4c-5b6a-4789-8abc-def012345678",
+                    "memory": "12Gi",
+                    "computePercent": 30,
+                },
+            },
+        }
+    ]
+    (device,) = plan(claim_from_dict(raw)).devices
+    assert device.mode is Mode.MPS
+    assert device.limits == ShareLimits(memory_bytes=12 * GI, compute_percent=30)
