@@ -182,6 +182,35 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cleanup_parser(sub: Any) -> None:
+    cleanup = sub.add_parser("cleanup", help="undo what the driver left on this node (uninstall)")
+    _node_flags(cleanup)
+    add_flag(
+        cleanup,
+        "--plugin-dir",
+        f"the plugin's data directory; default {DEFAULT_PLUGINS_DIR}/<driver name>",
+    )
+    add_flag(cleanup, "--cdi-root", "the transient CDI specs' directory", default=DEFAULT_CDI_ROOT)
+    add_flag(
+        cleanup,
+        "--backend",
+        "GPU backend, to destroy the MIG instances the plugin created",
+        default="fake",
+        choices=["fake", "nvml"],
+    )
+    add_flag(cleanup, "--fake-gpus", "fake GPUs (fake backend)", default="h100-80gb:2")
+    add_flag(
+        cleanup, "--mps-agent-socket", "the mps-agent's socket; default <plugin dir>/mps-agent.sock"
+    )
+    add_flag(
+        cleanup,
+        "--kubeconfig",
+        "delete this node's ResourceSlices through this API (in-cluster when unset); "
+        "'none' to leave them",
+    )
+    _common(cleanup)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = EnvTwinParser(
         prog="dra-driver", description="Kubernetes DRA driver for fractional NVIDIA GPUs"
@@ -287,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
         "this replica's identity in the Lease (downward API metadata.name); default hostname",
     )
     _common(controller)
+
+    _cleanup_parser(sub)
 
     render = sub.add_parser(
         "render-slices", help="print the ResourceSlices the plugin would publish, as YAML"
@@ -486,6 +517,40 @@ def _run_controller(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_cleanup(args: argparse.Namespace) -> int:
+    from dra_driver.core.cdi import cdi_kind_for_driver
+    from dra_driver.plugin.cdi_store import CdiStore
+    from dra_driver.plugin.cleanup import cleanup_node
+
+    plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
+    node_name = args.node_name or ""
+    publisher = None
+    if args.kubeconfig != "none":
+        if not node_name:
+            raise ConfigError("--node-name (NODE_NAME) is required to delete the node's slices")
+        from dra_driver.k8s.client import make_api_client
+        from dra_driver.k8s.publisher import SlicePublisher
+
+        publisher = SlicePublisher(
+            make_api_client(args.kubeconfig), driver_name=args.driver_name, node_name=node_name
+        )
+    report = asyncio.run(
+        cleanup_node(
+            checkpoint_path=os.path.join(plugin_dir, "checkpoint.json"),
+            cdi=CdiStore(args.cdi_root, cdi_kind_for_driver(args.driver_name)),
+            backend=_backend(args, node_name or "node"),
+            mps_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
+            publisher=publisher,
+        )
+    )
+    print(
+        f"MIG instances destroyed: {len(report.mig_destroyed)}, MPS shares released: "
+        f"{len(report.shares_released)}, CDI specs removed: {len(report.cdi_specs_removed)}, "
+        f"ResourceSlices deleted: {len(report.slices_deleted)}, problems: {len(report.problems)}"
+    )
+    return 1 if report.problems else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -495,6 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
         if args.command == "version":
             print(f"dra-driver {__version__}")
             return 0
+        if args.command == "cleanup":
+            return _run_cleanup(args)
         if args.command == "mps-agent":
             return _run_mps_agent(args)
         if args.command == "render-slices":

@@ -59,6 +59,7 @@ def _valid_value(action: argparse.Action, avoid: object) -> str:
 
 def test_there_are_flags_and_subcommands() -> None:
     assert set(_subcommands(build_parser())) == {
+        "cleanup",
         "mps-agent",
         "kubelet-plugin",
         "controller",
