@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable
 
 import pytest
@@ -160,9 +161,9 @@ def test_two_pods_different_limits(cluster: Cluster, example: ApplyExample) -> N
 def test_controller_path_share(cluster: Cluster, example: ApplyExample) -> None:
     if os.environ.get("E2E_CONTROLLER_PATH") != "1":
         pytest.skip(
-            "controller path: the controller (issue 5) is not implemented yet, so nothing"
-            " allocates share.gpu.fractional.dev claims and the pod would stay Pending; set"
-            " E2E_CONTROLLER_PATH=1 once it is deployed"
+            "controller path: set E2E_CONTROLLER_PATH=1 when the controller is deployed"
+            " (chart value controller.enabled=true); without it nothing allocates"
+            " share.gpu.fractional.dev claims and the pod would stay Pending"
         )
     ex = example("controller-path-share")
     ex.wait_running()
@@ -221,3 +222,74 @@ def test_count_two_distinct(cluster: Cluster, example: ApplyExample) -> None:
         assert r.get("shareID"), f"a share has a shareID: {r}"
         assert memory(r) == parse_whole("10Gi")
     assert_share_env(ex, "pod0", pair[0])
+
+
+def test_oversized_share_stays_pending_with_our_event(cluster: Cluster) -> None:
+    """A share no GPU can hold: the claim stays unallocated, the pod Pending, and our
+    controller says why in an Event on the claim."""
+    if os.environ.get("E2E_CONTROLLER_PATH") != "1":
+        pytest.skip("controller path: set E2E_CONTROLLER_PATH=1 when the controller is deployed")
+    namespace = "fgd-oversized"
+    claims = cluster.resource("resource.k8s.io/v1", "ResourceClaim")
+    cluster.core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        claims.create(
+            namespace=namespace,
+            body={
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "too-big", "namespace": namespace},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {"deviceClassName": "share.gpu.fractional.dev"},
+                            }
+                        ],
+                        "config": [
+                            {
+                                "requests": ["gpu"],
+                                "opaque": {
+                                    "driver": cluster.driver,
+                                    "parameters": {
+                                        "apiVersion": f"{cluster.driver}/v1alpha1",
+                                        "kind": "GpuShare",
+                                        "memory": "4Ti",
+                                    },
+                                },
+                            }
+                        ],
+                    }
+                },
+            },
+        )
+        cluster.core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": "pod0"},
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": "busybox", "command": ["sleep", "3600"]}
+                    ],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "too-big"}],
+                },
+            },
+        )
+        deadline = time.monotonic() + cluster.timeout_s
+        reasons: list[str] = []
+        while time.monotonic() < deadline:
+            events = cluster.core.list_namespaced_event(
+                namespace, field_selector="involvedObject.name=too-big"
+            ).items
+            reasons = [e.reason for e in events]
+            if "CannotAllocate" in reasons:
+                break
+            time.sleep(2)
+        assert "CannotAllocate" in reasons, f"no CannotAllocate Event; events: {reasons}"
+        claim = claims.get(name="too-big", namespace=namespace).to_dict()
+        assert not (claim.get("status") or {}).get("allocation")
+        pod = cluster.core.read_namespaced_pod("pod0", namespace)
+        assert pod.status.phase == "Pending"
+    finally:
+        cluster.core.delete_namespace(namespace)
