@@ -13,6 +13,7 @@ one GPU unless asked).
 from __future__ import annotations
 
 import bisect
+import heapq
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -356,6 +357,8 @@ class _Match:
     """Positions of matching (tolerated) devices, in device order."""
     errors: list[tuple[int, CelError]]
     groups: list[_Group] | None = None
+    by_node: dict[str | None, list[int]] | None = None
+    """Node name -> positions of its matching devices, in device order."""
 
 
 class AllocatorState:
@@ -368,7 +371,10 @@ class AllocatorState:
     bisection and a walk to the first that fits for best fit, the first that fits in
     index order for first fit, all that could fit for any other policy. Other claims
     (several devices, ``All``, admin access, ``firstAvailable``) take the node-by-node
-    search over the cached candidates. Allocations made here are recorded (``record``);
+    search over the cached candidates; unless admin access or ``matchAttribute`` lets a
+    device be picked twice, only nodes with enough devices that fit alone are searched,
+    best lower bound first, stopping once no remaining node can beat the best found
+    (see :meth:`_search`). Allocations made here are recorded (``record``);
     claims allocated elsewhere are added with :meth:`record_claim`. Nothing is ever
     released: build a new state when claims are deallocated or slices change.
     """
@@ -616,6 +622,120 @@ class AllocatorState:
         policy: Policy,
         usable: Callable[[Device], bool],
     ) -> tuple[str | None, list[_Pick]] | None:
+        """The node-by-node search; nodes are tried in order of a lower bound on their score.
+
+        Without admin access and ``matchAttribute`` constraints a claim never picks a
+        device twice, so each pick's key is the key of that device taking its request
+        alone, and a device that cannot take the request alone is never picked. The
+        ``k`` smallest alone keys of a node (``k`` slots) then bound its score from
+        below element by element, hence lexicographically. Nodes without ``k`` such
+        devices are skipped, the rest are searched in bound order, and the search stops
+        once a bound exceeds the best (score, node) found: the same winner as searching
+        every node.
+        """
+        if any(alt.admin_access for alt, _ in matches) or any(
+            c.match_attribute for c in claim.constraints
+        ):
+            return self._search_all(claim, matches, policy, usable)
+        alone = self._alone_keys(claim, matches, policy, usable)
+        # Requests of one alternative that is not ``All``: the same slot count on every node.
+        alts = [r.alternatives[0] for r in claim.requests if len(r.alternatives) == 1]
+        fixed = len(alts) == len(claim.requests) and all(
+            a.mode != "All" and a.count > 0 for a in alts
+        )
+        ranked: list[tuple[tuple[Any, ...], str, str | None, dict[str, list[Device]] | None]] = []
+        for node, keys in alone.items():
+            candidates = None if fixed else self._candidates(node, matches, usable)
+            if candidates is None:
+                k = sum(a.count for a in alts)
+            else:
+                slots = _slots(claim, candidates)
+                if slots is None:
+                    continue
+                k = len(slots)
+            if len(keys) < k:
+                continue
+            ranked.append((tuple(heapq.nsmallest(k, keys.values())), node or "", node, candidates))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        best: tuple[tuple[Any, ...], str, str | None, list[_Pick]] | None = None
+        for bound, name, node, found in ranked:
+            if best is not None and (bound, name) > (best[0], best[1]):
+                break
+            candidates = found if found is not None else self._candidates(node, matches, usable)
+            search = _Search(claim, self.ledger, policy, candidates, self.pool_map)
+            slots = _slots(claim, candidates)
+            solved = slots is not None and _solve(search, slots, 0)
+            self.examined += search.examined
+            if not solved:
+                continue
+            score = tuple(sorted(p.key for p in search.picks))
+            if best is None or (score, name) < (best[0], best[1]):
+                best = (score, name, node, list(search.picks))
+        return None if best is None else (best[2], best[3])
+
+    def _alone_keys(
+        self,
+        claim: Claim,
+        matches: Sequence[tuple[ExactRequest, _Match]],
+        policy: Policy,
+        usable: Callable[[Device], bool],
+    ) -> dict[str | None, dict[int, tuple[Any, ...]]]:
+        """Per node, per device whose free memory can hold some alternative alone: the
+        smallest key of such a placement (a superset of the devices a search can pick)."""
+        alone: dict[str | None, dict[int, tuple[Any, ...]]] = {}
+        for alt, match in matches:
+            requested = _requested(alt, claim, self.driver_name)
+            for group in self._groups(match):
+                if group.shareable:
+                    need = fits(requested, group.caps, {})
+                    if isinstance(need, str):
+                        continue
+                    floor = need.get("memory", Fraction(0))
+                elif alt.capacity_requests:
+                    continue
+                else:
+                    floor = Fraction(0)
+                at = bisect.bisect_left(group.ordered, (floor,))
+                for entry in group.ordered[at:]:
+                    pos = entry[-1]
+                    device = self.devices[pos]
+                    if not usable(device):
+                        continue
+                    free = entry[0] - floor if group.shareable else Fraction(0)
+                    key = policy(Placement(device, free, entry[1], entry[2], entry[3]))
+                    keys = alone.setdefault(device.node_name, {})
+                    old = keys.get(pos)
+                    if old is None or key < old:
+                        keys[pos] = key
+        return alone
+
+    def _candidates(
+        self,
+        node: str | None,
+        matches: Sequence[tuple[ExactRequest, _Match]],
+        usable: Callable[[Device], bool],
+    ) -> dict[str, list[Device]]:
+        """Per alternative name: the usable matching devices of ``node``, in device order."""
+        out: dict[str, list[Device]] = {}
+        for alt, match in matches:
+            if match.by_node is None:
+                match.by_node = {}
+                for pos in match.devices:
+                    match.by_node.setdefault(self.devices[pos].node_name, []).append(pos)
+            for pos in match.by_node.get(node, ()):
+                device = self.devices[pos]
+                if usable(device):
+                    out.setdefault(alt.name, []).append(device)
+        return out
+
+    def _search_all(
+        self,
+        claim: Claim,
+        matches: Sequence[tuple[ExactRequest, _Match]],
+        policy: Policy,
+        usable: Callable[[Device], bool],
+    ) -> tuple[str | None, list[_Pick]] | None:
+        """Search every node (admin access, ``matchAttribute``): the smallest score wins."""
         by_node: dict[str | None, dict[str, list[Device]]] = {}
         for alt, match in matches:
             for pos in match.devices:
