@@ -19,11 +19,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from dra_driver.allocator.allocate import AllocatorState
+from dra_driver.allocator.simulate import claim_object, device_class, order_batch
 from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import Inventory
 from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.core.quantity import format_bytes
-from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
+from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slice_rules import validate_pool
 from dra_driver.core.slices import build_slices
 from dra_driver.gpu.fake import FakeGpuBackend
@@ -142,6 +144,39 @@ def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
             print("  ".join("-" * w for w in widths), file=out)
 
 
+DEMO_BURST = (40, 28, 14, 10, 6, 72, 6)
+"""GiB of a burst of inference claims for the controller's allocator."""
+
+
+def _print_allocator(inventory: Inventory, out: TextIO) -> None:
+    """The controller path: its allocator packs a burst of share claims, largest first."""
+    slices = build_slices(
+        inventory,
+        driver_name=DEFAULT_DRIVER_NAME,
+        node_name=NODE,
+        settings=NodeSettings(default=GpuSettings(allocator=Allocator.CONTROLLER)),
+        capabilities=Capabilities.for_version(36),
+    )
+    state = AllocatorState(
+        slices=[{"spec": s.spec} for s in slices],
+        classes=[device_class(DEFAULT_DRIVER_NAME)],
+        allocated_claims=[],
+        driver_name=DEFAULT_DRIVER_NAME,
+    )
+    placed: dict[str, list[str]] = {}
+    for number, gib in enumerate(order_batch(g * 2**30 for g in DEMO_BURST)):
+        outcome = state.allocate(claim_object(number, gib))
+        where = outcome.allocation.results[0].device if outcome.allocation else "(no room)"
+        placed.setdefault(where, []).append(format_bytes(gib))
+    print(
+        f"\ncontroller path: the allocator packs {len(DEMO_BURST)} share claims "
+        f"({', '.join(f'{g}Gi' for g in DEMO_BURST)}) best fit, largest first:",
+        file=out,
+    )
+    for device, sizes in placed.items():
+        print(f"  {device}: {' + '.join(sizes)}", file=out)
+
+
 def _enforced(device: PlannedDevice) -> str:
     if device.mode is Mode.MPS and device.limits is not None:
         sm = f", {device.limits.compute_percent}% SMs" if device.limits.compute_percent else ""
@@ -230,6 +265,7 @@ async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) ->
             memory = f"{gpu.memory_bytes / 2**30:.1f} GiB"
             print(f"  {gpu.device_name}  {gpu.product_name}  {memory}  {gpu.uuid}", file=out)
         _print_slices(inventory, config.settings, out)
+        _print_allocator(inventory, out)
         plugin = await kubelet.wait_for_plugin(DEFAULT_DRIVER_NAME)
         print(f"\nkubelet registered {plugin.name}: endpoint {plugin.endpoint}", file=out)
         print(

@@ -207,4 +207,5 @@ def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "holds 2 namespace(s)" in out
     assert "repeated prepare returns the recorded result: yes" in out
     assert "25 MIG placements" in out
+    assert "gpu-1: 40Gi + 28Gi + 10Gi" in out  # the allocator's best fit
     assert "CDI specs left: 0, MPS namespaces left: 0, MIG instances left: 0" in out
