@@ -148,6 +148,19 @@ def _index(device: Device) -> int:
     return _BIG
 
 
+def _memory_floor(
+    group: _Group, alt: ExactRequest, requested: Mapping[str, Fraction]
+) -> Fraction | None:
+    """Free memory a device of ``group`` needs to take ``alt`` alone; None: no device can
+    (the request does not fit the group's capacities, or asks capacity of a plain one)."""
+    if group.shareable:
+        need = fits(requested, group.caps, {})
+        if isinstance(need, str):
+            return None
+        return need.get("memory", Fraction(0))
+    return None if alt.capacity_requests else Fraction(0)
+
+
 def _requested(request: ExactRequest, claim: Claim, driver: str) -> dict[str, Fraction]:
     """``capacity.requests``, or (dropped by the API) the claim's ``GpuShare`` config."""
     if request.capacity_requests:
@@ -581,15 +594,9 @@ class AllocatorState:
         requested = _requested(alt, claim, self.driver_name)
         best: tuple[tuple[Any, ...], str, int, _Pick] | None = None
         for group in self._groups(match):
-            if group.shareable:
-                need = fits(requested, group.caps, {})
-                if isinstance(need, str):
-                    continue
-                floor = need.get("memory", Fraction(0))
-            elif alt.capacity_requests:
+            floor = _memory_floor(group, alt, requested)
+            if floor is None:
                 continue
-            else:
-                floor = Fraction(0)
             if policy is first_fit:
                 order: Iterable[int] = (
                     p
@@ -686,15 +693,9 @@ class AllocatorState:
         for alt, match in matches:
             requested = _requested(alt, claim, self.driver_name)
             for group in self._groups(match):
-                if group.shareable:
-                    need = fits(requested, group.caps, {})
-                    if isinstance(need, str):
-                        continue
-                    floor = need.get("memory", Fraction(0))
-                elif alt.capacity_requests:
+                floor = _memory_floor(group, alt, requested)
+                if floor is None:
                     continue
-                else:
-                    floor = Fraction(0)
                 at = bisect.bisect_left(group.ordered, (floor,))
                 for entry in group.ordered[at:]:
                     pos = entry[-1]
