@@ -13,8 +13,8 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from dra_driver import __version__
 from dra_driver.core.errors import ConfigError, DriverError
@@ -28,6 +28,8 @@ from dra_driver.plugin.runtime import (
 )
 
 log = logging.getLogger("dra_driver")
+
+_N = TypeVar("_N", int, float)
 
 
 def env_name(flag: str) -> str:
@@ -149,13 +151,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from dra_driver.core.quantity import parse_quantity
 
     def whole(text: str, flag: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise ConfigError(f"{flag} ({env_name(flag)}): {text!r} is not a whole number >= 0")
-        return value
+        return _non_negative(text, flag, int, "a whole number")
 
     if args.claims.isdigit():
         memory = sim.generate(whole(args.claims, "--claims"), whole(args.seed, "--seed"), args.mix)
@@ -370,14 +366,19 @@ def _node_settings(args: argparse.Namespace) -> NodeSettings:
     )
 
 
-def _seconds(text: str, flag: str) -> float:
+def _non_negative(text: str, flag: str, kind: Callable[[str], _N], what: str) -> _N:
+    """``text`` (a flag's value) as ``kind``; a ConfigError naming the flag otherwise."""
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ConfigError(f"{flag} ({env_name(flag)}): {text!r} is not a number of seconds >= 0")
+        value = kind("-1")
+    if value < kind("0"):
+        raise ConfigError(f"{flag} ({env_name(flag)}): {text!r} is not {what} >= 0")
     return value
+
+
+def _seconds(text: str, flag: str) -> float:
+    return _non_negative(text, flag, float, "a number of seconds")
 
 
 def _backend(args: argparse.Namespace, node_name: str) -> GpuBackend:
