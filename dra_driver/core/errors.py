@@ -12,6 +12,7 @@ translated at their adapter with ``raise ... from err``::
     │   ├── ClaimNotAllocatedError status.allocation is empty
     │   ├── ClaimNotOnNodeError    allocated, but not to this node's pool
     │   └── AllocationError        the allocation names something we cannot serve
+    │       └── OvercommitError    an MPS share does not fit beside those prepared
     ├── ApiError                   the Kubernetes API failed (adapter boundary)
     │   ├── ApiNotFoundError
     │   ├── ApiConflictError
@@ -63,6 +64,10 @@ class ClaimNotOnNodeError(ClaimError):
 
 class AllocationError(ClaimError):
     """The allocation names a device or shape this node cannot serve."""
+
+
+class OvercommitError(AllocationError):
+    """The MPS shares already prepared on the GPU leave no room for this one."""
 
 
 class ApiError(DriverError):

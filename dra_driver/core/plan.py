@@ -36,6 +36,7 @@ from dra_driver.core.errors import (
     ClaimNotAllocatedError,
     ClaimNotOnNodeError,
     InvalidConfigError,
+    OvercommitError,
 )
 from dra_driver.core.ids import ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClaim
@@ -356,7 +357,7 @@ def _check_fits(
     prepared = sum(u.memory_bytes + overhead for u in others)
     usable = gpu.memory_bytes - settings.memory_reserve_bytes
     if prepared + limits.memory_bytes + overhead > usable:
-        raise AllocationError(
+        raise OvercommitError(
             claim.ref,
             f"{device} cannot hold this share: {len(others)} share(s) already prepared there "
             f"hold {format_bytes(prepared)} (with {format_bytes(overhead)} overhead each), "

@@ -46,6 +46,10 @@ class ClaimOutcome:
 
     devices: Sequence[PreparedDevice] = ()
     error: str | None = None
+    reason: str = ""
+    """With ``error``: a short CamelCase cause (metrics, Events); not sent to the kubelet."""
+    repeated: bool = False
+    """Prepare: the claim had been prepared already; nothing was done."""
 
 
 class ClaimHandler(Protocol):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -27,11 +28,12 @@ from dra_driver.core.cdi import CdiSpec, render_spec
 from dra_driver.core.errors import DriverError
 from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import Inventory, ResourceClaim
-from dra_driver.core.plan import Mode, NodeContext, plan_prepare
+from dra_driver.core.plan import Mode, NodeContext, PlannedDevice, plan_prepare
 from dra_driver.core.ports import ClaimSource
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.enforcement import Enforcer, owned_shares
+from dra_driver.plugin.observers import ClaimOperation, DriverObserver, error_reason, notify
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,
@@ -92,6 +94,7 @@ class Driver:
         cdi: CdiStore,
         lock: NodeLock,
         enforcer: Enforcer | None = None,
+        observers: Sequence[DriverObserver] = (),
     ) -> None:
         """``enforcer`` None: no side effects beyond CDI specs (MPS shares and MIG
         devices are then given their GPU's nodes only; tests of the engine alone)."""
@@ -102,12 +105,15 @@ class Driver:
         self.checkpoints = checkpoints
         self.cdi = cdi
         self.lock = lock
+        self.observers: list[DriverObserver] = list(observers)
+        """Told of every claim's outcome (metrics, Events, claim status)."""
         self._pending: list[_Work] = []
         self._worker: asyncio.Task[None] | None = None
 
     # --- public API ---------------------------------------------------------
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, ClaimOutcome]:
+        started = time.monotonic()
         unique = _unique(refs)
         fetched = await asyncio.gather(
             *(self.claims.get_claim(ref) for ref in unique), return_exceptions=True
@@ -118,16 +124,17 @@ class Driver:
             fetched={ref.uid: got for ref, got in zip(unique, fetched, strict=True)},
             future=asyncio.get_running_loop().create_future(),
         )
-        return await self._submit(work)
+        return await self._submit(work, started)
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, ClaimOutcome]:
+        started = time.monotonic()
         work = _Work(
             prepare=False,
             refs=_unique(refs),
             fetched={},
             future=asyncio.get_running_loop().create_future(),
         )
-        return await self._submit(work)
+        return await self._submit(work, started)
 
     async def reconcile(self) -> ReconcileReport:
         """Make checkpoint, CDI dir, MPS shares and MIG instances agree; once at start-up."""
@@ -156,13 +163,36 @@ class Driver:
 
     # --- batching -----------------------------------------------------------
 
-    async def _submit(self, work: _Work) -> dict[ClaimUID, ClaimOutcome]:
+    async def _submit(self, work: _Work, started: float) -> dict[ClaimUID, ClaimOutcome]:
         self._pending.append(work)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain(), name="prepare-batch-worker")
         # The batch finishes even if our caller gives up (kubelet timeout):
         # the kubelet's retry then finds the recorded result.
-        return await asyncio.shield(work.future)
+        outcomes = await asyncio.shield(work.future)
+        if self.observers:
+            self._tell(work, outcomes, time.monotonic() - started)
+        return outcomes
+
+    def _tell(self, work: _Work, outcomes: dict[ClaimUID, ClaimOutcome], seconds: float) -> None:
+        for ref in work.refs:
+            outcome = outcomes.get(ref.uid)
+            if outcome is None:
+                continue
+            fetched = work.fetched.get(ref.uid)
+            notify(
+                self.observers,
+                ClaimOperation(
+                    operation="prepare" if work.prepare else "unprepare",
+                    ref=ref,
+                    seconds=seconds,
+                    devices=tuple(d for d in outcome.devices if isinstance(d, PlannedDevice)),
+                    error=outcome.error,
+                    reason=outcome.reason if outcome.error else "",
+                    claim=fetched if isinstance(fetched, ResourceClaim) else None,
+                    repeated=outcome.repeated,
+                ),
+            )
 
     async def _drain(self) -> None:
         while self._pending:
@@ -180,7 +210,9 @@ class Driver:
                 log.error("prepare/unprepare batch failed: %s", err)
                 for work in batch:
                     for ref in work.refs:
-                        work.outcomes[ref.uid] = ClaimOutcome(error=f"claim {ref}: {err}")
+                        work.outcomes[ref.uid] = ClaimOutcome(
+                            error=f"claim {ref}: {err}", reason=error_reason(err)
+                        )
             for work in batch:
                 if not work.future.done():
                     work.future.set_result(work.outcomes)
@@ -220,7 +252,9 @@ class Driver:
             except DriverError as err:
                 # Keep the claim so the kubelet's retry releases what is left.
                 plan.checkpoint = plan.checkpoint.with_claim(entry)
-                work.outcomes[entry.ref.uid] = ClaimOutcome(error=f"claim {entry.ref}: {err}")
+                work.outcomes[entry.ref.uid] = ClaimOutcome(
+                    error=f"claim {entry.ref}: {err}", reason=error_reason(err)
+                )
         kept: list[tuple[_Work, CheckpointClaim, CdiSpec | None]] = []
         for work, started, planned_spec in plan.to_write:
             if planned_spec is None:
@@ -233,7 +267,9 @@ class Driver:
             except Exception as err:
                 message = f"claim {started.ref}: {err}"
                 log.warning("prepare failed: %s", message)
-                work.outcomes[started.ref.uid] = ClaimOutcome(error=message)
+                work.outcomes[started.ref.uid] = ClaimOutcome(
+                    error=message, reason=error_reason(err)
+                )
                 plan.checkpoint = plan.checkpoint.without(started.ref.uid)
                 continue
             entry = replace(started, devices=devices, cdi_spec=render_spec(spec))
@@ -258,7 +294,8 @@ class Driver:
                 # Prepared and unprepared in one batch: the unprepare wins.
                 for other, _, _ in (x for x in plan.to_write if x[1].ref.uid == ref.uid):
                     other.outcomes[ref.uid] = ClaimOutcome(
-                        error=f"claim {ref}: unprepared while it was being prepared"
+                        error=f"claim {ref}: unprepared while it was being prepared",
+                        reason="UnpreparedMeanwhile",
                     )
                 plan.to_write = [x for x in plan.to_write if x[1].ref.uid != ref.uid]
                 recorded = plan.checkpoint.claims.get(ref.uid)
@@ -284,7 +321,7 @@ class Driver:
                 message = f"claim {entry.ref}: cannot write CDI spec {entry.cdi_spec_file}: {err}"
                 log.error("%s", message)
                 checkpoint = checkpoint.without(entry.ref.uid)
-                work.outcomes[entry.ref.uid] = ClaimOutcome(error=message)
+                work.outcomes[entry.ref.uid] = ClaimOutcome(error=message, reason="CdiWriteFailed")
                 continue
             done = replace(entry, state=ClaimState.PREPARE_COMPLETED)
             checkpoint = checkpoint.with_claim(done)
@@ -294,7 +331,9 @@ class Driver:
         except DriverError as err:
             # Left PrepareStarted on disk: the kubelet's retry plans them again.
             for work, entry in completed:
-                work.outcomes[entry.ref.uid] = ClaimOutcome(error=f"claim {entry.ref}: {err}")
+                work.outcomes[entry.ref.uid] = ClaimOutcome(
+                    error=f"claim {entry.ref}: {err}", reason=error_reason(err)
+                )
             return
         for work, entry in completed:
             work.outcomes[entry.ref.uid] = ClaimOutcome(devices=entry.devices)
@@ -320,14 +359,14 @@ class Driver:
                 # runtime would fail to start the container, so write it again.
                 log.warning("CDI spec of prepared claim %s is missing; writing it again", ref)
                 return replace(recorded, state=ClaimState.PREPARE_STARTED), None
-            work.outcomes[ref.uid] = ClaimOutcome(devices=recorded.devices)
+            work.outcomes[ref.uid] = ClaimOutcome(devices=recorded.devices, repeated=True)
             return None
         fetched = work.fetched[ref.uid]
         if isinstance(fetched, BaseException):
             cause = str(fetched) if isinstance(fetched, DriverError) else repr(fetched)
             message = cause if cause.startswith("claim ") else f"claim {ref}: {cause}"
             log.warning("prepare failed: %s", message)
-            work.outcomes[ref.uid] = ClaimOutcome(error=message)
+            work.outcomes[ref.uid] = ClaimOutcome(error=message, reason=error_reason(fetched))
             return None
         try:
             # A PrepareStarted entry is an attempt that died half-way; planning
@@ -336,7 +375,7 @@ class Driver:
             plan = plan_prepare(fetched, self.inventory, self.ctx, in_use)
         except DriverError as err:
             log.warning("prepare failed: %s", err)
-            work.outcomes[ref.uid] = ClaimOutcome(error=str(err))
+            work.outcomes[ref.uid] = ClaimOutcome(error=str(err), reason=error_reason(err))
             return None
         entry = CheckpointClaim(
             ref=ref,
