@@ -20,6 +20,7 @@ from dra_driver import __version__
 from dra_driver.core.errors import ConfigError, DriverError
 from dra_driver.core.ports import GpuBackend
 from dra_driver.core.settings import NodeSettings
+from dra_driver.observability.logs import LOG_FORMATS, configure_logging
 from dra_driver.plugin.runtime import (
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
@@ -76,6 +77,23 @@ def _common(parser: argparse.ArgumentParser, log_level: str = "INFO") -> None:
         default=log_level,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
     )
+    add_flag(
+        parser,
+        "--log-format",
+        "log lines as text or as JSON objects (one per line)",
+        default="text",
+        choices=list(LOG_FORMATS),
+    )
+
+
+def _metrics_flags(parser: argparse.ArgumentParser) -> None:
+    add_flag(
+        parser,
+        "--metrics-port",
+        "serve Prometheus metrics at :PORT/metrics; 0 turns them off",
+        default="0",
+    )
+    add_flag(parser, "--metrics-address", "address the metrics server binds", default="0.0.0.0")
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
@@ -258,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="/proc/sys/kernel/random/boot_id",
     )
     _common(plugin)
+    _metrics_flags(plugin)
 
     agent = sub.add_parser("mps-agent", help="run the MPS daemons of this node (DaemonSet)")
     add_flag(agent, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
@@ -288,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flag(agent, "--driver-version", "the node's driver version (auto protocol)")
     _common(agent)
+    _metrics_flags(agent)
 
     controller = sub.add_parser(
         "controller", help="run the allocation controller of the controller path (Deployment)"
@@ -312,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         "this replica's identity in the Lease (downward API metadata.name); default hostname",
     )
     _common(controller)
+    _metrics_flags(controller)
 
     _cleanup_parser(sub)
 
@@ -554,9 +575,7 @@ def _run_cleanup(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level, args.log_format)
     try:
         if args.command == "version":
             print(f"dra-driver {__version__}")

@@ -1,0 +1,1 @@
+"""Metrics endpoint and log formatting shared by the plugin, the mps-agent and the controller."""

@@ -1,0 +1,56 @@
+"""The Prometheus endpoint of one process (``--metrics-port``).
+
+Each process (kubelet plugin, mps-agent, controller) keeps its metrics in its
+own :class:`~prometheus_client.CollectorRegistry`, so tests can run several in
+one interpreter, and serves it over plain HTTP from a daemon thread
+(``prometheus_client``'s WSGI server): scrapes never wait on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from dra_driver.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MetricsServer:
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when 0 asked for any free one)."""
+        return int(self.server.server_address[1])
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve_metrics(
+    port: int, registry: CollectorRegistry, address: str = "0.0.0.0"
+) -> MetricsServer:
+    """Serve ``registry`` at ``http://address:port/metrics`` until :meth:`MetricsServer.stop`.
+
+    ``port`` 0 binds any free port (tests). Raises ConfigError naming the
+    flag when the port cannot be bound.
+    """
+    try:
+        server, thread = start_http_server(port, addr=address, registry=registry)
+    except OSError as err:
+        raise ConfigError(
+            f"--metrics-port {port}: cannot listen on {address}:{port}: {err}; "
+            "choose a free port, or 0 to turn metrics off"
+        ) from err
+    served = MetricsServer(server, thread)
+    log.info("metrics at http://%s:%d/metrics", address, served.port)
+    return served
