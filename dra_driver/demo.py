@@ -6,7 +6,9 @@ kubelet plugin on real unix sockets in a temp dir; a kubelet-like client that
 registers it over gRPC and prepares example claims: two MPS shares of one GPU
 with different limits, a whole GPU, a time-sliced share, a MIG instance made
 on demand, and two claims the node must refuse; then a table of what each
-claim got, and the unprepare that undoes it all.
+claim got; device health: an XID on a fake GPU, the device taint the node
+would publish and the kubelet's health stream, then the GPU's reset and the
+recovery; and the unprepare that undoes it all.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from dra_driver.allocator.allocate import AllocatorState
@@ -27,16 +29,23 @@ from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.core.quantity import format_bytes
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slice_rules import validate_pool
-from dra_driver.core.slices import build_slices
+from dra_driver.core.slices import build_slices, device_names
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.publisher import slice_name
 from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
+from dra_driver.plugin.health_monitor import HealthMonitor
 from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, PluginConfig, PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim
-from dra_driver.testing.kubelet import FakeKubelet, PrepareResult
+from dra_driver.testing.kubelet import (
+    FakeKubelet,
+    HealthReport,
+    PrepareResult,
+    RegisteredPlugin,
+    health_reports,
+)
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 
@@ -205,6 +214,92 @@ def _result_rows(
     return rows
 
 
+HEALTH_DEMO_GPU = 1
+HEALTH_DEMO_XID = 48
+HEALTH_WAIT_S = 10.0
+SHOWN_TAINTS = 3
+
+
+async def _health_of(stream: AsyncIterator[Any], device: str, wanted: str) -> HealthReport:
+    """Read the health stream until ``device`` reports ``wanted`` (as the kubelet hears it)."""
+
+    async def read() -> HealthReport:
+        async for message in stream:
+            report = health_reports(message).get(device)
+            if report is not None and report.health == wanted:
+                return report
+        raise RuntimeError("the health stream ended")
+
+    return await asyncio.wait_for(read(), HEALTH_WAIT_S)
+
+
+def _published_taints(inventory: Inventory, settings: NodeSettings, monitor: HealthMonitor) -> str:
+    """The taints of the slices a 1.36 cluster would get now, one ``slice/device: taint``."""
+    caps = Capabilities.for_version(36)
+    slices = build_slices(
+        inventory,
+        driver_name=DEFAULT_DRIVER_NAME,
+        node_name=NODE,
+        settings=settings,
+        capabilities=caps,
+        taints=monitor.taints(),
+    )
+    validate_pool([s.spec for s in slices], caps)
+    found = [
+        f"{slice_name(NODE, DEFAULT_DRIVER_NAME, s.key)} device {d['name']}: "
+        f"{t['key']}={t['value']}:{t['effect']}"
+        for s in slices
+        for d in s.spec.get("devices", ())
+        for t in d.get("taints", ())
+    ]
+    if len(found) > SHOWN_TAINTS:
+        found = [*found[:SHOWN_TAINTS], f"... ({len(found)} devices in all)"]
+    return "; ".join(found) or "none"
+
+
+async def _show_health(
+    runtime: PluginRuntime, backend: FakeGpuBackend, plugin: RegisteredPlugin, out: TextIO
+) -> bool:
+    """An XID on a fake GPU: the taint, the health stream, then the reset and the recovery."""
+    monitor = runtime.health_monitor
+    assert monitor is not None
+    inventory = await backend.inventory()
+    index = min(HEALTH_DEMO_GPU, len(inventory.gpus) - 1)
+    gpu = inventory.gpus[index]
+    device = next(
+        name
+        for name in device_names(inventory)
+        if name == gpu.device_name or name.startswith(f"{gpu.device_name}-mig-")
+    )
+    stream = plugin.watch_health("v1alpha1")
+    try:
+        first = health_reports(await anext(stream))
+        states = Counter(r.health for r in first.values())
+        summary = ", ".join(f"{n} {state}" for state, n in states.items())
+        print(f"\nhealth stream (v1alpha1): {len(first)} devices: {summary}", file=out)
+
+        backend.inject_xid(index, HEALTH_DEMO_XID, "double-bit ECC error")
+        sick = await _health_of(stream, device, "Unhealthy")
+        print(f"XID {HEALTH_DEMO_XID} injected on {device}:", file=out)
+        print(f"  health stream: {device} {sick.health}: {sick.message}", file=out)
+        tainted = _published_taints(inventory, runtime.config.settings, monitor)
+        print(f"  device taints published: {tainted}", file=out)
+
+        # A fatal XID clears when the GPU is reset: the probe finds it resetting, then back.
+        backend.inject_reset(index)
+        await monitor.probe_once()
+        await monitor.probe_once()
+        well = await _health_of(stream, device, "Healthy")
+        untainted = _published_taints(inventory, runtime.config.settings, monitor)
+        print(
+            f"GPU reset seen: {device} {well.health}; device taints published: {untainted}",
+            file=out,
+        )
+        return tainted != "none" and untainted == "none"
+    finally:
+        await stream.aclose()
+
+
 def _node_dirs(work_dir: str) -> PluginConfig:
     """Lay out a node's kubelet directories under ``work_dir``."""
     plugin_dir = os.path.join(work_dir, "plugins", DEFAULT_DRIVER_NAME)
@@ -255,7 +350,8 @@ async def run_demo(fake_gpus: str, config: PluginConfig, work_dir: str, out: Tex
 async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) -> int:
     registry, cdi_root = config.registry_dir, config.cdi_root
     claims = example_claims(NODE, DEFAULT_DRIVER_NAME)
-    runtime = PluginRuntime(config, FakeGpuBackend(fake_gpus, NODE), InMemoryClaimSource(claims))
+    backend = FakeGpuBackend(fake_gpus, NODE)
+    runtime = PluginRuntime(config, backend, InMemoryClaimSource(claims))
     kubelet = FakeKubelet(registry)
     await runtime.start()
     try:
@@ -297,13 +393,7 @@ async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) ->
         same = all(again[r.uid] == results[r.uid] for r in refs)
         print(f"repeated prepare returns the recorded result: {'yes' if same else 'NO'}", file=out)
 
-        async for health in plugin.watch_health("v1alpha1"):
-            states = Counter(
-                "Healthy" if d.health == 1 else f"health {d.health}" for d in health.devices
-            )
-            summary = ", ".join(f"{n} {state}" for state, n in states.items())
-            print(f"health stream (v1alpha1): {len(health.devices)} devices: {summary}", file=out)
-            break
+        recovered = await _show_health(runtime, backend, plugin, out)
 
         prepared = [r for r in refs if not results[r.uid].error]
         errors = await plugin.unprepare(prepared)
@@ -316,7 +406,9 @@ async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) ->
             f"MPS namespaces left: {len(shares)}, MIG instances left: {migs}",
             file=out,
         )
-        ok = same and not any(errors.values()) and not left and not shares and not migs
+        ok = (
+            same and recovered and not any(errors.values()) and not left and not shares and not migs
+        )
         return 0 if ok else 1
     finally:
         await kubelet.close()

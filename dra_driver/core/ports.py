@@ -6,7 +6,7 @@ a fake for what this machine lacks (a cluster, a GPU), behind the same shape.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 from dra_driver.core.errors import ClaimReplacedError
@@ -85,7 +85,21 @@ class GpuBackend(Protocol):
         ...
 
     def health_events(self) -> AsyncIterator[HealthEvent]:
-        """XID and similar events, as they happen, until :meth:`close`."""
+        """XID and similar events, as they happen, until :meth:`close`.
+
+        ``xid`` 0 (:data:`~dra_driver.core.health.NOT_AN_XID`) means the event
+        source itself failed for that GPU; the message says how.
+        """
+        ...
+
+    async def probe(self) -> Mapping[GpuUUID, str | None]:
+        """Ask every GPU of the latest inventory a cheap question (liveness).
+
+        Per GPU: None when it answered, else why not (fallen off the bus,
+        needs a reset). A GPU that answers again after it did not has been
+        reset. Raises :class:`~dra_driver.core.errors.InventoryError` when
+        the probe cannot run at all (the driver library is gone).
+        """
         ...
 
     async def close(self) -> None:

@@ -8,7 +8,7 @@ metadata and the pool's generation; everything else is decided here.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -65,8 +65,14 @@ def build_slices(
     node_name: str,
     settings: NodeSettings,
     capabilities: Capabilities,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> list[DesiredSlice]:
     """The node's pool (name = node name) as ResourceSlices; deterministic.
+
+    ``taints`` maps device names to their device taints (device health,
+    :func:`~dra_driver.core.health.device_taints`); they are published only
+    where the cluster keeps taints (``capabilities.device_taints``), and
+    never change the layout: slices hold at most 64 devices either way.
 
     Layout, in this order:
 
@@ -96,6 +102,9 @@ def build_slices(
             instances = sorted(_static_mig_devices(gpu, gpu_settings, None), key=lambda i: i[0])
             plain.extend(device for _, device in instances)
 
+    if taints and capabilities.device_taints:
+        _add_taints([*plain, *(d for _, _, devices in mig_gpus for d in devices)], taints)
+
     bodies: list[tuple[str, dict[str, Any]]] = []
     split = capabilities.counters_in_own_slice
     if split:
@@ -123,6 +132,15 @@ def build_slices(
         )
         for key, body in bodies
     ]
+
+
+def _add_taints(
+    devices: list[dict[str, Any]], taints: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> None:
+    for device in devices:
+        found = taints.get(device["name"])
+        if found:
+            device["taints"] = [dict(taint) for taint in found]
 
 
 def _chunks(items: list[_T], size: int) -> list[list[_T]]:

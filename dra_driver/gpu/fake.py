@@ -39,6 +39,13 @@ Creation checks what NVML checks: MIG on, a known profile, one of its
 placements, no overlap with an existing instance, the profile's instance
 limit and the GPU's compute slices; :meth:`FakeGpuBackend.fail_next_create`
 makes the next creation fail, for tests.
+
+Health: :meth:`FakeGpuBackend.inject_xid` reports an XID as NVML would;
+:meth:`~FakeGpuBackend.mark_lost` makes the liveness probe find a GPU gone
+(fallen off the bus) until :meth:`~FakeGpuBackend.restore`;
+:meth:`~FakeGpuBackend.inject_reset` resets a GPU as the hardware does: the
+next probe finds it unreachable, the one after answers again. The inventory
+keeps listing a lost GPU (NVML would fail the whole discovery instead).
 """
 
 from __future__ import annotations
@@ -364,6 +371,8 @@ class FakeGpuBackend:
         ]
         self._events: asyncio.Queue[HealthEvent | None] = asyncio.Queue()
         self._next_create_error: Exception | None = None
+        self._lost: dict[GpuUUID, str] = {}
+        self._resetting: set[GpuUUID] = set()
 
     # -- dynamic MIG ---------------------------------------------------------
 
@@ -474,15 +483,50 @@ class FakeGpuBackend:
         Returns the event injected. Raises IndexError for an index or MIG UUID
         the fake does not have: that is a mistake in the test, not in the GPU.
         """
-        gpus: Sequence[GpuInfo] = self._inventory.gpus
-        if not 0 <= gpu_index < len(gpus):
-            raise IndexError(f"no fake GPU with index {gpu_index}; there are {len(gpus)}")
-        gpu = gpus[gpu_index]
+        gpu = self._gpu_at(gpu_index)
         if mig_uuid is not None and mig_uuid not in {d.uuid for d in gpu.mig_devices}:
             raise IndexError(f"GPU {gpu_index} ({gpu.uuid}) has no MIG device {mig_uuid}")
         event = HealthEvent(gpu_uuid=gpu.uuid, xid=xid, message=message, mig_uuid=mig_uuid)
         self.inject(event)
         return event
+
+    def _gpu_at(self, gpu_index: int) -> GpuInfo:
+        gpus: Sequence[GpuInfo] = self._inventory.gpus
+        if not 0 <= gpu_index < len(gpus):
+            raise IndexError(f"no fake GPU with index {gpu_index}; there are {len(gpus)}")
+        return gpus[gpu_index]
+
+    def mark_lost(
+        self, gpu_index: int, why: str = "GPU is lost: it has fallen off the bus"
+    ) -> GpuUUID:
+        """Make the probe find the GPU at ``gpu_index`` unreachable until :meth:`restore`."""
+        gpu = self._gpu_at(gpu_index)
+        self._lost[gpu.uuid] = why
+        return gpu.uuid
+
+    def restore(self, gpu_index: int) -> GpuUUID:
+        """The GPU answers again (after a reset or a reboot of the node)."""
+        gpu = self._gpu_at(gpu_index)
+        self._lost.pop(gpu.uuid, None)
+        return gpu.uuid
+
+    def inject_reset(self, gpu_index: int) -> GpuUUID:
+        """Reset the GPU: the next probe finds it resetting, the one after answering."""
+        gpu = self._gpu_at(gpu_index)
+        self._resetting.add(gpu.uuid)
+        return gpu.uuid
+
+    async def probe(self) -> Mapping[GpuUUID, str | None]:
+        results: dict[GpuUUID, str | None] = {}
+        for gpu in self._inventory.gpus:
+            if gpu.uuid in self._lost:
+                results[gpu.uuid] = self._lost[gpu.uuid]
+            elif gpu.uuid in self._resetting:
+                self._resetting.discard(gpu.uuid)
+                results[gpu.uuid] = "the GPU is being reset"
+            else:
+                results[gpu.uuid] = None
+        return results
 
     async def health_events(self) -> AsyncIterator[HealthEvent]:
         while (event := await self._events.get()) is not None:

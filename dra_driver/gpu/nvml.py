@@ -26,10 +26,17 @@ What is queried when
     with their possible placements, and the MIG devices that exist. Nothing is
     cached: each call asks NVML again (MIG devices come and go).
     :meth:`health_events`: on first use, an event set registered for XID and
-    ECC events on every GPU that supports them. An event's MIG device is found
-    among the MIG devices the latest :meth:`inventory` saw. A failing wait is
-    reported once as an event (xid 0) for every GPU; the streams end at
-    :meth:`close`, or if the event thread dies (the caller's supervisor sees it).
+    double-bit ECC events on every GPU that supports them; a double-bit ECC
+    event is reported as XID 48, the XID the driver logs for it. (Single-bit
+    errors are corrected by the hardware and not asked for; XID 92 reports an
+    excessive rate.) An event's MIG device is found among the MIG devices the
+    latest :meth:`inventory` saw. A failing wait is reported once as an event
+    (xid 0) for every GPU; the streams end at :meth:`close`, or if the event
+    thread dies (the caller's supervisor sees it).
+    :meth:`probe`: per GPU of the latest inventory, its handle by UUID and its
+    temperature: a sensor read that reaches the GPU, so one that fell off the
+    bus answers ``NVMLError_GpuIsLost`` and one that needs a reset
+    ``NVMLError_ResetRequired``.
 
 Dynamic MIG
     :meth:`create_mig_device` makes a GPU instance at a placement
@@ -61,7 +68,7 @@ import ctypes
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 
@@ -88,6 +95,8 @@ _NO_INSTANCE: Final = 0xFFFFFFFF
 _ABSENT: Final = object()
 """What :meth:`NvmlGpuBackend._call` returns for a tolerated error."""
 _ARCH_PREFIX: Final = "NVML_DEVICE_ARCH_"
+_DBE_XID: Final = 48
+"""The XID the driver logs for a double-bit ECC error (NVIDIA's XID catalog)."""
 _BUS_ID = re.compile(r"^([0-9a-f]+):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 
 _Subscriber = tuple[asyncio.AbstractEventLoop, asyncio.Queue[HealthEvent | None]]
@@ -140,6 +149,7 @@ class NvmlGpuBackend:
         self._closed = False
         self._initialized = False  # touched on the NVML thread only
         self._mig_uuids: dict[tuple[GpuUUID, int, int], MigUUID] = {}
+        self._gpu_uuids: tuple[GpuUUID, ...] = ()  # of the latest inventory
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._event_set: Any = None
@@ -153,6 +163,10 @@ class NvmlGpuBackend:
 
     async def inventory(self) -> Inventory:
         return await self._on_nvml_thread(self._discover)
+
+    async def probe(self) -> Mapping[GpuUUID, str | None]:
+        """Per GPU of the latest inventory: None when it answered, else why not."""
+        return await self._on_nvml_thread(self._probe)
 
     async def health_events(self) -> AsyncIterator[HealthEvent]:
         """XID and ECC events until :meth:`close`; several consumers each get every event."""
@@ -254,10 +268,39 @@ class NvmlGpuBackend:
             cuda = self._call("NVML", "nvmlSystemGetCudaDriverVersion")
         count = self._call("NVML", "nvmlDeviceGetCount")
         gpus = tuple(self._gpu(i, driver, _cuda_version(cuda)) for i in range(count))
+        self._gpu_uuids = tuple(gpu.uuid for gpu in gpus)
         self._mig_uuids = {
             (gpu.uuid, mig.gi_id, mig.ci_id): mig.uuid for gpu in gpus for mig in gpu.mig_devices
         }
         return Inventory(gpus=gpus)
+
+    def _probe(self) -> dict[GpuUUID, str | None]:
+        self._ensure_init()
+        if not self._gpu_uuids:
+            self._discover()
+        return {uuid: self._probe_gpu(uuid) for uuid in self._gpu_uuids}
+
+    def _probe_gpu(self, uuid: GpuUUID) -> str | None:
+        lib = self._lib
+        unusable = (lib.NVMLError_LibraryNotFound, lib.NVMLError_DriverNotLoaded, OSError)
+        try:
+            handle = lib.nvmlDeviceGetHandleByUUID(uuid)
+            lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU)
+        except (lib.NVMLError_NotSupported, lib.NVMLError_NoPermission):
+            return None  # it answered, just not this question
+        except lib.NVMLError_GpuIsLost as err:
+            return f"{err}: it has fallen off the bus; it needs a reset or the node a reboot"
+        except lib.NVMLError_ResetRequired as err:
+            return f"{err}: it needs a GPU reset"
+        except lib.NVMLError_NotFound:
+            return "NVML no longer lists it (gone from the bus?)"
+        except unusable as err:
+            raise InventoryError(
+                f"the GPU liveness probe cannot use NVML: {err}; check the NVIDIA driver"
+            ) from err
+        except lib.NVMLError as err:
+            return f"nvmlDeviceGetTemperature failed: {err}"
+        return None
 
     def _handle(self, index: int) -> tuple[Any, GpuUUID, str]:
         """The device handle, UUID and log/error prefix of GPU ``index``."""
@@ -613,11 +656,7 @@ class NvmlGpuBackend:
 
     def _register(self, event_set: Any) -> dict[int | None, GpuUUID]:
         lib = self._lib
-        wanted = (
-            lib.nvmlEventTypeXidCriticalError
-            | lib.nvmlEventTypeSingleBitEccError
-            | lib.nvmlEventTypeDoubleBitEccError
-        )
+        wanted = lib.nvmlEventTypeXidCriticalError | lib.nvmlEventTypeDoubleBitEccError
         skip = (lib.NVMLError_NotSupported, lib.NVMLError_GpuIsLost)
         gpus: dict[int | None, GpuUUID] = {}
         for index in range(self._call("NVML", "nvmlDeviceGetCount")):
@@ -676,20 +715,23 @@ class NvmlGpuBackend:
                 if uuid is None:
                     log.warning("NVML event for a device we did not register; ignored")
                     continue
-                self._publish(self._health_event(uuid, data))
+                event = self._health_event(uuid, data)
+                if event is not None:
+                    self._publish(event)
         except Exception:
             log.exception("the NVML event thread failed; no more health events")
         finally:
             self._end_streams()
 
-    def _health_event(self, uuid: GpuUUID, data: Any) -> HealthEvent:
+    def _health_event(self, uuid: GpuUUID, data: Any) -> HealthEvent | None:
         lib = self._lib
         if data.eventType & lib.nvmlEventTypeXidCriticalError:
             xid, message = int(data.eventData), f"XID {int(data.eventData)}"
         elif data.eventType & lib.nvmlEventTypeDoubleBitEccError:
-            xid, message = 0, "double-bit ECC error"
+            xid, message = _DBE_XID, "double-bit ECC error"
         else:
-            xid, message = 0, "single-bit ECC error"
+            log.debug("GPU %s: NVML event type %#x ignored", uuid, data.eventType)
+            return None
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
         mig = None
         if gi != _NO_INSTANCE:

@@ -24,7 +24,12 @@ Rules (``plan_publish``):
 * the spec to compare with is what we sent when the stored resourceVersion is
   still the one our write got back, else the stored spec. So fields the server
   drops (gates off) or canonicalises (quantities) do not look like a change on
-  every publish; after a restart they cause one extra generation at most.
+  every publish; after a restart they cause one extra generation at most;
+* a device taint's ``timeAdded`` is the API server's (it sets it on create and
+  update when unset): it is left out of the comparison, and every write
+  carries the stored ``timeAdded`` of a taint that is still desired on the
+  same device (same key, value and effect), so rewriting a slice for another
+  reason does not restart the clock of ``tolerationSeconds``.
 
 Each create/update response is compared with what was sent; fields that did
 not come back are logged once per write and returned in
@@ -270,14 +275,15 @@ def plan_publish(
         meta = obj["metadata"]
         mine = sent.get(name)
         spec = mine.spec if mine and mine.resource_version == meta.get("resourceVersion") else None
-        return _without_generation(spec if spec is not None else obj.get("spec") or {})
+        return _comparable_spec(spec if spec is not None else obj.get("spec") or {})
 
     generations = {_generation(o) for o in stored}
     unchanged = (
         set(wanted) == set(by_name)
         and len(generations) <= 1
-        and all(comparable(n, by_name[n]) == _without_generation(d.spec) for n, d in wanted.items())
+        and all(comparable(n, by_name[n]) == _comparable_spec(d.spec) for n, d in wanted.items())
     )
+    times = _stored_taint_times(stored)
     if unchanged:
         generation = next(iter(generations), 0)
     else:
@@ -286,6 +292,7 @@ def plan_publish(
     for name, d in wanted.items():
         spec = copy.deepcopy(dict(d.spec))
         spec["pool"] = {**spec["pool"], "generation": generation}
+        _keep_taint_times(spec, times)
         current = by_name.get(name)
         if current is None:
             meta = _our_metadata(name, d.key, owner, None)
@@ -312,6 +319,54 @@ def _without_generation(spec: Mapping[str, Any]) -> JsonObj:
     out = dict(spec)
     out["pool"] = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
     return out
+
+
+_TaintId = tuple[str, str, str, str]
+"""(device name, key, value, effect)"""
+
+
+def _taint_id(device: Mapping[str, Any], taint: Mapping[str, Any]) -> _TaintId:
+    return (
+        str(device.get("name")),
+        str(taint.get("key")),
+        str(taint.get("value") or ""),
+        str(taint.get("effect")),
+    )
+
+
+def _comparable_spec(spec: Mapping[str, Any]) -> JsonObj:
+    """``spec`` without what the server decides: the pool generation, taints' ``timeAdded``."""
+    out = _without_generation(spec)
+    devices = out.get("devices")
+    if isinstance(devices, list):
+        out["devices"] = [_without_taint_times(device) for device in devices]
+    return out
+
+
+def _without_taint_times(device: Any) -> Any:
+    if not isinstance(device, Mapping) or not device.get("taints"):
+        return device
+    taints = [{k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]]
+    return {**device, "taints": taints}
+
+
+def _stored_taint_times(stored: Sequence[Mapping[str, Any]]) -> dict[_TaintId, Any]:
+    """When each stored device taint was added, by device and taint."""
+    times: dict[_TaintId, Any] = {}
+    for obj in stored:
+        for device in (obj.get("spec") or {}).get("devices") or []:
+            for taint in device.get("taints") or []:
+                if taint.get("timeAdded"):
+                    times[_taint_id(device, taint)] = taint["timeAdded"]
+    return times
+
+
+def _keep_taint_times(spec: JsonObj, times: Mapping[_TaintId, Any]) -> None:
+    """Give each desired taint without ``timeAdded`` the stored one of the same taint."""
+    for device in spec.get("devices") or []:
+        for taint in device.get("taints") or []:
+            if "timeAdded" not in taint and (when := times.get(_taint_id(device, taint))):
+                taint["timeAdded"] = when
 
 
 def _our_metadata(

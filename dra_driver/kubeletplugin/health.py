@@ -1,10 +1,12 @@
 """DRAResourceHealth streams (v1alpha1 for 1.34 to 1.36 kubelets, v1 for 1.37+).
 
 A :class:`HealthHub` holds the current health of every device we publish;
-each open stream sends the full list at once and again after every change, as
-the API asks (devices missing from a message become Unknown in the kubelet).
-Until the health issue lands every device is reported healthy, but the
-streams are real: :meth:`HealthHub.update` re-sends to every watcher.
+each open stream sends the full list at once and again after every update, as
+the API asks: devices missing from a message become Unknown in the kubelet,
+and so does every device whose last report is older than its
+``health_check_timeout_seconds`` (30 s when 0). The health monitor
+(``plugin/health_monitor.py``) therefore updates the hub on every change
+*and* periodically, with :func:`health_states` built from the health model.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
-import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from types import ModuleType
@@ -24,8 +25,10 @@ from dra_driver._gen.dra_health.v1 import api_pb2 as v1_pb2
 from dra_driver._gen.dra_health.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._gen.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from dra_driver._gen.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from dra_driver.core.health import DeviceHealth, Status
 
 MESSAGE_LIMIT = 1024
+"""The API's limit on ``message``; longer ones are cut as the kubelet would cut them."""
 
 
 class Health(enum.IntEnum):
@@ -48,9 +51,35 @@ class DeviceHealthState:
     """How long the kubelet may trust the entry; 0 leaves it to the kubelet's default."""
 
 
-def all_healthy(device_names: Iterable[str], pool_name: str) -> list[DeviceHealthState]:
-    now = int(time.time())
-    return [DeviceHealthState(pool_name, name, Health.HEALTHY, now) for name in device_names]
+_HEALTH_OF = {Status.HEALTHY: Health.HEALTHY, Status.UNHEALTHY: Health.UNHEALTHY}
+
+
+def health_states(
+    devices: Iterable[DeviceHealth], pool_name: str, *, now: float, timeout_seconds: int
+) -> list[DeviceHealthState]:
+    """The health model's view as the stream sends it: checked ``now``, valid ``timeout_seconds``.
+
+    The message of an unhealthy device starts with its reason, so the pod
+    status shows the same word as the device's taint.
+    """
+    return [
+        DeviceHealthState(
+            pool_name,
+            d.device_name,
+            _HEALTH_OF.get(d.status, Health.UNKNOWN),
+            int(now),
+            f"{d.reason}: {d.message}" if d.reason else d.message,
+            timeout_seconds,
+        )
+        for d in devices
+    ]
+
+
+def truncate_message(message: str) -> str:
+    """At most :data:`MESSAGE_LIMIT` characters, ``...`` marking a cut (as the kubelet does)."""
+    if len(message) <= MESSAGE_LIMIT:
+        return message
+    return message[: MESSAGE_LIMIT - 3] + "..."
 
 
 class HealthHub:
@@ -99,7 +128,7 @@ def _response(pb2: ModuleType, devices: Iterable[DeviceHealthState]) -> Any:
             health=int(d.health),
             last_updated_time=d.last_updated,
             health_check_timeout_seconds=d.timeout_seconds,
-            message=d.message[:MESSAGE_LIMIT],
+            message=truncate_message(d.message),
         )
     return response
 

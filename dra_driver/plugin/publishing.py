@@ -4,18 +4,20 @@ What the cluster keeps is probed (server-side dry run) at start and again
 after every kubelet registration: the kubelet wipes the node's slices when it
 starts, and a control-plane upgrade between two registrations may have
 turned feature gates on or off. Each publish rebuilds the slices from the
-inventory with the pure builder and lets the publisher write only the
-difference. Slices are never deleted on shutdown: during a rolling update
-the next pod publishes the same pool, and after an uninstall the kubelet
-wipes them 30 s after the driver is gone.
+inventory with the pure builder, with the health monitor's device taints
+where the cluster keeps taints, and lets the publisher write only the
+difference (a changed taint bumps the pool generation). Slices are never
+deleted on shutdown: during a rolling update the next pod publishes the same
+pool, and after an uninstall the kubelet wipes them 30 s after the driver is
+gone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
-from typing import NoReturn
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
 from dra_driver.core.model import Inventory
 from dra_driver.core.settings import Capabilities, NodeSettings
@@ -26,6 +28,8 @@ from dra_driver.k8s.publisher import PublishResult, SlicePublisher
 log = logging.getLogger(__name__)
 
 ProbeFn = Callable[[], Awaitable[Capabilities]]
+TaintsFn = Callable[[], Mapping[str, Sequence[Mapping[str, Any]]]]
+"""Device name → its device taints now (``HealthMonitor.taints``)."""
 
 
 def without_mig_devices(inventory: Inventory, uuids: set[str]) -> Inventory:
@@ -52,10 +56,13 @@ class SlicePublishing:
         driver_name: str,
         node_name: str,
         hidden_mig_devices: Callable[[], Awaitable[set[str]]] | None = None,
+        taints: TaintsFn | None = None,
     ) -> None:
         """``hidden_mig_devices``: UUIDs of MIG instances the plugin created for
         claims; they are published as the placements they came from, not as
-        pre-existing instances, so creating one does not change the pool."""
+        pre-existing instances, so creating one does not change the pool.
+        ``taints``: the device taints to publish (device health); call
+        :meth:`request_publish` when they change."""
         self.publisher = publisher
         self.hidden_mig_devices = hidden_mig_devices
         self.probe = probe
@@ -63,6 +70,7 @@ class SlicePublishing:
         self.settings = settings
         self.driver_name = driver_name
         self.node_name = node_name
+        self.taints = taints
         self.capabilities: Capabilities | None = None
         self.last_result: PublishResult | None = None
         self._reprobe = True
@@ -70,6 +78,10 @@ class SlicePublishing:
     def on_registered(self) -> None:
         """The kubelet (re)registered us: probe again, then publish."""
         self._reprobe = True
+        self.publisher.request_publish()
+
+    def request_publish(self) -> None:
+        """Publish again soon (the inventory or the device taints changed)."""
         self.publisher.request_publish()
 
     async def desired(self) -> list[DesiredSlice]:
@@ -86,6 +98,7 @@ class SlicePublishing:
             node_name=self.node_name,
             settings=self.settings,
             capabilities=self.capabilities,
+            taints=self.taints() if self.taints is not None else None,
         )
         # Our own copy of the API server's rules: a slice it would reject is
         # a bug here, better reported as such than as an HTTP 422.

@@ -6,7 +6,9 @@ directory for a new socket, dial it, ``GetInfo``, validate the answer (type
 walking the plugin's list in order), then ``NotifyRegistrationStatus``. After
 that it calls NodePrepareResources / NodeUnprepareResources on the endpoint
 with the chosen API version and checks the response map the way the kubelet
-does (an entry for every claim, none for unknown ones).
+does (an entry for every claim, none for unknown ones). It opens the
+DRAResourceHealth stream (v1alpha1 or v1) as the 1.34+ kubelet does, and
+:func:`health_reports` reads one message of it.
 
 It polls the directory (every 20 ms) instead of using inotify; the kubelet uses
 fsnotify, which differs only in latency.
@@ -61,6 +63,38 @@ class PreparedDevice:
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+
+
+HEALTH_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
+"""The proto's HealthStatus values, as the pod status spells them."""
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """One device of a NodeWatchResources message, as the kubelet reads it."""
+
+    pool_name: str
+    device_name: str
+    health: str
+    """``Healthy``, ``Unhealthy`` or ``Unknown``."""
+    message: str
+    last_updated: int
+    timeout_seconds: int
+
+
+def health_reports(message: Any) -> dict[str, HealthReport]:
+    """Device name → its report, from one NodeWatchResourcesResponse (either version)."""
+    return {
+        d.device.device_name: HealthReport(
+            pool_name=d.device.pool_name,
+            device_name=d.device.device_name,
+            health=HEALTH_NAMES.get(d.health, "Unknown"),
+            message=d.message,
+            last_updated=d.last_updated_time,
+            timeout_seconds=d.health_check_timeout_seconds,
+        )
+        for d in message.devices
+    }
 
 
 def _is_socket(path: str) -> bool:

@@ -31,7 +31,8 @@ answers ``NVMLError_InUse``. ``by_id_missing`` makes
 ``NVMLError_FunctionNotFound``, as an older driver does.
 
 Knobs: ``init_error``, ``gpus[i].lost`` (every call on that GPU but the handle
-and UUID lookups answers ``NVMLError_GpuIsLost``), ``failures`` and
+and UUID lookups answers ``NVMLError_GpuIsLost``; the liveness probe's
+``nvmlDeviceGetTemperature`` too), ``failures`` and
 ``gpus[i].failures`` (call name → exception to raise, on any call or on calls
 with that GPU's handles), ``gpus[i].event_types``, :meth:`FakeNvml.push_event` (consumed by
 ``nvmlEventSetWait_v2``, which otherwise really waits its timeout) and
@@ -56,6 +57,7 @@ NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -63,6 +65,7 @@ NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
 NVML_ERROR_IN_USE = 19
 NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_UNKNOWN = 999
@@ -71,6 +74,7 @@ _MESSAGES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
     NVML_ERROR_NOT_FOUND: "Not Found",
     NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
@@ -78,6 +82,7 @@ _MESSAGES = {
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
     NVML_ERROR_IN_USE: "In use by another client",
     NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
     NVML_ERROR_UNKNOWN: "Unknown Error",
@@ -109,6 +114,10 @@ class NVMLError_NotSupported(NVMLError):
     code = NVML_ERROR_NOT_SUPPORTED
 
 
+class NVMLError_NoPermission(NVMLError):
+    code = NVML_ERROR_NO_PERMISSION
+
+
 class NVMLError_NotFound(NVMLError):
     code = NVML_ERROR_NOT_FOUND
 
@@ -131,6 +140,10 @@ class NVMLError_LibraryNotFound(NVMLError):
 
 class NVMLError_GpuIsLost(NVMLError):
     code = NVML_ERROR_GPU_IS_LOST
+
+
+class NVMLError_ResetRequired(NVMLError):
+    code = NVML_ERROR_RESET_REQUIRED
 
 
 class NVMLError_FunctionNotFound(NVMLError):
@@ -315,6 +328,7 @@ class FakeGpu:
     empty_instances: list[FakeGpuInstance] = field(default_factory=list)
     event_types: int = 0x1 | 0x2 | 0x8
     lost: bool = False
+    temperature: int = 41
     failures: dict[str, Exception] = field(default_factory=dict)
     """Call name → exception, for calls on this GPU's handles."""
 
@@ -391,12 +405,14 @@ class FakeNvml:
     NVMLError_Uninitialized = NVMLError_Uninitialized
     NVMLError_InvalidArgument = NVMLError_InvalidArgument
     NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_NoPermission = NVMLError_NoPermission
     NVMLError_NotFound = NVMLError_NotFound
     NVMLError_InsufficientSize = NVMLError_InsufficientSize
     NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
     NVMLError_Timeout = NVMLError_Timeout
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_ResetRequired = NVMLError_ResetRequired
     NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
     NVMLError_InUse = NVMLError_InUse
     NVMLError_InsufficientResources = NVMLError_InsufficientResources
@@ -419,6 +435,7 @@ class FakeNvml:
     NVML_DEVICE_ARCH_RUBIN = 13
     NVML_DEVICE_ARCH_NPU3 = 15
     NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
+    NVML_TEMPERATURE_GPU = 0
     NVML_DEVICE_MIG_DISABLE = 0x0
     NVML_DEVICE_MIG_ENABLE = 0x1
     NVML_GPU_INSTANCE_PROFILE_1_SLICE = 0x0
@@ -608,6 +625,12 @@ class FakeNvml:
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
         return self._gpu(handle, "nvmlDeviceGetCudaComputeCapability").compute_capability
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTemperature")
+        if sensor != self.NVML_TEMPERATURE_GPU:
+            raise NVMLError_InvalidArgument()
+        return gpu.temperature
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> PciInfo:
         gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")

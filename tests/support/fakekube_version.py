@@ -23,6 +23,9 @@ Emulated for ``drop_gated_fields=True`` (the default below 1.36):
 Validated (422 Invalid) from 1.35 on, after dropping, as the real server
 orders it: a ResourceSlice may not have both ``devices`` and ``sharedCounters``.
 
+Defaulted, as the real server does on create and update: a ResourceSlice
+device taint without ``timeAdded`` gets the current time (RFC 3339, seconds).
+
 NOT emulated: the real rule that an update keeps a disabled field the stored
 object already uses (here it is dropped on every write); any other field
 validation (limits, name grammar, request-policy alignment, references from
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from tests.support.fakekube_types import FakeApiError, JsonObj, ResourceKind
@@ -114,6 +118,8 @@ class ServerVersion:
         if self.drops_gated_fields:
             for path in GATED_FIELDS.get(kind.kind, ()):
                 drop_path(obj, path)
+        if kind.kind == "ResourceSlice":
+            default_taint_times(obj)
         if kind.kind == "ResourceSlice" and self.minor >= 35:
             spec = obj.get("spec") or {}
             if spec.get("devices") and spec.get("sharedCounters"):
@@ -127,6 +133,14 @@ class ServerVersion:
                     kind=kind,
                     name=name,
                 )
+
+
+def default_taint_times(obj: JsonObj) -> None:
+    """Set ``timeAdded`` (now) on every device taint of a ResourceSlice that lacks it."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for taint in _walk(obj, (*_DEVICE, "taints", "[]")):
+        if isinstance(taint, dict) and not taint.get("timeAdded"):
+            taint["timeAdded"] = now
 
 
 def drop_path(obj: Any, path: _Path) -> None:

@@ -345,18 +345,18 @@ def test_event_attributed_to_a_mig_device(
 
 
 def test_ecc_events() -> None:
+    """A double-bit error is XID 48; single-bit ones are not asked for (hardware-corrected)."""
     fake = FakeNvml()
 
     async def body(backend: NvmlGpuBackend) -> list[HealthEvent]:
         events = backend.health_events()
-        fake.push_event(2, event_type=fake.nvmlEventTypeDoubleBitEccError)
         fake.push_event(2, event_type=fake.nvmlEventTypeSingleBitEccError)
-        return [await next_event(events), await next_event(events)]
+        fake.push_event(2, event_type=fake.nvmlEventTypeDoubleBitEccError)
+        return [await next_event(events)]
 
-    assert scenario(fake, body) == [
-        HealthEvent(A100, 0, "double-bit ECC error"),
-        HealthEvent(A100, 0, "single-bit ECC error"),
-    ]
+    assert scenario(fake, body) == [HealthEvent(A100, 48, "double-bit ECC error")]
+    masks = set(fake.event_sets[0].registered.values())
+    assert masks == {fake.nvmlEventTypeXidCriticalError | fake.nvmlEventTypeDoubleBitEccError}
 
 
 @pytest.mark.parametrize("why", ["no-event-types", "register-not-supported", "lost"])
