@@ -33,6 +33,7 @@ def request_json(
     query: Iterable[tuple[str, str]] = (),
     body: Mapping[str, Any] | None = None,
     timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    content_type: str = "application/json",
 ) -> JsonObj:
     """One blocking call with our JSON as the body and the reply parsed as JSON.
 
@@ -40,10 +41,18 @@ def request_json(
     its models. Raises ``ApiException`` and transport errors: call it inside
     :func:`translate_api_errors`. Works with both client generations: the
     pydantic one (``param_serialize``, kubernetes >= 35) and the older one.
+    ``content_type`` names the body's media type, e.g.
+    ``application/merge-patch+json`` or ``application/apply-patch+yaml``
+    (server-side apply; the JSON body is valid YAML).
     """
     headers = {"Accept": "application/json"}
+    payload: Any = body
     if body is not None:
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = content_type
+        if not _is_json_media(content_type):
+            # The client serialises only JSON media types itself; any other
+            # body must be handed over as text.
+            payload = json.dumps(body)
     params = list(query)
     client = cast(Any, api_client)
     if hasattr(client, "param_serialize"):
@@ -52,7 +61,7 @@ def request_json(
             resource_path=path,
             query_params=params,
             header_params=headers,
-            body=body,
+            body=payload,
             auth_settings=["BearerToken"],
         )
         response = client.call_api(*request, _request_timeout=timeout_s)
@@ -68,7 +77,7 @@ def request_json(
             method,
             query_params=params,
             header_params=headers,
-            body=body,
+            body=payload,
             auth_settings=["BearerToken"],
             _preload_content=False,
             _return_http_data_only=True,
@@ -76,6 +85,12 @@ def request_json(
         )
         data = read_raw(raw)
     return json_object(f"{method} {path}", data)
+
+
+def _is_json_media(content_type: str) -> bool:
+    """``application/json`` or a ``+json`` suffix type (parameters ignored)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def read_raw(response: Any) -> bytes:

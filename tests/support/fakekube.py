@@ -47,6 +47,10 @@ Implemented, per kind, namespaced or cluster-scoped:
   patched result is a precondition;
 * the ``status`` subresource (GET/PUT/PATCH) changes only ``status``; writes to
   the main resource keep the stored ``status``;
+* server-side apply (``application/apply-patch+yaml``, ``fieldManager``,
+  ``force``) of a ResourceClaim's ``status.devices`` on its ``status``
+  subresource, with list-map merge and per-manager ownership; its limits are in
+  :mod:`tests.support.fakekube_apply`;
 * delete: returns the deleted object; with finalizers it only sets
   ``deletionTimestamp`` (202), and the object goes once an update empties the
   finalizers; ``preconditions`` (uid, resourceVersion) in DeleteOptions;
@@ -71,14 +75,16 @@ Implemented, per kind, namespaced or cluster-scoped:
 
 NOT implemented: authentication and authorization, admission (mutating or
 validating, including ValidatingAdmissionPolicy), defaulting, field and schema
-validation (any JSON object is stored), server-side apply
-(``application/apply-patch+yaml`` gets 415) and managedFields, strategic-merge
+validation (any JSON object is stored), server-side apply of anything but
+claims' ``status.devices`` (``application/apply-patch+yaml`` gets 415) and
+managedFields, strategic-merge
 semantics (list merge keys, ``$patch`` directives), which fields a kind allows
 in a fieldSelector (every path is accepted), pagination (``limit``/``continue``
 are ignored), ``resourceVersion``/``resourceVersionMatch`` on get and list,
 watch bookmarks and ``sendInitialEvents``, deletecollection, graceful deletion
 and garbage collection (ownerReferences), protobuf and YAML bodies,
-discovery (``/api``, ``/apis``) and the ``namespaces`` kind (namespaces need
+discovery (``/api``, ``/apis``), namespace lifecycle (Namespace objects are
+served as plain cluster-scoped objects; a namespaced object's namespace need
 not exist), create-on-PUT (PUT of a missing object is 404). Create keeps a
 given ``status``, which real servers drop for most kinds, and the Python-side
 ``create`` also keeps a given ``metadata.uid``: shortcuts for seeding tests.

@@ -295,6 +295,8 @@ def _handle(
                 content_type,
                 status_only=status_only,
                 dry_run=dry_run,
+                field_manager=param("fieldManager"),
+                force=param("force") == "true",
             )
         if method == "DELETE" and not status_only:
             gone, obj = store.delete(kind, namespace, name, body, dry_run=dry_run)

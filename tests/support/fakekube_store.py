@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.support.fakekube_apply import APPLY_MEDIA_TYPE, Owners, apply_claim_devices
 from tests.support.fakekube_patch import json_patch, merge_patch
 from tests.support.fakekube_selectors import Predicate
 from tests.support.fakekube_types import (
@@ -124,6 +125,8 @@ class Store:
         self._history_limit = history_limit
         self._oldest_rv = 0
         """Watches may resume from any resourceVersion >= this."""
+        self._apply_owners: dict[tuple[_Key, str], Owners] = {}
+        """Server-side apply ownership per (object, uid); see :mod:`fakekube_apply`."""
 
     # Reads
 
@@ -221,18 +224,36 @@ class Store:
         *,
         status_only: bool = False,
         dry_run: bool = False,
+        field_manager: str = "",
+        force: bool = False,
     ) -> JsonObj:
+        """``field_manager``/``force``: server-side apply (claims' status.devices only)."""
         media = content_type.split(";", 1)[0].strip().lower()
         with self._cond:
             current = self._get(kind, namespace, name)
+            owners: Owners | None = None
             if media in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 patched = merge_patch(current, patch)
             elif media == "application/json-patch+json":
                 patched = json_patch(current, patch)
+            elif media == APPLY_MEDIA_TYPE and kind.kind == "ResourceClaim" and status_only:
+                owner_key = (self._key(kind, namespace, name), str(current["metadata"]["uid"]))
+                patched, owners = apply_claim_devices(
+                    current,
+                    patch,
+                    field_manager,
+                    self._apply_owners.get(owner_key, {}),
+                    force=force,
+                )
             else:
                 raise FakeApiError(415, f"the body of the request was in an unknown format {media}")
             new = self._checked_body(kind, patched)
-            return self._write(kind, namespace, name, new, status_only=status_only, dry_run=dry_run)
+            written = self._write(
+                kind, namespace, name, new, status_only=status_only, dry_run=dry_run
+            )
+            if owners is not None and not dry_run:
+                self._apply_owners[owner_key] = owners
+            return written
 
     def delete(
         self,

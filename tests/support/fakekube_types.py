@@ -55,6 +55,7 @@ DEFAULT_KINDS: tuple[ResourceKind, ...] = (
     ),
     ResourceKind("", "v1", "nodes", "Node", namespaced=False),
     ResourceKind("", "v1", "pods", "Pod", namespaced=True),
+    ResourceKind("", "v1", "namespaces", "Namespace", namespaced=False),
     ResourceKind("", "v1", "events", "Event", namespaced=True, status_subresource=False),
     ResourceKind(
         "coordination.k8s.io", "v1", "leases", "Lease", namespaced=True, status_subresource=False
