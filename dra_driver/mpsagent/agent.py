@@ -28,7 +28,7 @@ import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import protocol as wire
@@ -37,6 +37,9 @@ from dra_driver.mpsagent.compute_mode import ComputeMode, NvidiaSmiComputeMode
 from dra_driver.mpsagent.daemon import DaemonError, MpsDaemon
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 from dra_driver.state.files import atomic_write
+
+if TYPE_CHECKING:
+    from dra_driver.observability.agent_metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,11 @@ class AgentConfig:
     restart_backoff_max_s: float = 30.0
     stop_daemons_on_exit: bool = True
     """Quit the daemons when the agent stops (its container is going away anyway)."""
+    shm_namespace: tuple[str, ...] | None = None
+    """The ``unshare`` command giving each daemon its GPU's shm directory as /dev/shm
+    (:func:`.commands.in_private_shm`); None: the agent's own /dev/shm (fake only)."""
+    uid_check_interval_s: float = 10.0
+    """Legacy MPS: seconds between checks for a client waiting on another UID (0: none)."""
 
 
 class AgentRequestError(Exception):
@@ -149,6 +157,8 @@ class MpsAgent:
                 self.config.compute_mode,
                 base_env=self.config.daemon_env,
                 command_timeout=self.config.command_timeout_s,
+                shm_namespace=self.config.shm_namespace,
+                uid_check_interval=self.config.uid_check_interval_s,
             )
             self._daemons[gpu_uuid] = daemon
         return daemon
@@ -220,6 +230,8 @@ class MpsAgent:
             for gpu_uuid in sorted(self._daemons):
                 async with self._lock(gpu_uuid):
                     await self._stop_daemon(gpu_uuid)
+        for daemon in self._daemons.values():  # left running (stop_daemons_on_exit off)
+            await daemon.stop_monitoring()
         for task in self._watchers.values():
             task.cancel()
         await asyncio.gather(*self._watchers.values(), return_exceptions=True)
@@ -385,6 +397,7 @@ class MpsAgent:
         daemons = []
         for gpu in gpus:
             daemon = self._daemons.get(gpu)
+            waits = daemon.uid_wait if daemon is not None else None
             daemons.append(
                 wire.DaemonStatus(
                     gpu_uuid=gpu,
@@ -392,6 +405,8 @@ class MpsAgent:
                     running=daemon is not None and daemon.running,
                     restarts=self._restarts.get(gpu, 0),
                     shares=len(self._gpu_shares(gpu)),
+                    server_uid=waits.server_uid if waits is not None else None,
+                    waiting_uids=waits.waiting_uids if waits is not None else (),
                 )
             )
         return wire.AgentStatus(wire.PROTOCOL_VERSION, self.protocol, tuple(daemons))
@@ -485,11 +500,17 @@ async def run_agent(
     *,
     install_signal_handlers: bool = True,
     ready: asyncio.Event | None = None,
+    metrics: AgentMetrics | None = None,
 ) -> None:
-    """Run the agent until cancelled, SIGTERM or SIGINT; then shut down in order."""
+    """Run the agent until cancelled, SIGTERM or SIGINT; then shut down in order.
+
+    ``metrics``: report this agent's daemons and shares there while it runs.
+    """
     agent = MpsAgent(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    if metrics is not None:
+        metrics.watch(agent, loop)
     handled: list[signal.Signals] = []
     if install_signal_handlers:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -504,6 +525,8 @@ async def run_agent(
         await stop.wait()
         log.info("mps-agent stopping")
     finally:
+        if metrics is not None:
+            metrics.unwatch()
         for sig in handled:
             loop.remove_signal_handler(sig)
         await agent.close()

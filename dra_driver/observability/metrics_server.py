@@ -13,11 +13,44 @@ import threading
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, start_http_server
 
+from dra_driver import __version__
 from dra_driver.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+PREFIX = "fractional_gpu_dra_"
+"""Every metric of ours starts with this (``process_*`` are the library's standard ones)."""
+MAX_PORT = 65535
+
+
+def new_registry(component: str) -> CollectorRegistry:
+    """A registry for one process: ``process_*`` metrics and ``fractional_gpu_dra_build_info``."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    build = Gauge(
+        PREFIX + "build_info",
+        "Always 1; labels say which driver version and component this process is.",
+        ["version", "component"],
+        registry=registry,
+    )
+    build.labels(__version__, component).set(1)
+    return registry
+
+
+def metrics_port(text: str) -> int:
+    """The value of ``--metrics-port`` (``METRICS_PORT``) as a port; 0 means off."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= MAX_PORT:
+        raise ConfigError(
+            f"--metrics-port (METRICS_PORT): {text!r} is not a port number (1-65535), "
+            "or 0 to turn metrics off"
+        )
+    return port
 
 
 @dataclass

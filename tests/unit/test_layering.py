@@ -18,6 +18,7 @@ OWNERS = {
     "kubernetes": ("k8s/",),
     "pynvml": ("gpu/nvml.py",),
     "grpc": ("kubeletplugin/", "testing/kubelet.py", "_gen/"),
+    "prometheus_client": ("observability/", "controller/metrics.py"),
 }
 CORE_FORBIDDEN = (
     "os", "socket", "subprocess", "fcntl", "grpc", "kubernetes", "pynvml", "yaml",

@@ -1,0 +1,142 @@
+"""Prometheus metrics of the mps-agent, read from the agent's own state at scrape time.
+
+The agent's state belongs to its event loop, and a scrape runs on the metrics
+server's thread: the scrape asks the loop for the agent's status and waits for
+it (a few seconds at most) rather than reading dicts the loop may be changing.
+A loop that does not answer in time leaves the agent's series out of that one
+scrape; the process metrics still come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Iterable
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from dra_driver.mpsagent.protocol import AgentStatus
+from dra_driver.observability.metrics_server import PREFIX, new_registry
+
+log = logging.getLogger(__name__)
+
+METRICS = {
+    PREFIX + "mps_agent_info": "gauge{protocol=v3|legacy}, always 1",
+    PREFIX + "mps_daemon_running": "gauge{gpu_uuid}, 1 or 0",
+    PREFIX + "mps_daemon_restarts_total": "counter{gpu_uuid}",
+    PREFIX + "mps_agent_shares": "gauge{gpu_uuid}",
+}
+
+
+class StatusSource(Protocol):
+    """:class:`~dra_driver.mpsagent.agent.MpsAgent` is one."""
+
+    def status(self) -> AgentStatus: ...
+
+
+def agent_metrics(status: AgentStatus) -> list[Metric]:
+    """The agent's series for ``status`` (pure)."""
+    info = InfoMetricFamily(
+        PREFIX + "mps_agent", "The MPS protocol the agent drives (v3 or legacy)."
+    )
+    info.add_metric([], {"protocol": status.protocol})
+    running = GaugeMetricFamily(
+        PREFIX + "mps_daemon_running",
+        "1 while this GPU's MPS control daemon runs; 0 while it is down (being restarted, "
+        "or it could not be brought back).",
+        labels=["gpu_uuid"],
+    )
+    restarts = CounterMetricFamily(
+        PREFIX + "mps_daemon_restarts",
+        "Times the agent restarted this GPU's MPS control daemon after it died unasked, "
+        "since the agent started.",
+        labels=["gpu_uuid"],
+    )
+    shares = GaugeMetricFamily(
+        PREFIX + "mps_agent_shares",
+        "MPS shares the agent holds on this GPU (one namespace each under MPS v3).",
+        labels=["gpu_uuid"],
+    )
+    for daemon in status.daemons:
+        running.add_metric([daemon.gpu_uuid], 1 if daemon.running else 0)
+        restarts.add_metric([daemon.gpu_uuid], daemon.restarts)
+        shares.add_metric([daemon.gpu_uuid], daemon.shares)
+    return [info, running, restarts, shares]
+
+
+class _AgentCollector(Collector):
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.watched: tuple[StatusSource, asyncio.AbstractEventLoop] | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return agent_metrics(AgentStatus(version=0, protocol="v3", daemons=()))
+
+    def collect(self) -> Iterable[Metric]:
+        status = self._status()
+        return agent_metrics(status) if status is not None else []
+
+    def _status(self) -> AgentStatus | None:
+        watched = self.watched
+        if watched is None:
+            return None
+        agent, loop = watched
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:  # no loop in this thread: the metrics server's
+            on_loop = False
+        if on_loop:
+            return agent.status()
+        answer: concurrent.futures.Future[AgentStatus] = concurrent.futures.Future()
+
+        def read() -> None:
+            if not answer.set_running_or_notify_cancel():
+                return
+            try:
+                answer.set_result(agent.status())
+            except Exception as err:
+                answer.set_exception(err)
+
+        try:
+            loop.call_soon_threadsafe(read)
+        except RuntimeError:  # the loop is closed: the agent is gone
+            return None
+        try:
+            return answer.result(timeout=self.timeout_s)
+        except TimeoutError:
+            answer.cancel()
+            log.warning(
+                "metrics: the mps-agent's event loop did not answer in %.1fs; "
+                "its series are left out of this scrape",
+                self.timeout_s,
+            )
+            return None
+
+
+class AgentMetrics:
+    """The mps-agent's metrics, in a registry of their own (:attr:`registry`).
+
+    ``run_agent(..., metrics=...)`` calls :meth:`watch` once its agent exists
+    and :meth:`unwatch` when it stops.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, timeout_s: float = 5.0) -> None:
+        self.registry = registry if registry is not None else new_registry("mps-agent")
+        self._collector = _AgentCollector(timeout_s)
+        self.registry.register(self._collector)
+
+    def watch(self, agent: StatusSource, loop: asyncio.AbstractEventLoop) -> None:
+        """Report ``agent``, whose state belongs to ``loop``."""
+        self._collector.watched = (agent, loop)
+
+    def unwatch(self) -> None:
+        self._collector.watched = None

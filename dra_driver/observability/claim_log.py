@@ -1,0 +1,104 @@
+"""One structured log line per claim operation, on the ``dra_driver.claims`` logger.
+
+Each prepare or unprepare the kubelet asks for gives exactly one line: INFO
+when it succeeded, WARNING when it failed. The message reads on its own in
+``--log-format text``; with ``--log-format json`` the line also carries::
+
+    {"claim": "ns/name:uid", "operation": "prepare", "outcome": "ok",
+     "reason": "", "seconds": 0.012,
+     "devices": [{"device": "gpu-0", "gpu_uuid": "GPU-...", "mode": "mps",
+                  "share_id": "...", "memory_bytes": 10737418240,
+                  "compute_percent": 25}],
+     "error": "..."}            # only when it failed
+
+so a log pipeline can follow one claim without parsing messages. The logger
+has its own name so that these lines can be routed or silenced apart from the
+engine's diagnostics.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from dra_driver.core.plan import PlannedDevice
+from dra_driver.core.quantity import format_bytes
+from dra_driver.plugin.observers import ClaimOperation
+
+LOGGER = "dra_driver.claims"
+
+Outcome = Literal["ok", "repeated", "error"]
+
+
+def outcome(op: ClaimOperation) -> Outcome:
+    """``ok``; ``repeated`` (already prepared, the recorded result returned); ``error``."""
+    if not op.ok:
+        return "error"
+    return "repeated" if op.repeated else "ok"
+
+
+def device_fields(device: PlannedDevice) -> dict[str, Any]:
+    """A prepared device as JSON-ready fields; absent values are left out."""
+    fields: dict[str, Any] = {
+        "device": device.device_name,
+        "gpu_uuid": device.gpu_uuid,
+        "mode": device.mode.value,
+    }
+    if device.share_id:
+        fields["share_id"] = device.share_id
+    if device.limits is not None:
+        fields["memory_bytes"] = device.limits.memory_bytes
+        if device.limits.compute_percent:
+            fields["compute_percent"] = device.limits.compute_percent
+    if device.mig is not None:
+        fields["mig_profile"] = device.mig.profile_name
+        if device.mig.mig_uuid:
+            fields["mig_uuid"] = device.mig.mig_uuid
+    return fields
+
+
+def claim_fields(op: ClaimOperation) -> dict[str, Any]:
+    """The structured fields of ``op``'s log line."""
+    fields: dict[str, Any] = {
+        "claim": str(op.ref),
+        "operation": op.operation,
+        "outcome": outcome(op),
+        "reason": op.reason,
+        "seconds": round(op.seconds, 6),
+        "devices": [device_fields(d) for d in op.devices],
+    }
+    if op.error is not None:
+        fields["error"] = op.error
+    return fields
+
+
+def _describe(device: PlannedDevice) -> str:
+    details = [device.mode.value]
+    if device.mig is not None:
+        details.append(device.mig.profile_name)
+    if device.limits is not None:
+        details.append(format_bytes(device.limits.memory_bytes))
+        if device.limits.compute_percent:
+            details.append(f"{device.limits.compute_percent}% SMs")
+    return f"{device.device_name} ({', '.join(details)})"
+
+
+def message(op: ClaimOperation) -> str:
+    """The human-readable line, e.g. ``prepare ns/a:1 ok in 0.012s: gpu-0 (mps, 10Gi)``."""
+    if not op.ok:
+        return f"{op.operation} {op.ref} failed ({op.reason}) in {op.seconds:.3f}s: {op.error}"
+    text = f"{op.operation} {op.ref} {outcome(op)} in {op.seconds:.3f}s"
+    if op.devices:
+        text += ": " + ", ".join(_describe(d) for d in op.devices)
+    return text
+
+
+class ClaimLog:
+    """A :class:`~dra_driver.plugin.observers.DriverObserver` that logs each claim's outcome."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger if logger is not None else logging.getLogger(LOGGER)
+
+    def claim_done(self, op: ClaimOperation) -> None:
+        level = logging.INFO if op.ok else logging.WARNING
+        self.logger.log(level, "%s", message(op), extra={"fields": claim_fields(op)})

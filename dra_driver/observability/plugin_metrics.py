@@ -1,0 +1,281 @@
+"""Prometheus metrics of the kubelet plugin.
+
+Three kinds, each from the source that is right for it:
+
+* What happened: prepares and unprepares by outcome, errors by reason, and
+  their latency. :class:`PluginMetrics` is a
+  :class:`~dra_driver.plugin.observers.DriverObserver`; the engine tells it
+  every claim's outcome.
+* What is held now: prepared claims, and MPS shares and the memory they
+  reserve per GPU. These are computed at scrape time from the engine's
+  checkpoint, the record the engine itself trusts, so they cannot drift from
+  it and a restarted plugin reports them at once. Scrapes run on the metrics
+  server's thread; the checkpoint file is replaced atomically, so reading it
+  there needs no lock.
+* Device health, as last given to :meth:`PluginMetrics.set_device_health` (or
+  followed with :meth:`PluginMetrics.follow_health`).
+
+Metric names and labels are listed in :data:`METRICS`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dra_driver.core.errors import DriverError
+from dra_driver.core.model import Inventory
+from dra_driver.core.plan import Mode
+from dra_driver.observability.claim_log import outcome
+from dra_driver.observability.metrics_server import PREFIX, new_registry
+from dra_driver.plugin.observers import ClaimOperation
+from dra_driver.state.checkpoint import Checkpoint, ClaimState
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+"""Seconds: a repeated prepare answers in about a millisecond, an MPS daemon start
+or a MIG instance takes seconds, and the kubelet gives up at 45 s."""
+
+HEALTH_STATUSES = ("Healthy", "Unhealthy", "Unknown")
+
+# The (operation, outcome) series that exist from the start, at 0.
+_SERIES = (
+    ("prepare", "ok"),
+    ("prepare", "repeated"),
+    ("prepare", "error"),
+    ("unprepare", "ok"),
+    ("unprepare", "error"),
+)
+
+METRICS = {
+    PREFIX + "claim_operations_total": "counter{operation, outcome=ok|repeated|error}",
+    PREFIX + "claim_operation_errors_total": "counter{operation, reason}",
+    PREFIX + "claim_operation_duration_seconds": "histogram{operation}",
+    PREFIX + "prepared_claims": "gauge{state=PrepareStarted|PrepareCompleted}",
+    PREFIX + "mps_shares": "gauge{gpu_uuid, device}",
+    PREFIX + "mps_reserved_memory_bytes": "gauge{gpu_uuid, device}",
+    PREFIX + "device_health": "gauge{device, gpu_uuid, status=Healthy|Unhealthy|Unknown}",
+    PREFIX + "device_health_reason_info": "gauge{device, gpu_uuid, reason}",
+}
+
+
+class CheckpointReader(Protocol):
+    def load(self) -> Checkpoint: ...
+
+
+class DriverState(Protocol):
+    """What the gauges read from the engine; :class:`~dra_driver.plugin.driver.Driver` is one."""
+
+    @property
+    def checkpoints(self) -> CheckpointReader: ...
+
+    @property
+    def inventory(self) -> Inventory: ...
+
+
+class DeviceHealth(Protocol):
+    """One device's health as the health model reports it."""
+
+    @property
+    def device_name(self) -> str: ...
+
+    @property
+    def gpu_uuid(self) -> str: ...
+
+    @property
+    def status(self) -> str:
+        """One of :data:`HEALTH_STATUSES`."""
+        ...
+
+    @property
+    def reason(self) -> str | None:
+        """Why it is not healthy (e.g. an XID), empty or None when it is."""
+        ...
+
+
+class HealthView(Protocol):
+    """Every device's health now (``plugin.health_monitor.HealthMonitor`` is one)."""
+
+    def devices(self) -> Sequence[DeviceHealth]: ...
+
+
+@dataclass(frozen=True)
+class _Health:
+    device: str
+    gpu_uuid: str
+    status: str
+    reason: str
+
+
+def held_metrics(checkpoint: Checkpoint, inventory: Inventory | None) -> list[Metric]:
+    """The claim and share gauges for ``checkpoint`` (pure).
+
+    Every GPU of ``inventory`` that can hold MPS shares has its series, at 0
+    when nothing is prepared there, so a dashboard sees the drop to 0 instead
+    of a series that vanishes.
+    """
+    claims = GaugeMetricFamily(
+        PREFIX + "prepared_claims",
+        "Claims recorded in the plugin's checkpoint, by state (PrepareStarted: a prepare "
+        "in progress, or one that died half-way and is rolled back at the next start).",
+        labels=["state"],
+    )
+    states = collections.Counter(claim.state for claim in checkpoint.claims.values())
+    for state in ClaimState:
+        claims.add_metric([state.value], states[state])
+    per_gpu: dict[tuple[str, str], list[int]] = {}
+    for gpu in inventory.gpus if inventory is not None else ():
+        if not gpu.mig_enabled:
+            per_gpu[(gpu.uuid, gpu.device_name)] = [0, 0]
+    for claim in checkpoint.claims.values():
+        for device in claim.devices:
+            if device.mode is Mode.MPS:
+                held = per_gpu.setdefault((device.gpu_uuid, device.device_name), [0, 0])
+                held[0] += 1
+                held[1] += device.limits.memory_bytes if device.limits is not None else 0
+    shares = GaugeMetricFamily(
+        PREFIX + "mps_shares",
+        "MPS shares of prepared claims on this GPU (as recorded in the checkpoint).",
+        labels=["gpu_uuid", "device"],
+    )
+    memory = GaugeMetricFamily(
+        PREFIX + "mps_reserved_memory_bytes",
+        "Device memory reserved on this GPU by the MPS shares of prepared claims "
+        "(the sum of their memory limits).",
+        labels=["gpu_uuid", "device"],
+        unit="bytes",
+    )
+    for (gpu_uuid, device_name), (count, memory_bytes) in sorted(per_gpu.items()):
+        shares.add_metric([gpu_uuid, device_name], count)
+        memory.add_metric([gpu_uuid, device_name], memory_bytes)
+    return [claims, shares, memory]
+
+
+def health_metrics(devices: Iterable[_Health]) -> list[Metric]:
+    health = GaugeMetricFamily(
+        PREFIX + "device_health",
+        "1 for the device's current health status (Healthy, Unhealthy, Unknown), 0 for the others.",
+        labels=["device", "gpu_uuid", "status"],
+    )
+    reasons = InfoMetricFamily(
+        PREFIX + "device_health_reason",
+        "Why a device is not healthy, for devices that have a reason.",
+        labels=["device", "gpu_uuid"],
+    )
+    for d in devices:
+        for status in HEALTH_STATUSES:
+            health.add_metric([d.device, d.gpu_uuid, status], 1 if status == d.status else 0)
+        if d.reason:
+            reasons.add_metric([d.device, d.gpu_uuid], {"reason": d.reason})
+    return [health, reasons]
+
+
+class _StateCollector(Collector):
+    """Gauges computed at scrape time (on the metrics server's thread)."""
+
+    def __init__(self) -> None:
+        self.driver: DriverState | None = None
+        self.health: tuple[_Health, ...] | None = None
+        """None until the health model first reports; replaced whole, never mutated."""
+
+    def describe(self) -> Iterable[Metric]:
+        return [*held_metrics(Checkpoint(boot_id=""), None), *health_metrics(())]
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._collect())
+
+    def _collect(self) -> Iterator[Metric]:
+        health = self.health
+        if health is not None:
+            yield from health_metrics(health)
+        driver = self.driver
+        if driver is None:
+            return
+        try:
+            checkpoint = driver.checkpoints.load()
+        except DriverError as err:
+            # The prepares fail for the same reason and count it by reason.
+            log.warning("metrics: claim gauges left out of this scrape: %s", err)
+            return
+        yield from held_metrics(checkpoint, driver.inventory)
+
+
+class PluginMetrics:
+    """The kubelet plugin's metrics, in a registry of their own (:attr:`registry`).
+
+    Hand it to the engine as an observer and :meth:`bind` it to that engine (see
+    :func:`dra_driver.observability.plugin_observers.plugin_observers`), then serve
+    :attr:`registry` with :func:`~dra_driver.observability.metrics_server.serve_metrics`.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else new_registry("kubelet-plugin")
+        self._operations = Counter(
+            PREFIX + "claim_operations",
+            "Claims prepared or unprepared for the kubelet, by outcome (repeated: the claim "
+            "was already prepared and its recorded result was returned).",
+            ["operation", "outcome"],
+            registry=self.registry,
+        )
+        self._errors = Counter(
+            PREFIX + "claim_operation_errors",
+            "Claims whose prepare or unprepare failed, by reason (ClaimNotFound, Overcommit, "
+            "InvalidConfig, MpsAgentError, ...).",
+            ["operation", "reason"],
+            registry=self.registry,
+        )
+        self._seconds = Histogram(
+            PREFIX + "claim_operation_duration_seconds",
+            "Time from the kubelet's call reaching the engine to the claim's answer.",
+            ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        for operation, result in _SERIES:
+            self._operations.labels(operation, result)
+            self._seconds.labels(operation)
+        self._state = _StateCollector()
+        self.registry.register(self._state)
+
+    def bind(self, driver: DriverState) -> None:
+        """Compute the claim and share gauges from ``driver``'s checkpoint and GPUs."""
+        self._state.driver = driver
+
+    def claim_done(self, op: ClaimOperation) -> None:
+        self._operations.labels(op.operation, outcome(op)).inc()
+        self._seconds.labels(op.operation).observe(op.seconds)
+        if not op.ok:
+            self._errors.labels(op.operation, op.reason or "InternalError").inc()
+
+    def set_device_health(self, devices: Iterable[DeviceHealth]) -> None:
+        """Report every device's health; devices left out are no longer reported."""
+        snapshot = []
+        for device in devices:
+            status = str(device.status)
+            if status not in HEALTH_STATUSES:
+                raise ValueError(
+                    f"device {device.device_name}: health status {status!r} is not one of "
+                    f"{', '.join(HEALTH_STATUSES)}"
+                )
+            snapshot.append(
+                _Health(device.device_name, device.gpu_uuid, status, device.reason or "")
+            )
+        self._state.health = tuple(sorted(snapshot, key=lambda h: (h.device, h.gpu_uuid)))
+
+    def follow_health(self, health: HealthView) -> Callable[[object], None]:
+        """Report ``health``'s devices now, and return the listener that reports them again
+        (all of them) whenever it says some changed."""
+
+        def changed(_devices: object) -> None:
+            self.set_device_health(health.devices())
+
+        changed(None)
+        return changed
