@@ -17,9 +17,12 @@ memory would not fit the GPU, fail the claim.
 
 The plan's CDI spec holds what every container of the claim needs that the
 plan can know: the GPU's device node and the node's common edits (driver
-libraries, control nodes). Edits that only exist once a side effect has run
-(an MPS namespace's pipe directory, a new MIG instance's capability nodes) are
-added by the engine when it applies the plan.
+libraries, control nodes), and, for an MPS share of a GPU with cgroup v2
+``dmem`` regions (:class:`DmemHookSettings`, detected at start), the
+``createContainer`` hook that sets each container's device-memory limit.
+Edits that only exist once a side effect has run (an MPS namespace's pipe
+directory, a new MIG instance's capability nodes) are added by the engine when
+it applies the plan.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dra_driver.api.configs import effective_config, limits_for
-from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, DeviceNode, merge_edits
+from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Hook, merge_edits
 from dra_driver.core.driver_edits import fake_device_node
 from dra_driver.core.errors import (
     AllocationError,
@@ -69,6 +72,30 @@ _HOLDS_ALONE = (Mode.EXCLUSIVE, Mode.MIG)
 
 
 @dataclass(frozen=True)
+class DmemHookSettings:
+    """Kernel-enforced GPU-memory limits for MPS shares: cgroup v2 ``dmem``.
+
+    Where the node's kernel has the ``dmem`` controller and the GPU's driver
+    registers a region for it, each container of an MPS share gets a CDI
+    ``createContainer`` hook (``dra_driver/dmemhook/dmem-hook.sh``, installed on
+    the host) that writes the share's memory limit into the container's
+    ``dmem.max`` (its cgroup does not exist at prepare time). The limit is per
+    container: two containers of one pod that use one claim may each use it.
+    """
+
+    hook_path: str
+    """The installed script, a path on the host."""
+    regions: Mapping[GpuUUID, tuple[str, ...]]
+    """dmem regions per GPU UUID (detection at start); a GPU absent here gets no hook."""
+    strict: bool = False
+    """A failing hook fails the container's start (``--strict``); otherwise the
+    container starts with the MPS daemon's limit only and the hook logs why."""
+    log_path: str | None = None
+    """Where the hook appends its failures on the host."""
+    timeout_s: int = 10
+
+
+@dataclass(frozen=True)
 class NodeContext:
     """Who we are on this node, and what every claim's container gets."""
 
@@ -82,6 +109,8 @@ class NodeContext:
     driver-root discovery); empty when unknown."""
     fake_device_nodes: bool = False
     """Fake backend: GPU nodes are harmless stand-ins (no GPU on the host)."""
+    dmem: DmemHookSettings | None = None
+    """cgroup v2 dmem limits for MPS shares; None: the node has none (or they are off)."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +295,8 @@ def plan_prepare(
                 mig=_mig_plan(target) if target is not None else None,
             )
         )
+    if ctx.dmem is not None:
+        cdi_devices = _with_dmem_hooks(cdi_devices, planned, ctx.dmem)
     spec = CdiSpec(
         kind=ctx.cdi_kind,
         devices=tuple(cdi_devices),
@@ -364,6 +395,62 @@ def _check_fits(
             f"this one asks {format_bytes(limits.memory_bytes)} + {format_bytes(overhead)}, "
             f"and {format_bytes(usable)} are usable; nothing was changed",
         )
+
+
+def mps_memory_on(devices: Sequence[PlannedDevice], gpu_uuid: GpuUUID) -> int:
+    """A claim's MPS memory on one GPU: the sum of its shares there.
+
+    All of a claim's shares of one GPU are one MPS namespace (the engine asks
+    the agent for this sum), and its containers get this as their dmem limit.
+    """
+    return sum(
+        d.limits.memory_bytes
+        for d in devices
+        if d.mode is Mode.MPS and d.gpu_uuid == gpu_uuid and d.limits is not None
+    )
+
+
+def dmem_hook(
+    settings: DmemHookSettings,
+    regions: Sequence[str],
+    memory_bytes: int,
+    soft_memory_bytes: int | None = None,
+) -> Hook:
+    """The ``createContainer`` hook that sets a container's dmem limits.
+
+    ``memory_bytes`` goes to ``dmem.max`` (hard); ``soft_memory_bytes``, when
+    given, to ``dmem.min`` (NVIDIA's soft limit). The plan passes no soft limit
+    yet: ``GpuConfig`` has no field for one.
+    """
+    args = ["dmem-hook.sh"]
+    if settings.strict:
+        args.append("--strict")
+    if settings.log_path:
+        args += ["--log", settings.log_path]
+    args += ["--max", str(memory_bytes)]
+    if soft_memory_bytes is not None:
+        args += ["--min", str(soft_memory_bytes)]
+    return Hook(
+        hook_name="createContainer",
+        path=settings.hook_path,
+        args=(*args, "--", *regions),
+        timeout=settings.timeout_s,
+    )
+
+
+def _with_dmem_hooks(
+    cdi_devices: Sequence[CdiDevice], planned: Sequence[PlannedDevice], dmem: DmemHookSettings
+) -> list[CdiDevice]:
+    """Each MPS share of a GPU with dmem regions gets the hook with the claim's memory there."""
+    out = []
+    for cdi, device in zip(cdi_devices, planned, strict=True):
+        regions = dmem.regions.get(device.gpu_uuid, ())
+        if device.mode is not Mode.MPS or not regions:
+            out.append(cdi)
+            continue
+        hook = dmem_hook(dmem, regions, mps_memory_on(planned, device.gpu_uuid))
+        out.append(CdiDevice(cdi.name, merge_edits(cdi.edits, ContainerEdits(hooks=(hook,)))))
+    return out
 
 
 def _mig_plan(target: MigTarget) -> MigPlan:

@@ -321,6 +321,75 @@ def parse_legacy_server_list(stdout: str) -> list[int]:
     return [int(tok) for tok in stdout.split() if tok.isdigit()]
 
 
+# Control log lines (docs:appendix-logging "Control Log", and the same forms in public
+# transcripts of real daemons, e.g. kubernetes-sigs/dra-driver-nvidia-gpu#1153):
+#   [2013-08-05 12:50:23.347 Control 13894] Starting new server 13929 for user 500
+#   [2013-08-05 12:50:24.870 Control 13894] NEW SERVER 13929: Ready
+#   [2013-08-05 13:02:26.226 Control 13894] Server 13929 exited with status 0
+#   [2013-08-05 13:02:10.866 Control 13894] NEW CLIENT 19276 from user 500: Server already exists
+# The text after "NEW CLIENT <pid> from user <uid>:" varies and is not relied on; a
+# client in another PID namespace is logged with PID 0. gpu-unverified here: this
+# project has not run a legacy daemon with clients of two UIDs on a GPU yet.
+_LOG_DAEMON_START = re.compile(r"Starting control daemon")
+_LOG_SERVER_START = re.compile(r"Starting new server (\d+) for user (\d+)")
+_LOG_SERVER_EXIT = re.compile(r"Server (\d+) exited")
+_LOG_NEW_CLIENT = re.compile(r"NEW CLIENT (\d+) from user (\d+)")
+
+
+@dataclass(frozen=True)
+class UidWait:
+    """Legacy MPS: clients of ``waiting_uids`` wait until the server of ``server_uid`` exits."""
+
+    server_pid: int
+    server_uid: int
+    waiting_uids: tuple[int, ...]
+
+
+def legacy_uid_wait(control_log: str, live_server_pids: Iterable[int]) -> UidWait | None:
+    """Who waits on another UID's server, from the control log and ``get_server_list``.
+
+    The legacy control daemon runs one server at a time, as the UID of the client
+    that made it start it; a client of another UID is queued until that server's
+    clients are all gone (docs:mpsv2-interface, nvidia-cuda-mps-control(1)). So: the
+    live server's UID is the one its "Starting new server" line names, and a client
+    whose "NEW CLIENT" line came after that, with another UID, waits. Only the lines
+    since the daemon's last start count. None when nothing waits (or the log does
+    not name the live server, e.g. when it was cut).
+    """
+    lines = control_log.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if _LOG_DAEMON_START.search(lines[i]):
+            lines = lines[i + 1 :]
+            break
+    live = set(live_server_pids)
+    servers: dict[int, tuple[int, int]] = {}  # pid -> (uid, line index)
+    clients: list[tuple[int, int]] = []  # (line index, uid)
+    for index, line in enumerate(lines):
+        if match := _LOG_SERVER_START.search(line):
+            servers[int(match[1])] = (int(match[2]), index)
+        elif match := _LOG_SERVER_EXIT.search(line):
+            servers.pop(int(match[1]), None)
+        elif match := _LOG_NEW_CLIENT.search(line):
+            clients.append((index, int(match[2])))
+    running = [(index, pid, uid) for pid, (uid, index) in servers.items() if pid in live]
+    if not running:
+        return None
+    started, pid, uid = max(running)
+    waiting = sorted({c_uid for index, c_uid in clients if index > started and c_uid != uid})
+    return UidWait(pid, uid, tuple(waiting)) if waiting else None
+
+
+def describe_uid_wait(wait: UidWait) -> str:
+    """The log line and status text: both UIDs and the fix."""
+    uids = ", ".join(str(u) for u in wait.waiting_uids)
+    return (
+        f"legacy MPS serves one UID at a time: its server (pid {wait.server_pid}) runs as "
+        f"UID {wait.server_uid}, and client(s) of UID {uids} wait until every client of UID "
+        f"{wait.server_uid} has exited. Run the pods that share this GPU as one UID "
+        "(securityContext.runAsUser), or use MPS v3 (driver 615+, --mps-protocol=v3) or MIG"
+    )
+
+
 def legacy_client_env(gpu_uuid: str, memory_limit_bytes: int, pct: int) -> tuple[str, ...]:
     """Per-share caps for a legacy client (docs:appendix-environment-variables).
 
@@ -332,6 +401,29 @@ def legacy_client_env(gpu_uuid: str, memory_limit_bytes: int, pct: int) -> tuple
         f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={gpu_uuid}={memory_limit_value(memory_limit_bytes)}",
         f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}",
     )
+
+
+# -- the daemon's /dev/shm -------------------------------------------------------------
+
+UNSHARE_PRIVATE_MOUNT = ("unshare", "--mount", "--propagation", "private")
+"""util-linux ``unshare``: a new mount namespace whose mounts do not propagate back."""
+
+_BIND_SHM = 'mount --bind "$1" /dev/shm && shift && exec "$@"'
+
+
+def in_private_shm(
+    argv: Sequence[str], shm_dir: str, unshare: Sequence[str] = UNSHARE_PRIVATE_MOUNT
+) -> list[str]:
+    """``argv`` run in a private mount namespace with ``shm_dir`` bind-mounted on /dev/shm.
+
+    MPS clients and servers share memory through ``/dev/shm``, which the MPS tools
+    offer no way to relocate (unlike the pipe and log directories); the containers
+    get the GPU's shm directory at ``/dev/shm`` through CDI, so the daemon, and the
+    servers it forks, must see that directory there too. ``unshare`` and ``sh``
+    ``exec`` in turn, so the daemon keeps the PID the agent started. Needs
+    CAP_SYS_ADMIN (``unshare`` adds ``--user --map-root-user`` in tests).
+    """
+    return [*unshare, "--", "sh", "-c", _BIND_SHM, "mps-shm", shm_dir, *argv]
 
 
 # -- replies --------------------------------------------------------------------------

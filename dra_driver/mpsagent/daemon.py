@@ -4,6 +4,29 @@ Directories: ``<state dir>/<gpu uuid>/{pipe,log,shm}``. The daemon runs with onl
 its GPU visible and its own pipe and log directories; every command is a run of
 the control binary with the same environment, so it reaches this GPU's daemon.
 
+The shm directory: MPS clients and their server share POSIX shared memory in
+``/dev/shm``, a path the MPS tools do not let us change (no environment
+variable or option names another one). Containers get the GPU's shm directory
+mounted at ``/dev/shm`` through CDI, so the daemon (and the servers it spawns)
+must see that same directory as *their* ``/dev/shm``, not the agent pod's own.
+With ``shm_namespace`` set (the ``unshare`` command, see
+:func:`.commands.in_private_shm`), the daemon and every command run in a
+private mount namespace with the GPU's shm directory bind-mounted on
+``/dev/shm``; that needs CAP_SYS_ADMIN (the agent is privileged with the nvml
+backend). Without it (the fake control binary, which has no shared memory)
+they use the agent's ``/dev/shm``. Shares of one GPU therefore see one shm and
+one pipe tree; different GPUs' shares see different ones.
+
+The compute mode: before it first sets EXCLUSIVE_PROCESS, the daemon records
+the GPU's mode in ``<state dir>/<gpu uuid>/compute-mode.previous`` (the agent's
+state directory); :meth:`MpsDaemon.stop` restores that mode and removes the
+file. A restarted daemon or agent finds the file and keeps the first mode.
+
+Legacy MPS serves one UID at a time: while the daemon runs, a monitor reads the
+control daemon's log (and ``get_server_list``) every ``uid_check_interval``
+seconds and reports a client that waits on another UID's server
+(:attr:`MpsDaemon.uid_wait`, a warning naming both UIDs and the fix).
+
 The daemon is started with ``-f`` as the agent's own child rather than with
 ``-d``: ``-d`` detaches, and the agent would then learn of the daemon's death
 only by polling its pid file, racing PID reuse. As a child, its exit is an
@@ -27,15 +50,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_driver.mpsagent import commands as cmd
-from dra_driver.mpsagent.commands import ControlCall, ShareLimits
-from dra_driver.mpsagent.compute_mode import ComputeMode, ComputeModeError
+from dra_driver.mpsagent.commands import ControlCall, ShareLimits, UidWait
+from dra_driver.mpsagent.compute_mode import ComputeMode, ComputeModeError, Mode, parse_mode
 from dra_driver.mpsagent.procs import alive
 from dra_driver.mpsagent.protocol import MpsProtocol
+from dra_driver.state.files import atomic_write, remove_if_exists
 
 log = logging.getLogger(__name__)
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 """Written by the daemon into its pipe directory (dra-facts 10)."""
+CONTROL_LOG = "control.log"
+"""The control daemon's log in its log directory (docs:appendix-logging)."""
+PREVIOUS_MODE_FILE = "compute-mode.previous"
+"""The GPU's compute mode before its daemon first started (in the GPU's directory)."""
+SHM_MODE = 0o1777
+"""Like /dev/shm: clients of any UID create their shared memory there."""
+LOG_TAIL_BYTES = 1 << 20
 
 
 class DaemonError(RuntimeError):
@@ -62,6 +93,11 @@ class DaemonDirs:
     def create(self) -> None:
         for path in (self.pipe, self.log, self.shm):
             os.makedirs(path, mode=0o755, exist_ok=True)
+        os.chmod(self.shm, SHM_MODE)
+
+    @property
+    def previous_mode(self) -> str:
+        return os.path.join(self.root, PREVIOUS_MODE_FILE)
 
 
 def _read_pid(path: str) -> int | None:
@@ -70,6 +106,17 @@ def _read_pid(path: str) -> int | None:
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
+
+
+def _read_tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
+    """The last ``size`` bytes of a log (it grows for the daemon's whole life)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 class MpsDaemon:
@@ -85,7 +132,13 @@ class MpsDaemon:
         command_timeout: float = 10.0,
         ready_timeout: float = 15.0,
         adopted_poll_interval: float = 0.5,
+        shm_namespace: Sequence[str] | None = None,
+        uid_check_interval: float = 10.0,
     ) -> None:
+        """``shm_namespace``: the ``unshare`` command that gives the daemon a private
+        mount namespace with the GPU's shm directory on ``/dev/shm`` (None: the
+        agent's own ``/dev/shm``). ``uid_check_interval``: seconds between legacy
+        UID checks (0: none)."""
         self.gpu_uuid = gpu_uuid
         self.dirs = DaemonDirs.for_gpu(state_dir, gpu_uuid)
         self.control_binary = control_binary
@@ -101,6 +154,11 @@ class MpsDaemon:
         self.command_timeout = command_timeout
         self.ready_timeout = ready_timeout
         self.adopted_poll_interval = adopted_poll_interval
+        self.shm_namespace = tuple(shm_namespace) if shm_namespace else None
+        self.uid_check_interval = uid_check_interval
+        self.uid_wait: UidWait | None = None
+        """Legacy MPS: a client waiting on another UID's server (latest check)."""
+        self._uid_monitor: asyncio.Task[None] | None = None
         self.stopping = False
         self._proc: asyncio.subprocess.Process | None = None
         self._adopted_pid: int | None = None
@@ -124,6 +182,56 @@ class MpsDaemon:
     def namespace_dir(self, namespace: str) -> str:
         return cmd.v3_namespace_dir(self.dirs.pipe, namespace)
 
+    def _argv(self, args: Sequence[str]) -> list[str]:
+        """The control binary with ``args``, in the GPU's shm namespace when asked."""
+        argv = [self.control_binary, *args]
+        if self.shm_namespace is None:
+            return argv
+        return cmd.in_private_shm(argv, self.dirs.shm, self.shm_namespace)
+
+    # -- compute mode -----------------------------------------------------------------
+
+    def _recorded_mode(self) -> Mode | None:
+        try:
+            with open(self.dirs.previous_mode) as f:
+                return parse_mode(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ComputeModeError) as err:
+            log.warning("ignoring %s: %s", self.dirs.previous_mode, err)
+            return None
+
+    async def _enter_exclusive_process(self) -> None:
+        """Record the GPU's compute mode (first start only), then set EXCLUSIVE_PROCESS.
+
+        Recorded before it is changed, so a crash in between leaves the right mode.
+        """
+        if self._recorded_mode() is None:
+            try:
+                previous = await self.compute_mode.get_mode(self.gpu_uuid)
+            except ComputeModeError as err:
+                previous = "DEFAULT"
+                log.warning(
+                    "cannot read GPU %s's compute mode (%s); DEFAULT will be restored after "
+                    "its last MPS share",
+                    self.gpu_uuid,
+                    err,
+                )
+            atomic_write(self.dirs.previous_mode, f"{previous}\n".encode())
+            log.info("GPU %s compute mode before MPS: %s", self.gpu_uuid, previous)
+        await self.compute_mode.set_mode(self.gpu_uuid, "EXCLUSIVE_PROCESS")
+
+    async def _restore_compute_mode(self) -> None:
+        """Give the GPU back the mode it had before MPS (DEFAULT if none was recorded)."""
+        mode = self._recorded_mode() or "DEFAULT"
+        try:
+            await self.compute_mode.set_mode(self.gpu_uuid, mode)
+        except ComputeModeError as err:
+            # The record stays: the next stop tries again with the same mode.
+            log.error("cannot restore GPU %s compute mode to %s: %s", self.gpu_uuid, mode, err)
+            return
+        remove_if_exists(self.dirs.previous_mode)
+
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -132,9 +240,10 @@ class MpsDaemon:
         self._server_exists = False
         self._namespaces = set()
         self._adopted_pid = None
+        self.uid_wait = None
         self.dirs.create()
         try:
-            await self.compute_mode.set_mode(self.gpu_uuid, "EXCLUSIVE_PROCESS")
+            await self._enter_exclusive_process()
         except ComputeModeError as err:
             raise DaemonError(f"GPU {self.gpu_uuid}: {err}") from err
         out = os.open(
@@ -144,8 +253,7 @@ class MpsDaemon:
         )
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                self.control_binary,
-                *cmd.daemon_args(self.protocol),
+                *self._argv(cmd.daemon_args(self.protocol)),
                 env=self.env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
@@ -164,6 +272,7 @@ class MpsDaemon:
         except BaseException:
             await self._kill()
             raise
+        self._start_uid_monitor()
         log.info(
             "MPS control daemon for GPU %s started (pid %s, %s)",
             self.gpu_uuid,
@@ -208,6 +317,7 @@ class MpsDaemon:
             log.warning("cannot adopt MPS daemon pid %s for GPU %s: %s", pid, self.gpu_uuid, err)
             self._adopted_pid = None
             return False
+        self._start_uid_monitor()
         log.info("adopted the running MPS control daemon for GPU %s (pid %s)", self.gpu_uuid, pid)
         return True
 
@@ -221,8 +331,9 @@ class MpsDaemon:
         return None
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """``quit`` the daemon, wait for it, and give the GPU back its DEFAULT mode."""
+        """``quit`` the daemon, wait for it, and give the GPU back its previous mode."""
         self.stopping = True
+        await self.stop_monitoring()
         if self.running:
             try:
                 await self.run(cmd.quit_call(self.protocol))
@@ -234,10 +345,7 @@ class MpsDaemon:
                 log.warning("MPS daemon of GPU %s did not quit; killing it", self.gpu_uuid)
                 await self._kill()
         self._adopted_pid = None
-        try:
-            await self.compute_mode.set_mode(self.gpu_uuid, "DEFAULT")
-        except ComputeModeError as err:
-            log.error("cannot restore GPU %s compute mode: %s", self.gpu_uuid, err)
+        await self._restore_compute_mode()
         log.info("MPS control daemon for GPU %s stopped", self.gpu_uuid)
 
     async def _kill(self) -> None:
@@ -255,8 +363,7 @@ class MpsDaemon:
         """Run the control binary with ``call`` in the daemon's environment."""
         try:
             proc = await asyncio.create_subprocess_exec(
-                self.control_binary,
-                *call.args,
+                *self._argv(call.args),
                 env=self.env,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -344,3 +451,48 @@ class MpsDaemon:
         pids = cmd.parse_legacy_server_list(await self.run(ControlCall(stdin="get_server_list\n")))
         for call in cmd.render_legacy_apply(self.gpu_uuid, shares, pids):
             await self.run(call)
+
+    # -- legacy MPS: one UID at a time ----------------------------------------------
+
+    async def check_uids(self) -> UidWait | None:
+        """Legacy MPS: is a client waiting on a server of another UID? (None under v3.)
+
+        ``get_server_list`` gives the live servers; the control log gives their
+        UIDs and the clients' (see :func:`.commands.legacy_uid_wait`).
+        """
+        if self.protocol != "legacy" or not self.running:
+            return None
+        pids = cmd.parse_legacy_server_list(await self.run(ControlCall(stdin="get_server_list\n")))
+        text = await asyncio.to_thread(_read_tail, os.path.join(self.dirs.log, CONTROL_LOG))
+        found = cmd.legacy_uid_wait(text, pids)
+        if found != self.uid_wait:
+            if found is not None:
+                log.warning("GPU %s: %s", self.gpu_uuid, cmd.describe_uid_wait(found))
+            else:
+                log.info("GPU %s: no MPS client waits on another UID's server now", self.gpu_uuid)
+        self.uid_wait = found
+        return found
+
+    def _start_uid_monitor(self) -> None:
+        if self.protocol != "legacy" or self.uid_check_interval <= 0:
+            return
+        if self._uid_monitor is None or self._uid_monitor.done():
+            self._uid_monitor = asyncio.create_task(
+                self._monitor_uids(), name=f"mps-uids-{self.gpu_uuid}"
+            )
+
+    async def stop_monitoring(self) -> None:
+        """End the UID monitor (also when the agent leaves the daemon running)."""
+        task, self._uid_monitor = self._uid_monitor, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _monitor_uids(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(self.uid_check_interval)
+            try:
+                await self.check_uids()
+            except DaemonError as err:
+                # A daemon that died is the supervisor's business; look again later.
+                log.debug("GPU %s: UID check failed: %s", self.gpu_uuid, err)

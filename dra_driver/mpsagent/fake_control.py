@@ -19,6 +19,24 @@ protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
 Every invocation is recorded as a JSON line in ``fake-mps-commands.jsonl`` in the
 log directory (``CUDA_MPS_LOG_DIRECTORY``). Error texts and exit statuses are
 this fake's own choice: the real tool's are not documented.
+
+Like the real daemon it writes ``control.log`` in the log directory, in the
+documented format (docs:appendix-logging "Control Log"): ``[<date> <time> Control
+<pid>] Starting new server <pid> for user <uid>``, ``NEW SERVER <pid>: Ready``,
+``Server <pid> exited with status 0``, ``NEW CLIENT <pid> from user <uid>: <text>``.
+The text after a NEW CLIENT line's colon is the fake's choice for a client that
+must wait for another UID's server (the docs do not show that case).
+
+Clients (legacy protocol only), a fake-only invocation standing in for a CUDA
+process that connects or exits: ``--fake-client connect|exit --uid <uid>``. The
+daemon serves one UID at a time as documented (docs:mpsv2-interface,
+nvidia-cuda-mps-control(1)): a client of another UID is queued until the running
+server's clients have all exited; then the server exits and one for the queued
+UID starts. Clients are logged with PID 0, as a real daemon logs a client in
+another PID namespace (a container).
+
+The daemon records the identity (device, inode) of the ``/dev/shm`` it sees in
+its state (``shm``), so tests can check which shm directory it runs with.
 """
 
 from __future__ import annotations
@@ -93,6 +111,22 @@ def _write_state(pipe: str, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _control_log(logs: str, pid: int, text: str) -> None:
+    """One control.log line in the documented format."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+    with open(os.path.join(logs, "control.log"), "a") as f:
+        f.write(f"[{stamp} Control {pid}] {text}\n")
+
+
+def _shm_identity() -> list[int] | None:
+    try:
+        st = os.stat("/dev/shm")
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
 def _touch(path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a"):
@@ -117,7 +151,9 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "next_pid": 100000 + os.getpid() % 100000 * 10,
             "servers": {},  # v3: name -> {uid, pid, limits, namespaces{name: limits}}
-            "legacy": {"default_pct": None, "default_mem": {}, "servers": {}},
+            # legacy servers: pid -> {uid, pct, mem, clients}; pending: queued client UIDs
+            "legacy": {"default_pct": None, "default_mem": {}, "servers": {}, "pending": []},
+            "shm": _shm_identity(),
         }
         _write_state(pipe, state)
         _touch(os.path.join(pipe, "control"))
@@ -126,11 +162,12 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
     _record(logs, {"event": "start", "daemon_pid": os.getpid(), "protocol": protocol,
                    "multiuser": multiuser,
                    "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})  # fmt: skip
-    with open(os.path.join(logs, "control.log"), "a") as f:
-        f.write(f"Starting control daemon (fake), protocol {protocol}\n")
-        f.write(
-            f"To connect CUDA applications to this daemon, set CUDA_MPS_PIPE_DIRECTORY={pipe}\n"
-        )
+    _control_log(logs, os.getpid(), f"Starting control daemon using socket {pipe}/control")
+    _control_log(
+        logs,
+        os.getpid(),
+        f"To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={pipe}",
+    )
     print(f"To connect CUDA applications to this daemon, set CUDA_MPS_PIPE_DIRECTORY={pipe}",
           flush=True)  # fmt: skip
 
@@ -423,9 +460,7 @@ def _legacy(state: dict[str, Any], line: str) -> str:  # noqa: PLR0911 (one retu
             raise CommandError("Error: usage: start_server -uid <uid>")
         if any(s["uid"] != int(args[1]) for s in servers.values()):
             raise CommandError("Error: a server for another user is running")
-        pid = str(_new_pid(state))
-        servers[pid] = {"uid": int(args[1]), "pct": legacy["default_pct"],
-                        "mem": dict(legacy["default_mem"])}  # fmt: skip
+        _start_legacy_server(state, int(args[1]), clients=0)
         return ""
     if cmd == "get_server_status":
         need(1)
@@ -458,6 +493,71 @@ def _legacy(state: dict[str, Any], line: str) -> str:  # noqa: PLR0911 (one retu
     raise CommandError(f"Error: unknown command {cmd!r}")
 
 
+def _start_legacy_server(state: dict[str, Any], uid: int, clients: int) -> str:
+    legacy: dict[str, Any] = state["legacy"]
+    pid = str(_new_pid(state))
+    legacy["servers"][pid] = {"uid": uid, "pct": legacy["default_pct"],
+                              "mem": dict(legacy["default_mem"]), "clients": clients}  # fmt: skip
+    _, logs = _dirs()
+    _control_log(logs, int(state["daemon_pid"]), f"Starting new server {pid} for user {uid}")
+    _control_log(logs, int(state["daemon_pid"]), f"NEW SERVER {pid}: Ready")
+    return pid
+
+
+def _fake_client(state: dict[str, Any], action: str, uid: int) -> str:
+    """A CUDA client of ``uid`` connects or exits (legacy: one server UID at a time).
+
+    A server stays when its last client exits, until a client of another UID
+    needs the GPU: then it exits as soon as it has no clients, and a server for
+    the queued UID starts (nvidia-cuda-mps-control(1)).
+    """
+    if state["protocol"] == 3:
+        raise CommandError("Error: fake clients are modelled for legacy MPS only")
+    _, logs = _dirs()
+    daemon = int(state["daemon_pid"])
+    legacy: dict[str, Any] = state["legacy"]
+    servers: dict[str, Any] = legacy["servers"]
+    pending: list[int] = legacy.setdefault("pending", [])
+    running = next(iter(servers.items()), None)
+    if action == "connect":
+        if running is not None and running[1]["uid"] == uid:
+            running[1]["clients"] = running[1].get("clients", 0) + 1
+            _control_log(logs, daemon, f"NEW CLIENT 0 from user {uid}: Server already exists")
+            return f"{running[0]}\n"
+        if running is None:
+            starts = "Server is not ready, push client to pending list"
+            _control_log(logs, daemon, f"NEW CLIENT 0 from user {uid}: {starts}")
+            return _start_legacy_server(state, uid, clients=1) + "\n"
+        waits = f"Server of user {running[1]['uid']} is running, push client to pending list"
+        _control_log(logs, daemon, f"NEW CLIENT 0 from user {uid}: {waits}")
+        pending.append(uid)
+        _switch_if_idle(state)
+        return "pending\n"
+    if action != "exit":
+        raise CommandError(f"Error: --fake-client takes connect or exit, not {action!r}")
+    if running is None or running[1]["uid"] != uid or not running[1].get("clients"):
+        raise CommandError(f"Error: no connected client of user {uid}")
+    running[1]["clients"] -= 1
+    _switch_if_idle(state)
+    return ""
+
+
+def _switch_if_idle(state: dict[str, Any]) -> None:
+    """A server without clients gives way to the first queued UID."""
+    legacy: dict[str, Any] = state["legacy"]
+    servers: dict[str, Any] = legacy["servers"]
+    pending: list[int] = legacy["pending"]
+    running = next(iter(servers.items()), None)
+    if running is None or running[1].get("clients") or not pending:
+        return
+    del servers[running[0]]
+    _, logs = _dirs()
+    _control_log(logs, int(state["daemon_pid"]), f"Server {running[0]} exited with status 0")
+    queued = pending[0]
+    legacy["pending"] = [u for u in pending if u != queued]
+    _start_legacy_server(state, queued, clients=len(pending) - len(legacy["pending"]))
+
+
 # -- entry point ----------------------------------------------------------------------
 
 
@@ -478,6 +578,10 @@ def _run_command(argv: list[str], protocol_wanted: int) -> int:
             entry["protocol"] = state["protocol"]
             if argv in (["-q"], ["--quit"]):
                 _quit(state)
+            elif argv[:1] == ["--fake-client"]:
+                if len(argv) != 4 or argv[2] != "--uid" or not argv[3].isdigit():
+                    raise CommandError("Error: usage: --fake-client connect|exit --uid <uid>")
+                out.append(_fake_client(state, argv[1], int(argv[3])))
             elif argv:
                 if state["protocol"] != 3:
                     raise CommandError("Error: module verb commands need MPS protocol 3")

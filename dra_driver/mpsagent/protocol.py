@@ -118,6 +118,10 @@ class DaemonStatus:
     running: bool
     restarts: int
     shares: int
+    server_uid: int | None = None
+    """Legacy MPS, while a client waits: the UID its running server serves."""
+    waiting_uids: tuple[int, ...] = ()
+    """Legacy MPS: UIDs of clients waiting until that server exits (one UID at a time)."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,9 @@ def status_from_json(doc: dict[str, Any]) -> AgentStatus:
                 running=bool(d["running"]),
                 restarts=int(d["restarts"]),
                 shares=int(d["shares"]),
+                # Absent from an older agent's answer.
+                server_uid=None if d.get("server_uid") is None else int(d["server_uid"]),
+                waiting_uids=tuple(int(u) for u in d.get("waiting_uids", ())),
             )
             for d in doc["daemons"]
         )

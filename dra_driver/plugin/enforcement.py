@@ -16,12 +16,19 @@ returns the CDI edits that only exist afterwards:
 Release reverses both: the share is released (the agent stops the daemon
 after the last one), an instance *we* created is destroyed; instances that
 existed before are never touched.
+
+At start, :func:`dmem_hook_settings` finds which GPUs have cgroup v2 ``dmem``
+regions and installs the hook script on the host; the result is the plan's
+input (``NodeContext.dmem``), so planning stays pure and deterministic.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import enum
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -31,13 +38,55 @@ from dra_driver.core.errors import DriverError, InventoryError
 from dra_driver.core.ids import ClaimRef, GpuUUID, MigUUID
 from dra_driver.core.mig_edits import CapNode, mig_device_edits
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement
-from dra_driver.core.plan import Mode, PlannedDevice
+from dra_driver.core.plan import DmemHookSettings, Mode, PlannedDevice, mps_memory_on
 from dra_driver.core.ports import GpuBackend
+from dra_driver.dmemhook import install_hook
+from dra_driver.gpu.dmem import detect_dmem
 from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.mpsagent.commands import share_cdi_edits
 from dra_driver.mpsagent.protocol import ShareInfo
 
 log = logging.getLogger(__name__)
+
+
+class DmemLimits(enum.StrEnum):
+    """``--dmem-limits``: kernel-enforced GPU-memory limits for MPS shares (cgroup v2 dmem)."""
+
+    AUTO = "auto"
+    """A hook on the GPUs that have dmem regions; a failing hook is logged, the
+    container starts with the MPS daemon's limit only."""
+    STRICT = "strict"
+    """As auto, but a failing hook fails the container's start."""
+    OFF = "off"
+
+
+DMEM_HOOK_LOG = "dmem-hook.log"
+
+
+async def dmem_hook_settings(
+    gpus: Sequence[GpuInfo], *, cgroup_root: str, hook_dir: str, mode: DmemLimits
+) -> DmemHookSettings | None:
+    """At plugin start: detect dmem regions, log the outcome per GPU, install the hook.
+
+    None (no hook in any CDI spec) when ``mode`` is off or no GPU has a region;
+    the script is installed only when some GPU will use it.
+    """
+    if mode is DmemLimits.OFF:
+        log.info("dmem GPU-memory limits off (--dmem-limits=off)")
+        return None
+    found = await asyncio.to_thread(detect_dmem, gpus, cgroup_root)
+    for note in found.notes:
+        log.info("%s", note)
+    if not found.regions:
+        return None
+    path = await asyncio.to_thread(install_hook, hook_dir)
+    log.info("dmem hook installed at %s (%s)", path, mode.value)
+    return DmemHookSettings(
+        hook_path=path,
+        regions=found.regions,
+        strict=mode is DmemLimits.STRICT,
+        log_path=os.path.join(hook_dir, DMEM_HOOK_LOG),
+    )
 
 
 class MpsPort(Protocol):
@@ -177,13 +226,12 @@ class Enforcer:
                 f"{first.device_name} is MPS-shared but this plugin has no mps-agent "
                 "(--mps-agent-socket); deploy the mps-agent DaemonSet on this node"
             )
-        limits = [d.limits for d in group if d.limits is not None]
-        percents = [lim.compute_percent for lim in limits]
+        percents = [d.limits.compute_percent for d in group if d.limits is not None]
         share = await self.mps.ensure_share(
             first.gpu_uuid,
             _share_key(group),
             claim_uid=claim.uid,
-            memory_limit_bytes=sum(lim.memory_bytes for lim in limits),
+            memory_limit_bytes=mps_memory_on(group, first.gpu_uuid),
             active_thread_percentage=100 if 0 in percents else min(100, sum(percents)),
         )
         edits = share_cdi_edits(share)

@@ -1,0 +1,258 @@
+"""``dmem-hook.sh`` run by ``sh`` against fake cgroup and proc trees, fed an OCI state.
+
+The script is what a container runtime runs on the host as a createContainer
+hook; these tests give it what a runtime would (argv, the state JSON on stdin)
+and point it at a fake ``/sys/fs/cgroup`` and ``/proc`` through its
+``DMEM_HOOK_CGROUP_ROOT`` / ``DMEM_HOOK_PROC_ROOT`` overrides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+import pytest
+
+from dra_driver.dmemhook import HOOK_FILE
+
+SCRIPT = pathlib.Path(__file__).parents[2] / "dra_driver" / "dmemhook" / HOOK_FILE
+SH = shutil.which("sh")
+pytestmark = pytest.mark.skipif(SH is None, reason="no sh on this machine")
+
+REGION = "nvidia/0000:3b:00.0/vidmem"
+OTHER_GPU = "nvidia/0000:86:00.0/vidmem"
+PID = 4242
+CGROUP = (
+    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice"
+    "/cri-containerd-abc.scope"
+)
+GIB = 1 << 30
+
+
+@dataclass
+class Host:
+    root: pathlib.Path
+
+    @property
+    def cgroup(self) -> pathlib.Path:
+        return self.root / "cgroup"
+
+    @property
+    def proc(self) -> pathlib.Path:
+        return self.root / "proc"
+
+    def container(self, path: str = CGROUP) -> pathlib.Path:
+        return self.cgroup / path.lstrip("/")
+
+    def run(
+        self, *args: str, state: dict[str, object] | None = None, path: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        assert SH is not None
+        doc = {"ociVersion": "1.2.0", "id": "abc", "status": "creating", "pid": PID,
+               "bundle": str(self.root / "bundle")} if state is None else state  # fmt: skip
+        return subprocess.run(
+            [SH, str(SCRIPT), *args],
+            input=json.dumps(doc, indent=2),  # a runtime may print it on several lines
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={
+                **({"PATH": os.environ.get("PATH", "/usr/bin:/bin")} if path else {}),
+                "DMEM_HOOK_CGROUP_ROOT": str(self.cgroup),
+                "DMEM_HOOK_PROC_ROOT": str(self.proc),
+            },
+            check=False,
+        )
+
+
+@pytest.fixture
+def host(tmp_path: pathlib.Path) -> Host:
+    """A cgroup v2 host with dmem, one NVIDIA region per GPU, and the container's cgroup."""
+    made = Host(tmp_path)
+    made.cgroup.mkdir()
+    (made.cgroup / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids dmem\n")
+    (made.cgroup / "dmem.capacity").write_text(f"{REGION} 150323855360\n{OTHER_GPU} 1024\n")
+    container = made.container()
+    container.mkdir(parents=True)
+    for name in ("dmem.max", "dmem.min", "dmem.low"):
+        (container / name).write_text("")
+    (made.proc / str(PID)).mkdir(parents=True)
+    (made.proc / str(PID) / "cgroup").write_text(f"0::{CGROUP}\n")
+    return made
+
+
+def test_sets_the_hard_limit(host: Host) -> None:
+    done = host.run("--max", str(10 * GIB), "--", REGION)
+    assert done.returncode == 0, done.stderr
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} {10 * GIB}\n"
+    assert (host.container() / "dmem.min").read_text() == ""  # no soft limit asked
+    assert done.stderr == ""
+
+
+def test_runs_without_a_path_in_its_environment(host: Host) -> None:
+    """runc gives a hook only the env the hook names; the CDI hook names none."""
+    done = host.run("--strict", "--max", "7", REGION, path=False)
+    assert done.returncode == 0, done.stderr
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} 7\n"
+
+
+def test_sets_the_soft_limit_in_dmem_min(host: Host) -> None:
+    done = host.run("--max", str(10 * GIB), "--min", str(6 * GIB), REGION)
+    assert done.returncode == 0, done.stderr
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} {10 * GIB}\n"
+    assert (host.container() / "dmem.min").read_text() == f"{REGION} {6 * GIB}\n"
+    assert (host.container() / "dmem.low").read_text() == ""
+
+
+def test_missing_region_is_named_with_what_the_node_has(host: Host) -> None:
+    missing = "nvidia/0000:99:00.0/vidmem"
+    done = host.run("--max", "1024", missing)
+    assert done.returncode == 0  # not strict: the container starts
+    assert f"dmem region {missing} is not registered" in done.stderr
+    assert REGION in done.stderr  # what dmem.capacity does list
+    assert "container abc" in done.stderr
+    assert "starts without the kernel device-memory limit" in done.stderr
+    assert (host.container() / "dmem.max").read_text() == ""
+
+    strict = host.run("--strict", "--max", "1024", missing)
+    assert strict.returncode == 1
+    assert "not registered" in strict.stderr
+    assert "starts without" not in strict.stderr
+
+
+def test_a_missing_region_does_not_stop_the_others(host: Host) -> None:
+    done = host.run("--strict", "--max", "2048", "nvidia/0000:99:00.0/vidmem", REGION)
+    assert done.returncode == 1
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} 2048\n"
+
+
+def test_cgroup_v1_host_is_told_plainly(host: Host) -> None:
+    (host.cgroup / "cgroup.controllers").unlink()
+    (host.proc / str(PID) / "cgroup").write_text(
+        "12:memory:/kubepods/pod1/abc\n1:name=systemd:/kubepods/pod1/abc\n"
+    )
+    done = host.run("--strict", "--max", "1024", REGION)
+    assert done.returncode == 1
+    assert "not a cgroup v2 (unified) hierarchy" in done.stderr
+    assert "cgroup v1" in done.stderr
+
+
+def test_a_container_outside_the_unified_hierarchy_is_told_plainly(host: Host) -> None:
+    (host.proc / str(PID) / "cgroup").write_text("12:memory:/kubepods/pod1/abc\n")
+    done = host.run("--strict", "--max", "1024", REGION)
+    assert done.returncode == 1
+    assert "no cgroup v2 entry" in done.stderr
+
+
+def test_a_kernel_without_dmem_is_told_plainly(host: Host) -> None:
+    (host.cgroup / "cgroup.controllers").write_text("cpu io memory pids\n")
+    done = host.run("--strict", "--max", "1024", REGION)
+    assert done.returncode == 1
+    assert "no dmem cgroup controller" in done.stderr and "6.14" in done.stderr
+
+
+def test_dmem_not_enabled_for_the_container_names_the_fix(host: Host) -> None:
+    (host.container() / "dmem.max").unlink()
+    done = host.run("--strict", "--max", "1024", REGION)
+    assert done.returncode == 1
+    assert "not enabled for" in done.stderr and "cgroup.subtree_control" in done.stderr
+
+
+def test_a_missing_container_cgroup_is_an_error(host: Host) -> None:
+    shutil.rmtree(host.container())
+    done = host.run("--strict", "--max", "1024", REGION)
+    assert done.returncode == 1
+    assert "does not exist" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("cgroups_path", "expected"),
+    [
+        # systemd driver: slice:prefix:name
+        ("kubepods-burstable-pod1_2.slice:cri-containerd:abc", CGROUP),
+        # cgroupfs driver: a path
+        ("/kubepods/burstable/pod1-2/abc", "/kubepods/burstable/pod1-2/abc"),
+    ],
+)
+def test_private_cgroup_namespace_falls_back_to_the_bundle(
+    host: Host, cgroups_path: str, expected: str
+) -> None:
+    """A createContainer hook runs in the container's cgroup namespace: /proc says '/'."""
+    (host.proc / str(PID) / "cgroup").write_text("0::/\n")
+    target = host.container(expected)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "dmem.max").write_text("")
+    bundle = host.root / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(
+        json.dumps({"ociVersion": "1.2.0", "linux": {"cgroupsPath": cgroups_path}})
+    )
+    done = host.run("--strict", "--max", "4096", REGION)
+    assert done.returncode == 0, done.stderr
+    assert (target / "dmem.max").read_text() == f"{REGION} 4096\n"
+
+
+def test_private_cgroup_namespace_without_a_bundle_path_is_an_error(host: Host) -> None:
+    (host.proc / str(PID) / "cgroup").write_text("0::/\n")
+    done = host.run("--strict", "--max", "4096", REGION)
+    assert done.returncode == 1
+    assert "private cgroup namespace" in done.stderr
+
+
+def test_state_without_a_pid_is_an_error(host: Host) -> None:
+    done = host.run("--strict", "--max", "1", REGION, state={"id": "abc", "status": "creating"})
+    assert done.returncode == 1
+    assert 'no "pid"' in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ((REGION,), "--max must be a byte count"),
+        (("--max", "10G", REGION), "--max must be a byte count, got '10G'"),
+        (("--max", "1", "--min", "x", REGION), "--min must be a byte count"),
+        (("--max", "1"), "no dmem region given"),
+        (("--bogus", "--max", "1", REGION), "unknown option --bogus"),
+    ],
+)
+def test_bad_arguments_are_named(host: Host, args: tuple[str, ...], words: str) -> None:
+    done = host.run("--strict", *args)
+    assert done.returncode == 1
+    assert words in done.stderr
+
+
+def test_failures_go_to_the_log_file_which_stays_bounded(host: Host) -> None:
+    log = host.root / "hooks" / "dmem-hook.log"
+    log.parent.mkdir()
+    log.write_text("x" * (1024 * 1024 + 1))  # over 1 MiB: rotated before the next line
+    done = host.run("--log", str(log), "--max", "1", "nvidia/0000:99:00.0/vidmem")
+    assert done.returncode == 0
+    assert (host.root / "hooks" / "dmem-hook.log.1").stat().st_size == 1024 * 1024 + 1
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2
+    assert "container abc: error: dmem region nvidia/0000:99:00.0/vidmem" in lines[0]
+    assert "starts without" in lines[1]
+
+
+def test_success_writes_no_log(host: Host) -> None:
+    log = host.root / "dmem-hook.log"
+    done = host.run("--log", str(log), "--max", "1", REGION)
+    assert done.returncode == 0
+    assert not log.exists()
+
+
+def test_the_script_is_posix_sh() -> None:
+    """Parsed by ``sh -n`` (and dash, when there); no bash-only constructs."""
+    assert SH is not None
+    for shell in {SH, shutil.which("dash")} - {None}:
+        assert shell is not None
+        subprocess.run([shell, "-n", str(SCRIPT)], check=True)
+    text = SCRIPT.read_text()
+    assert text.startswith("#!/bin/sh\n")
+    for bashism in (r"\[\[ ", r"\$\(<", r"^\s*function ", r"\blocal ", r" == ", r"<<<"):
+        assert not re.search(bashism, text, re.MULTILINE), bashism
