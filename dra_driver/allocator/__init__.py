@@ -5,24 +5,40 @@ from dra_driver.allocator.allocate import (
     Allocation,
     AllocationOutcome,
     AllocatorState,
+    DeviceMemory,
+    Failure,
     Result,
     allocate,
+    requested_size,
 )
 from dra_driver.allocator.cel import CelError, SelectorCache, is_sentinel, sentinel_expression
 from dra_driver.allocator.packing import Placement, Policy, best_fit, first_fit
+from dra_driver.allocator.quota import (
+    InvalidQuotaError,
+    VramQuota,
+    parse_vram_quota,
+    quota_annotation,
+)
 
 __all__ = [
     "Allocation",
     "AllocationOutcome",
     "AllocatorState",
     "CelError",
+    "DeviceMemory",
+    "Failure",
+    "InvalidQuotaError",
     "Placement",
     "Policy",
     "Result",
     "SelectorCache",
+    "VramQuota",
     "allocate",
     "best_fit",
     "first_fit",
     "is_sentinel",
+    "parse_vram_quota",
+    "quota_annotation",
+    "requested_size",
     "sentinel_expression",
 ]

@@ -8,6 +8,11 @@ solution has the smallest packing key wins.
 Within one claim a device is picked at most once unless a ``matchAttribute``
 constraint covers both requests (so a ``count > 1`` share never lands twice on
 one GPU unless asked).
+
+An optional :class:`~dra_driver.allocator.quota.VramQuota` caps the memory the
+claim's namespace holds on controller-managed devices: a placement that would
+exceed it is not taken, and when every placement that fits would, the reason
+names the namespace, the quota, the memory in use and the memory asked.
 """
 
 from __future__ import annotations
@@ -15,15 +20,16 @@ from __future__ import annotations
 import bisect
 import heapq
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from dra_driver.allocator.capacity import effective_capacity, fits
 from dra_driver.allocator.cel import CelError, SelectorCache, is_sentinel
 from dra_driver.allocator.ledger import Ledger, build_ledger
 from dra_driver.allocator.model import (
+    AllocatedResult,
     Capacity,
     Claim,
     Device,
@@ -36,6 +42,8 @@ from dra_driver.allocator.model import (
     parse_class,
 )
 from dra_driver.allocator.packing import Placement, Policy, best_fit, first_fit
+from dra_driver.allocator.quota import VramQuota
+from dra_driver.allocator.ranking import AloneKey, LazyNodes, NodeOrder, Ranked, SortedNodes
 from dra_driver.api import GpuShare, GpuShareGrant, decode_config, encode_config
 from dra_driver.core.quantity import format_bytes, format_count
 
@@ -112,10 +120,17 @@ class Allocation:
         return out
 
 
+Failure = Literal["class-not-found", "selector-error", "quota", "unfit"]
+"""Why a claim got no allocation (a metrics label): its class is missing, a CEL
+selector failed on a candidate, the namespace's VRAM quota, or nothing fits."""
+
+
 @dataclass(frozen=True)
 class AllocationOutcome:
     allocation: Allocation | None = None
     reason: str | None = None
+    failure: Failure | None = None
+    """Set with ``reason``."""
 
 
 @dataclass
@@ -125,6 +140,26 @@ class _Pick:
     share: bool
     consumed: dict[str, Fraction]
     key: tuple[Any, ...]
+    memory: Fraction
+    """What the pick charges the namespace's VRAM quota: a share its memory, a whole
+    device all of it, admin access nothing."""
+
+
+@dataclass
+class _Budget:
+    """The memory a claim may still take under its namespace's quota; ``blocked`` is
+    the least memory of a placement refused for it (the amount a refusal names)."""
+
+    quota: VramQuota
+    left: Fraction
+    blocked: Fraction | None = None
+
+    def admits(self, memory: Fraction) -> bool:
+        if memory <= self.left:
+            return True
+        if self.blocked is None or memory < self.blocked:
+            self.blocked = memory
+        return False
 
 
 @dataclass
@@ -135,6 +170,7 @@ class _Search:
     candidates: Mapping[str, list[Device]]
     """Per alternative name: matching devices on this node."""
     pools: Mapping[tuple[str, str], Pool]
+    budget: _Budget | None = None
     steps: int = 0
     picks: list[_Pick] = field(default_factory=list)
     examined: int = 0
@@ -186,6 +222,26 @@ def _requested(request: ExactRequest, claim: Claim, driver: str) -> dict[str, Fr
         "memory": Fraction(share.memory_bytes),
         "computePercent": Fraction(share.compute_percent),
     }
+
+
+def requested_size(claim_obj: Mapping[str, Any], driver_name: str) -> tuple[int, Fraction]:
+    """How much a claim asks, to place a burst largest first: (devices it takes whole,
+    memory its shares ask). Per request its first alternative (the one it prefers)
+    times its count (``All``: once); a request that names no memory takes a whole
+    device (a share's default is all of it), admin access nothing."""
+    claim = parse_claim(claim_obj)
+    whole, memory = 0, Fraction(0)
+    for request in claim.requests:
+        alt = request.alternatives[0]
+        if alt.admin_access:
+            continue
+        count = 1 if alt.mode == "All" else alt.count
+        asked = _requested(alt, claim, driver_name).get("memory")
+        if asked is None:
+            whole += count
+        else:
+            memory += asked * count
+    return whole, memory
 
 
 def _covers(constraint_requests: Sequence[str], name: str) -> bool:
@@ -269,7 +325,15 @@ def _place(search: _Search, request: ExactRequest, device: Device) -> _Pick | No
     else:
         free = Fraction(0)
     placement = Placement(device, free, use.shares + len(pending), _index(device), total)
-    return _Pick(request, device, shareable and not admin, consumed, search.policy(placement))
+    memory = consumed.get("memory", Fraction(0)) if shareable else total
+    return _Pick(
+        request,
+        device,
+        shareable and not admin,
+        consumed,
+        search.policy(placement),
+        Fraction(0) if admin else memory,
+    )
 
 
 def _counters_fit(search: _Search, device: Device) -> bool:
@@ -300,13 +364,17 @@ def _solve(search: _Search, slots: list[list[ExactRequest]], at: int) -> bool:
     search.steps += 1
     if search.steps > SEARCH_BUDGET:
         return False
+    taken = sum((p.memory for p in search.picks), Fraction(0))
     for request in slots[at]:
         options = []
         for device in search.candidates.get(request.name, ()):
             search.examined += 1
             pick = _place(search, request, device)
-            if pick is not None and _constraints_ok(search, pick):
-                options.append(pick)
+            if pick is None or not _constraints_ok(search, pick):
+                continue
+            if search.budget is not None and not search.budget.admits(taken + pick.memory):
+                continue
+            options.append(pick)
         options.sort(key=lambda p: p.key)
         for pick in options:
             search.picks.append(pick)
@@ -327,9 +395,12 @@ def allocate(
     policy: Policy = best_fit,
     share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     cache: SelectorCache | None = None,
+    quota: VramQuota | None = None,
 ) -> AllocationOutcome:
     """Allocate ``claim_obj`` (a ResourceClaim as JSON) or say why it cannot be.
 
+    ``quota``: the VRAM quota of the claim's namespace, charged with what the
+    namespace's ``allocated_claims`` hold (see :mod:`dra_driver.allocator.quota`).
     One-shot: builds a throwaway :class:`AllocatorState`. To allocate many claims
     against the same slices, build the state once and call its ``allocate``.
     """
@@ -341,8 +412,25 @@ def allocate(
         cache=cache,
     )
     return state.allocate(
-        claim_obj, node_filter=node_filter, policy=policy, share_id=share_id, record=False
+        claim_obj,
+        node_filter=node_filter,
+        policy=policy,
+        share_id=share_id,
+        record=False,
+        quota=quota,
     )
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One controller-managed device's memory as the ledger sees it."""
+
+    node: str | None
+    pool: str
+    device: str
+    total: int
+    free: int
+    """``total`` less its shares' memory; 0 while the device is held whole."""
 
 
 _MatchKey = tuple[str, tuple[str, ...], tuple[Any, ...]]
@@ -362,6 +450,8 @@ class _Group:
     """Available devices in best-fit order (free memory ascending)."""
     current: dict[int, _Entry] = field(default_factory=dict)
     """Position -> its entry in ``ordered``; absent while the device cannot take a share."""
+    by_node: dict[str | None, list[int]] = field(default_factory=dict)
+    """Node -> positions of its devices in the group (a node's alone keys, lazily)."""
 
 
 @dataclass
@@ -386,10 +476,16 @@ class AllocatorState:
     (several devices, ``All``, admin access, ``firstAvailable``) take the node-by-node
     search over the cached candidates; unless admin access or ``matchAttribute`` lets a
     device be picked twice, only nodes with enough devices that fit alone are searched,
-    best lower bound first, stopping once no remaining node can beat the best found
-    (see :meth:`_search`). Allocations made here are recorded (``record``);
-    claims allocated elsewhere are added with :meth:`record_claim`. Nothing is ever
-    released: build a new state when claims are deallocated or slices change.
+    best lower bound first, stopping once no remaining node can beat the best found;
+    for best fit and first fit those nodes are found along the same index, a few per
+    claim rather than every device that fits (see :meth:`_search`). Allocations made
+    here are recorded (``record``); claims allocated elsewhere are added with
+    :meth:`record_claim`. Nothing is ever released: build a new state when claims are
+    deallocated or slices change.
+
+    The state also keeps, per namespace, the memory its claims hold on the
+    controller-managed devices (:meth:`memory_held`), which a
+    :class:`~dra_driver.allocator.quota.VramQuota` is checked against.
     """
 
     def __init__(
@@ -409,7 +505,8 @@ class AllocatorState:
         for obj in classes:
             dc = parse_class(obj)
             self.class_map[dc.name] = dc
-        self.ledger = build_ledger(self.pools, allocated_claims)
+        claims = list(allocated_claims)
+        self.ledger = build_ledger(self.pools, claims)
         self.devices: list[Device] = [
             d
             for p in self.pools
@@ -423,6 +520,57 @@ class AllocatorState:
         self._groups_of: dict[int, list[_Group]] = {}
         self.examined = 0
         """Devices checked for fit (placement computed), over all claims so far."""
+        self.walked = 0
+        """Alone keys computed to rank nodes for multi-device claims, over all claims."""
+        self._held: dict[str, Fraction] = {}
+        for obj in claims:
+            namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+            for r in allocated_results(obj):
+                if not r.admin_access:
+                    self._charge(namespace, (r.driver, r.pool, r.device), r.share_id, r.consumed)
+
+    def free_memory(self) -> list[DeviceMemory]:
+        """Every controller-managed device's total and free memory, in device order.
+
+        Per device: shares take their memory, a whole-device result takes all of it.
+        Counters are not applied: a MIG partition whose parent GPU is taken shows
+        its own memory as free.
+        """
+        out = []
+        for device in self.devices:
+            shareable, caps = effective_capacity(device)
+            total = caps["memory"].value if "memory" in caps else Fraction(0)
+            use = self.ledger.use(device.key)
+            if use.exclusive or (not shareable and use.in_use):
+                free = Fraction(0)
+            else:
+                free = max(total - use.consumed.get("memory", Fraction(0)), Fraction(0))
+            out.append(
+                DeviceMemory(device.node_name, device.pool, device.name, int(total), int(free))
+            )
+        return out
+
+    def memory_held(self, namespace: str) -> Fraction:
+        """Memory the claims of ``namespace`` hold on controller-managed devices: shares
+        their memory, whole devices all of theirs, admin access nothing."""
+        return self._held.get(namespace, Fraction(0))
+
+    def _charge(
+        self,
+        namespace: str,
+        key: tuple[str, str, str],
+        share_id: str | None,
+        consumed: Mapping[str, Fraction],
+    ) -> None:
+        pos = self._position.get(key)
+        if pos is None:
+            return  # not a controller-managed device of ours: not charged
+        if share_id is not None:
+            memory = consumed.get("memory", Fraction(0))
+        else:
+            caps = effective_capacity(self.devices[pos])[1]
+            memory = caps["memory"].value if "memory" in caps else Fraction(0)
+        self._held[namespace] = self._held.get(namespace, Fraction(0)) + memory
 
     # --- matching -----------------------------------------------------------------
 
@@ -459,6 +607,7 @@ class AllocatorState:
             for group in by_sig.values():
                 group.static.sort(key=lambda p: first_fit(self._placement(group, p)))
                 for pos in group.static:
+                    group.by_node.setdefault(self.devices[pos].node_name, []).append(pos)
                     entry = self._entry(group, pos)
                     if entry is not None:
                         group.current[pos] = entry
@@ -504,26 +653,30 @@ class AllocatorState:
         policy: Policy = best_fit,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         record: bool = True,
+        quota: VramQuota | None = None,
     ) -> AllocationOutcome:
-        """Allocate ``claim_obj``; with ``record`` the allocation is added to the ledger."""
+        """Allocate ``claim_obj``; with ``record`` the allocation is added to the ledger.
+
+        ``quota`` (that of the claim's namespace) caps what the namespace holds,
+        :meth:`memory_held`, plus what this claim takes."""
         claim = parse_claim(claim_obj)
+        if quota is not None and quota.namespace != claim.namespace:
+            raise ValueError(
+                f"the VRAM quota of namespace {quota.namespace!r} was given for claim"
+                f" {claim.namespace}/{claim.name}"
+            )
 
         def usable(device: Device) -> bool:
             return device.node_name is None or node_filter is None or node_filter(device.node_name)
 
-        matches: list[tuple[ExactRequest, _Match]] = []
-        for request in claim.requests:
-            for alt in request.alternatives:
-                found = self.class_map.get(alt.device_class)
-                if found is None:
-                    return AllocationOutcome(
-                        reason=f"request {alt.name}: device class {alt.device_class!r} not found"
-                    )
-                match = self._match(alt, found)
-                for pos, failure in match.errors:
-                    if usable(self.devices[pos]):
-                        return AllocationOutcome(reason=str(failure))
-                matches.append((alt, match))
+        matches = self._matches_of(claim, usable)
+        if isinstance(matches, AllocationOutcome):
+            return matches
+        budget = None
+        if quota is not None:
+            budget = _Budget(quota, quota.limit - self.memory_held(claim.namespace))
+            if not budget.admits(self._memory_floor(claim)):
+                return self._over_quota(claim, budget)
 
         simple = (
             len(matches) == 1
@@ -534,16 +687,19 @@ class AllocatorState:
         )
         if simple:
             alt, match = matches[0]
-            picked = self._one(claim, alt, match, policy, usable)
+            picked = self._one(claim, alt, match, policy, usable, budget=budget)
             best = None if picked is None else (picked.device.node_name, [picked])
         else:
-            best = self._search(claim, matches, policy, usable)
+            best = self._search(claim, matches, policy, usable, budget)
         if best is None:
+            if budget is not None and budget.blocked is not None:
+                return self._over_quota(claim, budget)
             checked = sum(1 for d in self.devices if usable(d))
             return AllocationOutcome(
                 reason=f"cannot allocate claim {claim.namespace}/{claim.name}: no node has"
                 f" controller-managed devices that match and fit every request"
-                f" ({checked} candidate device(s) checked)"
+                f" ({checked} candidate device(s) checked)",
+                failure="unfit",
             )
         allocation = _build(
             claim=claim,
@@ -554,19 +710,64 @@ class AllocatorState:
             share_id=share_id,
         )
         if record:
-            self._record(allocation.results)
+            self._record(claim.namespace, allocation.results)
         return AllocationOutcome(allocation=allocation)
+
+    def _matches_of(
+        self, claim: Claim, usable: Callable[[Device], bool]
+    ) -> list[tuple[ExactRequest, _Match]] | AllocationOutcome:
+        """Every alternative with its matching devices; the failure if a class is missing
+        or a selector fails on a usable device."""
+        matches: list[tuple[ExactRequest, _Match]] = []
+        for request in claim.requests:
+            for alt in request.alternatives:
+                found = self.class_map.get(alt.device_class)
+                if found is None:
+                    return AllocationOutcome(
+                        reason=f"request {alt.name}: device class {alt.device_class!r} not found",
+                        failure="class-not-found",
+                    )
+                match = self._match(alt, found)
+                for pos, error in match.errors:
+                    if usable(self.devices[pos]):
+                        return AllocationOutcome(reason=str(error), failure="selector-error")
+                matches.append((alt, match))
+        return matches
 
     def record_claim(self, claim_obj: Mapping[str, Any]) -> None:
         """Add a claim allocated elsewhere (its ``status.allocation``) to the ledger."""
-        for r in allocated_results(claim_obj):
-            if not r.admin_access:
-                self._add((r.driver, r.pool, r.device), r.share_id, r.consumed)
+        namespace = str((claim_obj.get("metadata") or {}).get("namespace", ""))
+        self._record(namespace, allocated_results(claim_obj))
 
-    def _record(self, results: Iterable[Result]) -> None:
+    def _record(self, namespace: str, results: Iterable[Result | AllocatedResult]) -> None:
         for r in results:
             if not r.admin_access:
-                self._add((r.driver, r.pool, r.device), r.share_id, r.consumed)
+                key = (r.driver, r.pool, r.device)
+                self._add(key, r.share_id, r.consumed)
+                self._charge(namespace, key, r.share_id, r.consumed)
+
+    def _over_quota(self, claim: Claim, budget: _Budget) -> AllocationOutcome:
+        """The refusal: what the namespace holds and the least this claim would take."""
+        asked = max(budget.blocked or Fraction(0), self._memory_floor(claim))
+        used = self.memory_held(claim.namespace)
+        return AllocationOutcome(
+            reason=budget.quota.refusal(int(used), int(asked)), failure="quota"
+        )
+
+    def _memory_floor(self, claim: Claim) -> Fraction:
+        """Memory the claim takes at least, whatever devices it gets: per request the
+        cheapest alternative's memory request times its count (rounding by a request
+        policy, and whole devices, only add to it)."""
+        total = Fraction(0)
+        for request in claim.requests:
+            total += min(
+                Fraction(0)
+                if alt.admin_access
+                else _requested(alt, claim, self.driver_name).get("memory", Fraction(0))
+                * (1 if alt.mode == "All" else alt.count)
+                for alt in request.alternatives
+            )
+        return total
 
     def _add(
         self, key: tuple[str, str, str], share: str | None, consumed: Mapping[str, Fraction]
@@ -588,6 +789,8 @@ class AllocatorState:
         match: _Match,
         policy: Policy,
         usable: Callable[[Device], bool],
+        *,
+        budget: _Budget | None = None,
     ) -> _Pick | None:
         """The best single-device placement, looking only at devices that could fit."""
         search = _Search(claim, self.ledger, policy, {}, self.pool_map)
@@ -603,9 +806,10 @@ class AllocatorState:
                     for p in group.static
                     if (e := group.current.get(p)) is not None and e[0] >= floor
                 )
-            else:
-                at = bisect.bisect_left(group.ordered, (floor,))
-                order = (e[-1] for e in group.ordered[at:])
+            else:  # by index: a slice would copy the group's whole tail per claim
+                ordered = group.ordered
+                at = bisect.bisect_left(ordered, (floor,))
+                order = (ordered[i][-1] for i in range(at, len(ordered)))
             early = policy is first_fit or policy is best_fit
             for pos in order:
                 device = self.devices[pos]
@@ -615,6 +819,8 @@ class AllocatorState:
                 pick = _place(search, alt, device)
                 if pick is None or not _constraints_ok(search, pick):
                     continue
+                if budget is not None and not budget.admits(pick.memory):
+                    break  # a group's devices (one capacity signature) all charge the same
                 rank = (pick.key, device.node_name or "", pos, pick)
                 if best is None or rank[:3] < best[:3]:
                     best = rank
@@ -628,6 +834,7 @@ class AllocatorState:
         matches: Sequence[tuple[ExactRequest, _Match]],
         policy: Policy,
         usable: Callable[[Device], bool],
+        budget: _Budget | None = None,
     ) -> tuple[str | None, list[_Pick]] | None:
         """The node-by-node search; nodes are tried in order of a lower bound on their score.
 
@@ -639,76 +846,166 @@ class AllocatorState:
         devices are skipped, the rest are searched in bound order, and the search stops
         once a bound exceeds the best (score, node) found: the same winner as searching
         every node.
+
+        Best fit and first fit find the nodes in that order lazily
+        (:class:`~dra_driver.allocator.ranking.LazyNodes`): walking their index from the
+        request's floor, a node is ranked when first seen, and the walk ends once it
+        passes the best score's first element, so a claim looks at a few nodes, not at
+        every device that could fit. Any other policy ranks every node up front.
         """
         if any(alt.admin_access for alt, _ in matches) or any(
             c.match_attribute for c in claim.constraints
         ):
-            return self._search_all(claim, matches, policy, usable)
-        alone = self._alone_keys(claim, matches, policy, usable)
+            return self._search_all(claim, matches, policy, usable, budget)
+        shapes = self._shapes(claim, matches)
         # Requests of one alternative that is not ``All``: the same slot count on every node.
         alts = [r.alternatives[0] for r in claim.requests if len(r.alternatives) == 1]
         fixed = len(alts) == len(claim.requests) and all(
             a.mode != "All" and a.count > 0 for a in alts
         )
-        ranked: list[tuple[tuple[Any, ...], str, str | None, dict[str, list[Device]] | None]] = []
-        for node, keys in alone.items():
+
+        def rank(node: str | None, keys: Iterable[tuple[Any, ...]]) -> Ranked | None:
             candidates = None if fixed else self._candidates(node, matches, usable)
             if candidates is None:
                 k = sum(a.count for a in alts)
             else:
                 slots = _slots(claim, candidates)
                 if slots is None:
-                    continue
+                    return None
                 k = len(slots)
-            if len(keys) < k:
-                continue
-            ranked.append((tuple(heapq.nsmallest(k, keys.values())), node or "", node, candidates))
-        ranked.sort(key=lambda r: (r[0], r[1]))
+            smallest = heapq.nsmallest(k, keys)
+            if len(smallest) < k:
+                return None
+            return Ranked(tuple(smallest), node or "", node, candidates)
+
+        # LazyNodes needs non-empty bounds: every request then takes at least one slot.
+        counted = all(
+            a.count > 0 or a.mode == "All" for r in claim.requests for a in r.alternatives
+        )
+        order: NodeOrder
+        if (policy is best_fit or policy is first_fit) and counted:
+            order = LazyNodes(
+                self._ascending_alone_keys(shapes, policy, usable),
+                lambda node: rank(node, self._node_alone_keys(node, shapes, policy, usable)),
+            )
+        else:
+            alone = self._alone_keys(shapes, policy, usable)
+            order = SortedNodes(
+                r for node, keys in alone.items() if (r := rank(node, keys.values())) is not None
+            )
         best: tuple[tuple[Any, ...], str, str | None, list[_Pick]] | None = None
-        for bound, name, node, found in ranked:
-            if best is not None and (bound, name) > (best[0], best[1]):
+        while (ranked := order.next(None if best is None else best[0][0])) is not None:
+            if best is not None and (ranked.bound, ranked.name) > (best[0], best[1]):
                 break
+            node = ranked.node
+            found = ranked.candidates
             candidates = found if found is not None else self._candidates(node, matches, usable)
-            search = _Search(claim, self.ledger, policy, candidates, self.pool_map)
+            search = _Search(claim, self.ledger, policy, candidates, self.pool_map, budget)
             slots = _slots(claim, candidates)
             solved = slots is not None and _solve(search, slots, 0)
             self.examined += search.examined
             if not solved:
                 continue
             score = tuple(sorted(p.key for p in search.picks))
-            if best is None or (score, name) < (best[0], best[1]):
-                best = (score, name, node, list(search.picks))
+            if best is None or (score, ranked.name) < (best[0], best[1]):
+                best = (score, ranked.name, node, list(search.picks))
         return None if best is None else (best[2], best[3])
 
-    def _alone_keys(
-        self,
-        claim: Claim,
-        matches: Sequence[tuple[ExactRequest, _Match]],
-        policy: Policy,
-        usable: Callable[[Device], bool],
-    ) -> dict[str | None, dict[int, tuple[Any, ...]]]:
-        """Per node, per device whose free memory can hold some alternative alone: the
-        smallest key of such a placement (a superset of the devices a search can pick)."""
-        alone: dict[str | None, dict[int, tuple[Any, ...]]] = {}
+    def _shapes(
+        self, claim: Claim, matches: Sequence[tuple[ExactRequest, _Match]]
+    ) -> list[tuple[_Group, Fraction]]:
+        """Per alternative, per group of its matching devices that can take it alone:
+        the group and the free memory a device needs for it."""
+        shapes = []
         for alt, match in matches:
             requested = _requested(alt, claim, self.driver_name)
             for group in self._groups(match):
                 floor = _memory_floor(group, alt, requested)
-                if floor is None:
+                if floor is not None:
+                    shapes.append((group, floor))
+        return shapes
+
+    def _alone_key(
+        self, policy: Policy, group: _Group, entry: _Entry, floor: Fraction
+    ) -> tuple[Any, ...]:
+        """The key of the device of ``entry`` taking a request of ``floor`` alone."""
+        self.walked += 1
+        free = entry[0] - floor if group.shareable else Fraction(0)
+        return policy(Placement(self.devices[entry[-1]], free, entry[1], entry[2], entry[3]))
+
+    def _alone_keys(
+        self,
+        shapes: Sequence[tuple[_Group, Fraction]],
+        policy: Policy,
+        usable: Callable[[Device], bool],
+    ) -> dict[str | None, dict[int, tuple[Any, ...]]]:
+        """Per node, per device whose free memory can hold some alternative alone: the
+        smallest key of such a placement (a superset of the devices a search can pick).
+        Walks every such device of the cluster."""
+        alone: dict[str | None, dict[int, tuple[Any, ...]]] = {}
+        for group, floor in shapes:
+            at = bisect.bisect_left(group.ordered, (floor,))
+            for entry in group.ordered[at:]:
+                device = self.devices[entry[-1]]
+                if not usable(device):
                     continue
-                at = bisect.bisect_left(group.ordered, (floor,))
-                for entry in group.ordered[at:]:
-                    pos = entry[-1]
-                    device = self.devices[pos]
-                    if not usable(device):
-                        continue
-                    free = entry[0] - floor if group.shareable else Fraction(0)
-                    key = policy(Placement(device, free, entry[1], entry[2], entry[3]))
-                    keys = alone.setdefault(device.node_name, {})
-                    old = keys.get(pos)
-                    if old is None or key < old:
-                        keys[pos] = key
+                key = self._alone_key(policy, group, entry, floor)
+                keys = alone.setdefault(device.node_name, {})
+                old = keys.get(entry[-1])
+                if old is None or key < old:
+                    keys[entry[-1]] = key
         return alone
+
+    def _node_alone_keys(
+        self,
+        node: str | None,
+        shapes: Sequence[tuple[_Group, Fraction]],
+        policy: Policy,
+        usable: Callable[[Device], bool],
+    ) -> list[tuple[Any, ...]]:
+        """:meth:`_alone_keys` of one node: its devices' smallest alone keys."""
+        keys: dict[int, tuple[Any, ...]] = {}
+        for group, floor in shapes:
+            for pos in group.by_node.get(node, ()):
+                entry = group.current.get(pos)
+                if entry is None or entry[0] < floor or not usable(self.devices[pos]):
+                    continue
+                key = self._alone_key(policy, group, entry, floor)
+                old = keys.get(pos)
+                if old is None or key < old:
+                    keys[pos] = key
+        return list(keys.values())
+
+    def _ascending_alone_keys(
+        self,
+        shapes: Sequence[tuple[_Group, Fraction]],
+        policy: Policy,
+        usable: Callable[[Device], bool],
+    ) -> Iterator[AloneKey]:
+        """The alone keys of every usable device, ascending, read as far as the caller
+        goes. Only for best fit and first fit: their keys ascend along a group's
+        ``ordered`` (free memory less a constant floor first) and ``static`` (the key
+        does not depend on use) lists; streams of several shapes are merged."""
+        streams = [self._group_alone_keys(g, floor, policy, usable) for g, floor in shapes]
+        return streams[0] if len(streams) == 1 else heapq.merge(*streams)
+
+    def _group_alone_keys(
+        self, group: _Group, floor: Fraction, policy: Policy, usable: Callable[[Device], bool]
+    ) -> Iterator[AloneKey]:
+        if policy is best_fit:
+            ordered = group.ordered  # by index: the list is not changed during a search
+            positions: Iterable[int] = (
+                ordered[i][-1] for i in range(bisect.bisect_left(ordered, (floor,)), len(ordered))
+            )
+        else:
+            positions = group.static
+        for pos in positions:
+            entry = group.current.get(pos)
+            if entry is None or entry[0] < floor:
+                continue
+            device = self.devices[pos]
+            if usable(device):
+                yield self._alone_key(policy, group, entry, floor), pos, device.node_name
 
     def _candidates(
         self,
@@ -735,6 +1032,7 @@ class AllocatorState:
         matches: Sequence[tuple[ExactRequest, _Match]],
         policy: Policy,
         usable: Callable[[Device], bool],
+        budget: _Budget | None = None,
     ) -> tuple[str | None, list[_Pick]] | None:
         """Search every node (admin access, ``matchAttribute``): the smallest score wins."""
         by_node: dict[str | None, dict[str, list[Device]]] = {}
@@ -745,7 +1043,7 @@ class AllocatorState:
                     by_node.setdefault(device.node_name, {}).setdefault(alt.name, []).append(device)
         best: tuple[tuple[Any, ...], str | None, list[_Pick]] | None = None
         for node, candidates in sorted(by_node.items(), key=lambda kv: kv[0] or ""):
-            search = _Search(claim, self.ledger, policy, candidates, self.pool_map)
+            search = _Search(claim, self.ledger, policy, candidates, self.pool_map, budget)
             slots = _slots(claim, candidates)
             solved = slots is not None and _solve(search, slots, 0)
             self.examined += search.examined

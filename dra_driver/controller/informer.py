@@ -5,7 +5,10 @@ ends (server timeout, idle read timeout, cut connection) is resumed from the
 last resourceVersion seen; a 410 ``Expired`` (history compacted) relists and
 replaces the cache; other errors back off and retry from the last version.
 
-The blocking client calls run in a thread; cache changes are applied on the
+The blocking client calls run in a thread of the informer's own: a watch holds
+its thread for up to the read timeout, and six informers in ``asyncio.to_thread``'s
+default pool (``min(32, CPUs + 4)`` threads: 6 on 2 CPUs) left the controller's
+writes and the Lease waiting for a watch to time out. Cache changes are applied on the
 event loop (``call_soon_threadsafe``), so readers on the loop never see a
 half-applied event. ``on_change(type, new, old)`` runs on the loop after each
 change (``type``: ADDED, MODIFIED, DELETED, or SYNCED after a (re)list with
@@ -18,6 +21,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +47,8 @@ SLICES = KindPath("resourceslices", "/apis/resource.k8s.io/v1/resourceslices")
 CLASSES = KindPath("deviceclasses", "/apis/resource.k8s.io/v1/deviceclasses")
 NODES = KindPath("nodes", "/api/v1/nodes")
 PODS = KindPath("pods", "/api/v1/pods")
+NAMESPACES = KindPath("namespaces", "/api/v1/namespaces")
+"""Read for the VRAM quota annotation (:mod:`dra_driver.allocator.quota`)."""
 
 
 def uid_of(obj: JsonObj) -> str:
@@ -89,12 +95,13 @@ class Informer:
     async def run(self) -> None:
         """List+watch until cancelled."""
         loop = asyncio.get_running_loop()
+        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"informer-{self.kind.name}")
         try:
             while True:
                 try:
                     if not self._version:
-                        await self._relist()
-                    await asyncio.to_thread(self._watch_once, loop)
+                        await self._relist(thread)
+                    await loop.run_in_executor(thread, self._watch_once, loop)
                 except WatchExpiredError as err:
                     log.info("%s: %s; relisting", self.kind.name, err)
                     self._version = ""
@@ -106,10 +113,12 @@ class Informer:
                     log.warning("%s: %s; retrying in %.1fs", self.kind.name, err, self._backoff_s)
                     await asyncio.sleep(self._backoff_s)
         finally:
-            self._stop.set()
+            self._stop.set()  # the watch returns at its next event or read timeout
+            thread.shutdown(wait=False)
 
-    async def _relist(self) -> None:
-        items, version = await asyncio.to_thread(list_objects, self._api, self.kind.path)
+    async def _relist(self, thread: ThreadPoolExecutor) -> None:
+        loop = asyncio.get_running_loop()
+        items, version = await loop.run_in_executor(thread, list_objects, self._api, self.kind.path)
         self.objects = {uid_of(o): o for o in items}
         self._version = version
         self.relists += 1

@@ -5,6 +5,18 @@ and writes. One worker processes claims one at a time, so every decision sees
 the previous one through the assume cache (our own writes, laid over the
 informer's claims until the watch shows a resourceVersion at least as new).
 
+Batching window (``batch_window_s``): the worker takes claims from the queue in
+batches, every claim queued by the time the oldest has waited the window, and
+works a batch largest claim first (:func:`~.reconcile.placement_order`), so a
+burst is packed as best fit packs a sorted list rather than in arrival order. A
+claim waits at most the window plus the work on the claims ahead of it; retries
+and backoff stay per claim (the queue's). 0 turns it off: one claim at a time in
+arrival order.
+
+Namespaces are watched for the VRAM quota annotation; a change to one requeues
+that namespace's pending claims. Metrics (:mod:`.metrics`) are kept by every
+replica and served when ``metrics_port`` is set.
+
 Restart: nothing is persisted here. The ledger is rebuilt from every allocated
 claim in the informer; rejected nodes live on the claim (annotation). What is
 lost is the in-memory record of allocations we wrote (``written``), which turns
@@ -19,16 +31,19 @@ import contextlib
 import logging
 import signal
 import socket
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.allocator import SelectorCache
+from dra_driver.allocator import AllocatorState, SelectorCache
 from dra_driver.controller.events import EventRecorder
 from dra_driver.controller.informer import (
     CLAIMS,
     CLASSES,
+    NAMESPACES,
     NODES,
     PODS,
     SLICES,
@@ -37,6 +52,7 @@ from dra_driver.controller.informer import (
     uid_of,
 )
 from dra_driver.controller.leader import LeaderElector
+from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import (
     Allocate,
@@ -51,6 +67,7 @@ from dra_driver.controller.reconcile import (
     describe_allocation,
     is_ours,
     now_rfc3339,
+    placement_order,
     pod_uses,
     with_allocation,
     with_finalizer,
@@ -62,6 +79,7 @@ from dra_driver.core.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import send_json
+from dra_driver.observability.metrics_server import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +104,15 @@ class ControllerConfig:
     retry_unfit_s: float = 30.0
     """A claim that fits nowhere is tried again after this long (and on any change)."""
     error_backoff_s: float = 2.0
+    batch_window_s: float = 0.2
+    """Claims queued within this long of the oldest are worked together, largest
+    first; 0: one at a time in arrival order."""
+    metrics_port: int = 0
+    """Serve Prometheus metrics on this port (``run_controller``); 0: not served."""
+    metrics_address: str = "0.0.0.0"
+    metrics_refresh_s: float = 5.0
+    """How often the free-memory and pending-claims gauges are recomputed (when
+    anything changed)."""
 
 
 def _claim_path(claim: JsonObj, status: bool = False) -> str:
@@ -122,7 +149,17 @@ class Controller:
         self.nodes = Informer(
             api_client, NODES, on_change=self._capacity_changed, read_timeout_s=read
         )
-        self.informers = (self.claims, self.pods, self.slices, self.classes, self.nodes)
+        self.namespaces = Informer(
+            api_client, NAMESPACES, on_change=self._namespace_changed, read_timeout_s=read
+        )
+        self.informers = (
+            self.claims,
+            self.pods,
+            self.slices,
+            self.classes,
+            self.nodes,
+            self.namespaces,
+        )
         self.queue = WorkQueue()
         self.assumed: dict[str, JsonObj] = {}
         """Claim UID -> the claim as we last wrote it, until the watch catches up."""
@@ -140,6 +177,9 @@ class Controller:
         )
         self._selectors = SelectorCache()
         self.writes = 0
+        self.metrics = ControllerMetrics()
+        self._cluster_changed = True
+        """Something the metrics' gauges show changed since they were last computed."""
 
     # --- cache views ---------------------------------------------------------------
 
@@ -166,6 +206,9 @@ class Controller:
             written=dict(self.written),
             share_id=self._share_id,
             selector_cache=self._selectors,
+            namespaces={
+                str((n.get("metadata") or {}).get("name")): n for n in self.namespaces.values()
+            },
         )
 
     def _nodes_by_name(self) -> dict[str, JsonObj]:
@@ -174,6 +217,7 @@ class Controller:
     # --- change handlers (on the loop) -------------------------------------------------
 
     def _claim_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
+        self._cluster_changed = True
         if etype == "SYNCED":
             self._enqueue_ours()
             return
@@ -199,13 +243,28 @@ class Controller:
                 self.queue.add(uid_of(claim))
 
     def _capacity_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
+        self._cluster_changed = True
         self._enqueue_ours(pending_only=True)
 
-    def _enqueue_ours(self, pending_only: bool = False) -> None:
+    def _namespace_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
+        """A namespace's quota may have changed: its pending claims are tried again."""
+        if etype == "SYNCED":
+            self._enqueue_ours(pending_only=True)
+            return
+        self._enqueue_ours(
+            pending_only=True, namespace=str((new.get("metadata") or {}).get("name", ""))
+        )
+
+    def _enqueue_ours(self, pending_only: bool = False, namespace: str | None = None) -> None:
         for claim in self.all_claims():
             if not is_ours(claim):
                 continue
             if pending_only and (claim.get("status") or {}).get("allocation"):
+                continue
+            if (
+                namespace is not None
+                and (claim.get("metadata") or {}).get("namespace") != namespace
+            ):
                 continue
             self.queue.add(uid_of(claim))
 
@@ -220,6 +279,7 @@ class Controller:
             tasks.append(tg.create_task(self.elector.run(), name="leader-election"))
             tasks.append(tg.create_task(self._lead(), name="worker"))
             tasks.append(tg.create_task(self._resync(), name="resync"))
+            tasks.append(tg.create_task(self._refresh_metrics(), name="metrics"))
             await stop.wait()
             log.info("controller %s stopping", self.config.identity)
             for task in tasks:
@@ -233,6 +293,35 @@ class Controller:
         while True:
             await asyncio.sleep(self.config.resync_s)
             self._enqueue_ours()
+
+    async def _refresh_metrics(self) -> None:
+        await self.synced()
+        while True:
+            if self._cluster_changed:
+                self._cluster_changed = False
+                try:
+                    self.refresh_cluster_metrics()
+                except Exception:  # metrics are advice: never a reason to stop allocating
+                    log.exception("could not refresh the controller's cluster metrics")
+            await asyncio.sleep(self.config.metrics_refresh_s)
+
+    def refresh_cluster_metrics(self) -> None:
+        """Recompute the free memory per device and the pending claims from the caches."""
+        claims = self.all_claims()
+        state = AllocatorState(
+            slices=self.slices.values(),
+            classes=(),
+            allocated_claims=[c for c in claims if (c.get("status") or {}).get("allocation")],
+            driver_name=self.config.driver_name,
+        )
+        pending = sum(
+            1
+            for c in claims
+            if is_ours(c)
+            and not (c.get("status") or {}).get("allocation")
+            and not (c.get("metadata") or {}).get("deletionTimestamp")
+        )
+        self.metrics.set_cluster(state.free_memory(), pending)
 
     async def _lead(self) -> None:
         await self.synced()
@@ -253,22 +342,41 @@ class Controller:
 
     async def _work(self) -> None:
         while True:
-            uid = await self.queue.get()
-            try:
-                if self.elector.is_leader:
-                    await self.process(uid)
-            except ApiError as err:
-                log.warning(
-                    "claim %s: %s; retrying in %.1fs", uid, err, self.config.error_backoff_s
+            batch = await self.queue.get_batch(self.config.batch_window_s)
+            order = deque(
+                placement_order(
+                    [(uid, self.current_claim(uid)) for uid in batch], self.config.driver_name
                 )
-                self.queue.add_after(uid, self.config.error_backoff_s)
+            )
+            if len(order) > 1:
+                log.debug("working a batch of %d claims, largest first", len(order))
+            try:
+                while order:
+                    uid = order.popleft()
+                    try:
+                        if self.elector.is_leader:
+                            await self.process(uid)
+                    except ApiError as err:
+                        log.warning(
+                            "claim %s: %s; retrying in %.1fs",
+                            uid,
+                            err,
+                            self.config.error_backoff_s,
+                        )
+                        self.queue.add_after(uid, self.config.error_backoff_s)
+                    finally:
+                        self.queue.done(uid)
             finally:
-                self.queue.done(uid)
+                # Cancelled (leadership lost, stopping): release the rest unworked;
+                # a new leader enqueues every claim of ours again.
+                for uid in order:
+                    self.queue.done(uid)
 
     # --- one claim -----------------------------------------------------------------
 
     async def process(self, uid: str) -> None:
         """Decide and apply until the claim needs nothing more; re-read on conflicts."""
+        started = time.monotonic()
         claim = self.current_claim(uid)
         for _ in range(MAX_CONFLICT_RETRIES):
             if claim is None:
@@ -281,6 +389,7 @@ class Controller:
                 log.info("claim %s: %s; re-reading", uid, err)
                 claim = await self._get(claim)
                 continue
+            self._count(decision, time.monotonic() - started)
             if again is None:
                 return
             claim = again
@@ -301,6 +410,18 @@ class Controller:
         self.writes += 1
         self._assume(written)
         return written
+
+    def _count(self, decision: Decision, seconds: float) -> None:
+        match decision:
+            case Allocate():
+                self.metrics.allocated(seconds)
+                self._cluster_changed = True
+            case Wait(event=True, cause=cause):
+                self.metrics.failed(cause or "unfit")
+            case Refuse(cause=cause):
+                self.metrics.failed(cause)
+            case Deallocate() | RecordRejected():
+                self._cluster_changed = True
 
     def _assume(self, claim: JsonObj) -> None:
         uid = uid_of(claim)
@@ -373,4 +494,14 @@ async def run_controller(
         config.lease_namespace,
         config.lease_name,
     )
-    await Controller(api, config).run(stop)
+    controller = Controller(api, config)
+    server = None
+    if config.metrics_port > 0:
+        server = serve_metrics(
+            config.metrics_port, controller.metrics.registry, config.metrics_address
+        )
+    try:
+        await controller.run(stop)
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)

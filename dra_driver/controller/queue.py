@@ -4,6 +4,13 @@ A key is in the queue at most once; a key added while a worker holds it is
 queued again when the worker calls :meth:`WorkQueue.done`, so no two workers
 ever hold the same key and no change is lost. :meth:`WorkQueue.add_after`
 re-adds a key later (backoff, periodic retry of claims that do not fit yet).
+
+:meth:`WorkQueue.get_batch` is the batching window: it waits until the oldest
+queued key has been queued for the window, then hands out every queued key at
+once (all held until their :meth:`~WorkQueue.done`), so the caller can order a
+burst before working it. The window is counted from when the oldest key was
+queued, not from the call: a key queued while the worker was busy does not wait
+a second window, and keys queued during the window do not extend it.
 """
 
 from __future__ import annotations
@@ -18,8 +25,11 @@ class WorkQueue:
         self._queued: set[str] = set()
         self._processing: set[str] = set()
         self._dirty: set[str] = set()
-        self._ready = asyncio.Condition()
+        self._nonempty = asyncio.Event()
+        """Set when a key is queued; a getter that finds nothing clears it and waits."""
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._since: dict[str, float] = {}
+        """Queued key -> loop time it was queued."""
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -32,7 +42,8 @@ class WorkQueue:
             return
         self._queued.add(key)
         self._order.append(key)
-        asyncio.get_running_loop().create_task(self._notify())
+        self._since[key] = asyncio.get_running_loop().time()
+        self._nonempty.set()
 
     def add_after(self, key: str, delay_s: float) -> None:
         """Add ``key`` after ``delay_s``; a later call for the same key replaces the timer."""
@@ -47,17 +58,39 @@ class WorkQueue:
 
         self._timers[key] = loop.call_later(delay_s, fire)
 
-    async def _notify(self) -> None:
-        async with self._ready:
-            self._ready.notify()
+    async def _wait_for_keys(self) -> None:
+        while not self._order:
+            self._nonempty.clear()
+            await self._nonempty.wait()
 
     async def get(self) -> str:
-        async with self._ready:
-            await self._ready.wait_for(lambda: bool(self._order))
-            key = self._order.popleft()
-            self._queued.discard(key)
-            self._processing.add(key)
-            return key
+        await self._wait_for_keys()
+        key = self._order.popleft()  # no await since the check: still there
+        self._hold(key)
+        return key
+
+    async def get_batch(self, window_s: float) -> list[str]:
+        """Every key queued once the oldest has waited ``window_s``, in queue order; each
+        is held until :meth:`done`. ``window_s`` 0: the oldest key alone (:meth:`get`)."""
+        if window_s <= 0:
+            return [await self.get()]
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_for_keys()
+            closes = self._since[self._order[0]] + window_s
+            if closes > loop.time():
+                await asyncio.sleep(closes - loop.time())
+            batch = list(self._order)  # empty if another worker took them meanwhile
+            self._order.clear()
+            for key in batch:
+                self._hold(key)
+            if batch:
+                return batch
+
+    def _hold(self, key: str) -> None:
+        self._queued.discard(key)
+        self._since.pop(key, None)
+        self._processing.add(key)
 
     def done(self, key: str) -> None:
         self._processing.discard(key)
