@@ -20,12 +20,16 @@ from dra_driver import __version__
 from dra_driver.core.errors import ConfigError, DriverError
 from dra_driver.core.ports import GpuBackend
 from dra_driver.core.settings import NodeSettings
+from dra_driver.dmemhook import DEFAULT_HOOK_DIR
+from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.observability.logs import LOG_FORMATS, configure_logging
+from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.runtime import (
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
+    PluginRuntime,
 )
 
 log = logging.getLogger("dra_driver")
@@ -225,12 +229,80 @@ def _cleanup_parser(sub: Any) -> None:
     _common(cleanup)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = EnvTwinParser(
-        prog="dra-driver", description="Kubernetes DRA driver for fractional NVIDIA GPUs"
+def _health_flags(parser: argparse.ArgumentParser) -> None:
+    """Device health of the kubelet plugin (plugin/health_monitor.py)."""
+    add_flag(
+        parser,
+        "--health-probe-interval",
+        "seconds between GPU liveness probes and health reports to the kubelet "
+        "(0: no probe; reports every 30 s)",
+        default="30",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_flag(
+        parser,
+        "--health-recovery-seconds",
+        "seconds a device must stay free of non-fatal errors before it is healthy again",
+        default="300",
+    )
+    add_flag(
+        parser,
+        "--fatal-xid-taint-effect",
+        "taint effect of devices whose GPU needs a reset (fatal XID, GPU lost): NoSchedule "
+        "keeps new pods away, NoExecute also evicts the pods using them",
+        default="NoSchedule",
+        choices=["NoSchedule", "NoExecute"],
+    )
+    add_flag(
+        parser,
+        "--ignored-xids",
+        "comma-separated XIDs that never make a device unhealthy",
+        default="",
+    )
 
+
+def _dmem_flags(parser: argparse.ArgumentParser) -> None:
+    """cgroup v2 dmem limits for MPS shares (plugin/enforcement.py, dra_driver/dmemhook)."""
+    add_flag(
+        parser,
+        "--dmem-limits",
+        "kernel-enforced GPU-memory limits for MPS shares (cgroup v2 dmem hook): auto (where "
+        "a GPU has a dmem region), strict (a failing hook fails the container), off",
+        default="auto",
+        choices=["auto", "strict", "off"],
+    )
+    add_flag(
+        parser,
+        "--hook-dir",
+        "host directory (hostPath at the same path) the dmem hook script is installed into",
+        default=DEFAULT_HOOK_DIR,
+    )
+    add_flag(
+        parser,
+        "--cgroup-root",
+        "the host's root cgroup v2 hierarchy (dmem detection; mount the host's "
+        "/sys/fs/cgroup read-only there)",
+        default=DEFAULT_CGROUP_ROOT,
+    )
+
+
+def _claim_reporting_flags(parser: argparse.ArgumentParser) -> None:
+    add_flag(
+        parser,
+        "--claim-status",
+        "write status.devices (conditions, enforced limits) on prepared claims: auto, or off",
+        default="auto",
+        choices=["auto", "off"],
+    )
+    add_flag(
+        parser,
+        "--event-interval",
+        "seconds before an equal Event on the same object is written again (rate limit)",
+        default="60",
+    )
+
+
+def _plugin_parser(sub: Any) -> None:
+    """``dra-driver kubelet-plugin``."""
     plugin = sub.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
     _node_flags(plugin)
     add_flag(
@@ -258,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         "nvidia-cdi-hook on the host (ldcache update); empty: no hook",
         default="/usr/bin/nvidia-cdi-hook",
     )
+    _dmem_flags(plugin)
     add_flag(
         plugin,
         "--mps-agent-socket",
@@ -269,15 +342,20 @@ def build_parser() -> argparse.ArgumentParser:
         "seconds between GPU re-discoveries (0: never)",
         default="60",
     )
+    _health_flags(plugin)
     add_flag(
         plugin,
         "--boot-id-file",
         "file with this boot's id (checkpoint trust)",
         default="/proc/sys/kernel/random/boot_id",
     )
+    _claim_reporting_flags(plugin)
     _common(plugin)
     _metrics_flags(plugin)
 
+
+def _agent_parser(sub: Any) -> None:
+    """``dra-driver mps-agent``."""
     agent = sub.add_parser("mps-agent", help="run the MPS daemons of this node (DaemonSet)")
     add_flag(agent, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
     add_flag(
@@ -306,8 +384,27 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "v3", "legacy"],
     )
     add_flag(agent, "--driver-version", "the node's driver version (auto protocol)")
+    add_flag(
+        agent,
+        "--daemon-shm",
+        "the MPS daemons' /dev/shm: private (each daemon in its own mount namespace with its "
+        "GPU's shm directory, the one its clients get; needs CAP_SYS_ADMIN), agent (the "
+        "agent's own; only for the fake), auto (private unless --mps-control=fake)",
+        default="auto",
+        choices=["auto", "private", "agent"],
+    )
     _common(agent)
     _metrics_flags(agent)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = EnvTwinParser(
+        prog="dra-driver", description="Kubernetes DRA driver for fractional NVIDIA GPUs"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _plugin_parser(sub)
+    _agent_parser(sub)
 
     controller = sub.add_parser(
         "controller", help="run the allocation controller of the controller path (Deployment)"
@@ -330,6 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
         controller,
         "--pod-name",
         "this replica's identity in the Lease (downward API metadata.name); default hostname",
+    )
+    add_flag(
+        controller,
+        "--batch-window",
+        "seconds claims that become ready together are collected, then allocated largest"
+        " first (0: one at a time in arrival order)",
+        default="0.2",
     )
     _common(controller)
     _metrics_flags(controller)
@@ -453,13 +557,16 @@ def _render_slices(args: argparse.Namespace) -> int:
 
 
 def _run_plugin(args: argparse.Namespace) -> int:
+    from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
     from dra_driver.k8s.capabilities import probe_capabilities
     from dra_driver.k8s.claims import KubernetesClaimSource
     from dra_driver.k8s.client import make_api_client
     from dra_driver.k8s.publisher import SlicePublisher
+    from dra_driver.observability.metrics_server import MetricsServer, metrics_port, serve_metrics
+    from dra_driver.observability.plugin_metrics import PluginMetrics
+    from dra_driver.plugin.enforcement import DmemLimits
     from dra_driver.plugin.runtime import (
         PluginConfig,
-        PluginRuntime,
         SliceOptions,
         run_until_signalled,
     )
@@ -479,8 +586,19 @@ def _run_plugin(args: argparse.Namespace) -> int:
         proc_root=args.proc_root,
         cdi_hook_path=args.cdi_hook_path or None,
         mps_agent_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
+        health=HealthSettings(
+            recovery_s=_seconds(args.health_recovery_seconds, "--health-recovery-seconds"),
+            fatal_effect=TaintEffect(args.fatal_xid_taint_effect),
+            ignored_xids=parse_xid_list(args.ignored_xids, "--ignored-xids (IGNORED_XIDS)"),
+        ),
+        health_probe_interval=_seconds(args.health_probe_interval, "--health-probe-interval"),
+        dmem_limits=DmemLimits(args.dmem_limits),
+        hook_dir=args.hook_dir,
+        cgroup_root=args.cgroup_root,
     )
     config.validate()
+    port = metrics_port(args.metrics_port)
+    metrics = PluginMetrics() if port else None
     backend = _backend(args, config.node_name)
     api_client = make_api_client(args.kubeconfig)
     claims = KubernetesClaimSource(api_client)
@@ -493,18 +611,53 @@ def _run_plugin(args: argparse.Namespace) -> int:
             probe_capabilities, api_client, config.driver_name, config.node_name
         ),
     )
+    server: MetricsServer | None = None
     try:
-        asyncio.run(run_until_signalled(PluginRuntime(config, backend, claims, slices)))
+        if metrics is not None:
+            server = serve_metrics(port, metrics.registry, args.metrics_address)
+        reporting = claim_reporting(args, api_client, config.driver_name, config.node_name)
+        runtime = PluginRuntime(
+            config, backend, claims, slices, reporting=reporting, metrics=metrics
+        )
+        asyncio.run(run_until_signalled(runtime))
     finally:
+        if server is not None:
+            server.stop()
         claims.close()
         publisher.close()
     return 0
 
 
+def claim_reporting(
+    args: argparse.Namespace, api_client: Any, driver_name: str, node_name: str
+) -> ClaimReporter:
+    """The plugin's claim status writer and Event recorder, from its flags."""
+    from dra_driver.k8s.claim_status import ClaimStatusWriter
+    from dra_driver.k8s.events import EventRecorder
+    from dra_driver.plugin.claim_reporting import COMPONENT
+
+    events = EventRecorder(
+        api_client,
+        component=COMPONENT,
+        instance=node_name,
+        interval_s=_seconds(args.event_interval, "--event-interval"),
+        aggregate=True,
+    )
+    status = (
+        ClaimStatusWriter(api_client, driver_name=driver_name, node_name=node_name)
+        if args.claim_status == "auto"
+        else None
+    )
+    return ClaimReporter(driver_name=driver_name, node_name=node_name, status=status, events=events)
+
+
 def _run_mps_agent(args: argparse.Namespace) -> int:
     from dra_driver.mpsagent import fake_control_path
     from dra_driver.mpsagent.agent import AgentConfig, run_agent
+    from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT
     from dra_driver.mpsagent.compute_mode import FakeComputeMode, NvidiaSmiComputeMode
+    from dra_driver.observability.agent_metrics import AgentMetrics
+    from dra_driver.observability.metrics_server import metrics_port, serve_metrics
 
     plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
     fake = args.mps_control == "fake"
@@ -517,9 +670,21 @@ def _run_mps_agent(args: argparse.Namespace) -> int:
         driver_version=args.driver_version or None,
         # The fake launcher runs ${PYTHON}: this interpreter has the package.
         daemon_env={**os.environ, "PYTHON": sys.executable} if fake else None,
+        shm_namespace=(
+            UNSHARE_PRIVATE_MOUNT
+            if args.daemon_shm == "private" or (args.daemon_shm == "auto" and not fake)
+            else None
+        ),
     )
+    port = metrics_port(args.metrics_port)
     os.makedirs(os.path.dirname(config.socket_path), exist_ok=True)
-    asyncio.run(run_agent(config))
+    metrics = AgentMetrics() if port else None
+    server = serve_metrics(port, metrics.registry, args.metrics_address) if metrics else None
+    try:
+        asyncio.run(run_agent(config, metrics=metrics))
+    finally:
+        if server is not None:
+            server.stop()
     return 0
 
 
@@ -527,6 +692,7 @@ def _run_controller(args: argparse.Namespace) -> int:
     import socket
 
     from dra_driver.controller import ControllerConfig, run_controller
+    from dra_driver.observability.metrics_server import metrics_port
 
     config = ControllerConfig(
         driver_name=args.driver_name,
@@ -534,6 +700,9 @@ def _run_controller(args: argparse.Namespace) -> int:
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace,
         identity=args.pod_name or socket.gethostname(),
+        batch_window_s=_seconds(args.batch_window, "--batch-window"),
+        metrics_port=metrics_port(args.metrics_port),
+        metrics_address=args.metrics_address,
     )
     asyncio.run(run_controller(config))
     return 0

@@ -43,6 +43,8 @@ from dra_driver.state.checkpoint import (
 from dra_driver.state.locks import NodeLock
 
 log = logging.getLogger(__name__)
+# Each claim's outcome is logged once, by observability/claim_log.py (an observer);
+# the engine's own lines about claims are DEBUG.
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,7 @@ class Driver:
                 )
             except Exception as err:
                 message = f"claim {started.ref}: {err}"
-                log.warning("prepare failed: %s", message)
+                log.debug("prepare failed: %s", message)
                 work.outcomes[started.ref.uid] = ClaimOutcome(
                     error=message, reason=error_reason(err)
                 )
@@ -305,7 +307,7 @@ class Driver:
                         plan.to_remove[ref.uid] = recorded.cdi_spec_file
                     plan.to_release.append((work, recorded))
                     plan.changed = True
-                    log.info("unprepared claim %s", ref)
+                    log.debug("unprepared claim %s", ref)
                 work.outcomes[ref.uid] = ClaimOutcome()
         return plan
 
@@ -337,7 +339,7 @@ class Driver:
             return
         for work, entry in completed:
             work.outcomes[entry.ref.uid] = ClaimOutcome(devices=entry.devices)
-            log.info(
+            log.debug(
                 "prepared claim %s: %s",
                 entry.ref,
                 ", ".join(f"{d.device_name}({d.mode.value})" for d in entry.devices),
@@ -365,7 +367,7 @@ class Driver:
         if isinstance(fetched, BaseException):
             cause = str(fetched) if isinstance(fetched, DriverError) else repr(fetched)
             message = cause if cause.startswith("claim ") else f"claim {ref}: {cause}"
-            log.warning("prepare failed: %s", message)
+            log.debug("prepare failed: %s", message)
             work.outcomes[ref.uid] = ClaimOutcome(error=message, reason=error_reason(fetched))
             return None
         try:
@@ -374,7 +376,7 @@ class Driver:
             in_use = checkpoint.without(ref.uid).device_uses()
             plan = plan_prepare(fetched, self.inventory, self.ctx, in_use)
         except DriverError as err:
-            log.warning("prepare failed: %s", err)
+            log.debug("prepare failed: %s", err)
             work.outcomes[ref.uid] = ClaimOutcome(error=str(err), reason=error_reason(err))
             return None
         entry = CheckpointClaim(

@@ -24,24 +24,29 @@ from dra_driver.core.driver_edits import (
     fake_common_edits,
 )
 from dra_driver.core.errors import ConfigError, DriverError
+from dra_driver.core.health import HealthSettings, unhealthy_taint_key
 from dra_driver.core.ids import PoolName
 from dra_driver.core.model import Inventory
 from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend
 from dra_driver.core.settings import NodeSettings
-from dra_driver.core.slices import device_names
+from dra_driver.dmemhook import DEFAULT_HOOK_DIR
+from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.gpu.driver_files import discover_driver_files, load_toolkit_spec
 from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.kubeletplugin.health import HealthHub, all_healthy
 from dra_driver.kubeletplugin.server import PluginServer
 from dra_driver.kubeletplugin.sockets import SocketPaths, socket_paths
 from dra_driver.mpsagent.client import MpsAgentClient
+from dra_driver.observability.plugin_metrics import PluginMetrics
+from dra_driver.observability.plugin_observers import plugin_observers
 from dra_driver.plugin.cdi_store import CdiStore
+from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.driver import Driver, ReconcileReport
-from dra_driver.plugin.enforcement import Enforcer
+from dra_driver.plugin.enforcement import DmemLimits, Enforcer, dmem_hook_settings
+from dra_driver.plugin.health_monitor import HealthListener, HealthMonitor
 from dra_driver.plugin.publishing import ProbeFn, SlicePublishing
-from dra_driver.state.checkpoint import CheckpointStore, read_boot_id
+from dra_driver.state.checkpoint import CheckpointStore, ClaimState, read_boot_id
 from dra_driver.state.locks import NodeLock
 
 log = logging.getLogger(__name__)
@@ -52,6 +57,8 @@ DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "serialize.lock"
+MPS_STATUS_TIMEOUT_S = 10.0
+"""How long the health monitor waits for the mps-agent's status."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,18 @@ class PluginConfig:
     cdi_hook_path: str | None = DEFAULT_HOOK_PATH
     """The toolkit's CDI hook on the host, for the ldcache update; None: no hook."""
     mps_agent_socket: str | None = None
-    """The mps-agent's socket; None: MPS shares fail with a message naming it."""
+    """The mps-agent's socket; None: MPS shares fail with a message naming it (and the
+    health monitor does not watch MPS daemons)."""
+    health: HealthSettings = field(default_factory=HealthSettings)
+    """Device health: recovery time, taint effect of fatal problems, ignored XIDs."""
+    health_probe_interval: float = 30.0
+    """Seconds between GPU liveness probes (and health reports); 0 turns the probe off."""
+    dmem_limits: DmemLimits = DmemLimits.AUTO
+    """Kernel-enforced GPU-memory limits for MPS shares (cgroup v2 dmem hook)."""
+    hook_dir: str = DEFAULT_HOOK_DIR
+    """Host directory the dmem hook script is installed into (hostPath, same path)."""
+    cgroup_root: str = DEFAULT_CGROUP_ROOT
+    """The host's cgroup v2 root as the plugin sees it (dmem detection)."""
 
     def validate(self) -> None:
         if not self.node_name:
@@ -83,6 +101,13 @@ class PluginConfig:
         if not self.driver_name:
             raise ConfigError("--driver-name (DRIVER_NAME) must not be empty")
         cdi_kind_for_driver(self.driver_name)
+        unhealthy_taint_key(self.driver_name)
+        self.health.validate()
+        if self.health_probe_interval < 0:
+            raise ConfigError(
+                f"--health-probe-interval must be 0 (off) or more seconds, not "
+                f"{self.health_probe_interval}"
+            )
 
 
 @dataclass(frozen=True)
@@ -100,13 +125,25 @@ class PluginRuntime:
         backend: GpuBackend,
         claims: ClaimSource,
         slices: SliceOptions | None = None,
+        *,
+        reporting: ClaimReporter | None = None,
+        metrics: PluginMetrics | None = None,
     ) -> None:
+        """``reporting``: claim status and Events (None: neither is written, e.g. the
+        demo); ``metrics``: the Prometheus registry to keep up to date (None: no
+        metrics served)."""
         config.validate()
         self.config = config
+        self.reporting = reporting
+        self.metrics = metrics
         self.backend = backend
         self.claims = claims
         self.slice_options = slices
         self.publishing: SlicePublishing | None = None
+        self.health_monitor: HealthMonitor | None = None
+        self.health_listeners: list[HealthListener] = []
+        """Told of every device-health change (Events, claim status, metrics); add
+        yours before or after :meth:`start`."""
         self.inventory: Inventory | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.sockets: SocketPaths = socket_paths(
@@ -129,6 +166,15 @@ class PluginRuntime:
             settings=cfg.settings,
             common_edits=await asyncio.to_thread(self._common_edits, fake),
             fake_device_nodes=fake,
+            # Fake GPUs have no dmem regions (their bus ids are made up).
+            dmem=None
+            if fake
+            else await dmem_hook_settings(
+                inventory.gpus,
+                cgroup_root=cfg.cgroup_root,
+                hook_dir=cfg.hook_dir,
+                mode=cfg.dmem_limits,
+            ),
         )
         enforcer = Enforcer(
             backend=self.backend,
@@ -148,8 +194,22 @@ class PluginRuntime:
             enforcer=enforcer,
         )
         self.reconcile_report = await self.driver.reconcile()
-        hub = HealthHub(all_healthy(device_names(inventory), ctx.pool_name))
-        self.server = PluginServer(cfg.driver_name, self.sockets, self.driver, hub)
+        health = self.health_monitor = HealthMonitor(
+            self.backend,
+            inventory,
+            driver_name=cfg.driver_name,
+            pool_name=ctx.pool_name,
+            settings=cfg.health,
+            probe_interval=cfg.health_probe_interval,
+            mps=(
+                MpsAgentClient(cfg.mps_agent_socket, timeout=MPS_STATUS_TIMEOUT_S)
+                if cfg.mps_agent_socket
+                else None
+            ),
+            listeners=self.health_listeners,
+        )
+        await self._attach_observers(health)
+        self.server = PluginServer(cfg.driver_name, self.sockets, self.driver, health.hub)
         if self.slice_options is not None:
             self.publishing = SlicePublishing(
                 self.slice_options.publisher,
@@ -159,10 +219,12 @@ class PluginRuntime:
                 driver_name=cfg.driver_name,
                 node_name=cfg.node_name,
                 hidden_mig_devices=self._created_mig_devices,
+                taints=health.taints,
             )
+            health.republish = self.publishing.request_publish
             self.server.registration.on_registered.append(self.publishing.on_registered)
             self._spawn(self.publishing.run(), "slice-publisher")
-        self._spawn(self._log_health_events(), "health-events")
+        self._spawn(health.run(), "device-health")
         if cfg.inventory_interval > 0:
             self._spawn(self._watch_inventory(cfg.inventory_interval), "inventory-watch")
         await self.server.start()
@@ -173,6 +235,21 @@ class PluginRuntime:
             len(inventory.gpus),
             self.backend.name,
         )
+
+    async def _attach_observers(self, health: HealthMonitor) -> None:
+        """Claim log, metrics, claim status and Events: told of every claim and every
+        device-health change from before the sockets open."""
+        assert self.driver is not None
+        self.driver.observers.extend(plugin_observers(self.driver, self.metrics))
+        if self.metrics is not None:
+            health.listeners.append(self.metrics.follow_health(health))
+        if self.reporting is not None:
+            self.driver.observers.append(self.reporting)
+            health.listeners.append(self.reporting.devices_health_changed)
+            checkpoint = await asyncio.to_thread(self.driver.checkpoints.load)
+            self.reporting.remember(
+                c for c in checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED
+            )
 
     async def _created_mig_devices(self) -> set[str]:
         """MIG instances we created for prepared claims (from the checkpoint)."""
@@ -222,17 +299,6 @@ class PluginRuntime:
 
         self._tasks.append(asyncio.create_task(guarded(), name=name))
 
-    async def _log_health_events(self) -> None:
-        # Until device health lands (taints, health stream), events are logged.
-        async for event in self.backend.health_events():
-            log.warning(
-                "GPU %s reported XID %d%s: %s",
-                event.gpu_uuid,
-                event.xid,
-                f" on {event.mig_uuid}" if event.mig_uuid else "",
-                event.message or "(no message)",
-            )
-
     async def _watch_inventory(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
@@ -247,14 +313,15 @@ class PluginRuntime:
     async def _inventory_changed(self, inventory: Inventory) -> None:
         log.info("the GPU inventory changed; updating the plugin and republishing")
         self.inventory = inventory
-        assert self.driver is not None and self.server is not None
+        assert self.driver is not None and self.health_monitor is not None
         self.driver.inventory = inventory
-        await self.server.health.update(
-            all_healthy(device_names(inventory), self.driver.ctx.pool_name)
-        )
         if self.publishing is not None:
             self.publishing.inventory = inventory
-            self.publishing.publisher.request_publish()
+        # The health model follows the devices (and the kubelet hears the new list)
+        # before the slices are rebuilt, so they carry the right taints.
+        await self.health_monitor.set_inventory(inventory)
+        if self.publishing is not None:
+            self.publishing.request_publish()
 
     async def stop(self) -> None:
         # Background tasks first. The publisher is cancelled, never told to
@@ -272,6 +339,8 @@ class PluginRuntime:
             await self.driver.close()
             self.driver.lock.close()
             self.driver = None
+        if self.reporting is not None:
+            await self.reporting.close()  # the last status writes and Events
         await self.backend.close()
 
 

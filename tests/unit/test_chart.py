@@ -37,6 +37,15 @@ SENTINEL = (
 )
 TOOLKIT_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 """Read by the NVIDIA Container Toolkit (backend nvml), not by dra-driver."""
+CRD_KINDS = {"ServiceMonitor"}
+"""Kinds from CRDs (the Prometheus Operator's monitoring.coreos.com/v1), which the
+official Kubernetes schemas do not know; test_service_monitors_select_the_metrics_services
+checks them instead."""
+HOST_CGROUP = "host-cgroup"
+"""The one hostPath volume not mounted at its own path: the host's /sys/fs/cgroup at
+/host/sys/fs/cgroup (CGROUP_ROOT), read only, because the pod's /sys/fs/cgroup is its
+own cgroup namespace and lacks the root's dmem.capacity."""
+METRICS_PORTS = {"kubelet-plugin": 9401, "mps-agent": 9402, "controller": 9403}
 
 
 def _helm() -> str | None:
@@ -70,6 +79,33 @@ VALUE_SETS: dict[str, list[str]] = {
         "--set-json",
         'nodeSettings.perNode={"gpu-node-7": {"sharing": "timeslicing", '
         '"gpus": {"1": {"sharing": "exclusive"}}}, "gpu-node-8": {"maxClients": 16}}',
+    ],
+    "no-claim-status": ["--set", "kubeletPlugin.writeDeviceStatus=false"],
+    "observability": [
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.interval=1m",
+        "--set-json",
+        'metrics.serviceMonitor.labels={"release": "kube-prometheus-stack"}',
+        "--set",
+        "logFormat=json",
+        "--set",
+        "kubeletPlugin.dmemLimits=strict",
+        "--set",
+        "kubeletPlugin.health.fatalXidTaintEffect=NoExecute",
+        "--set",
+        "kubeletPlugin.health.ignoredXids=13\\,31",
+        "--set",
+        "controller.enabled=true",
+    ],
+    "no-metrics-no-dmem": [
+        "--set",
+        "metrics.enabled=false",
+        "--set",
+        "kubeletPlugin.dmemLimits=off",
+        "--set",
+        "controller.enabled=true",
     ],
 }
 
@@ -136,6 +172,9 @@ def test_every_object_passes_the_official_schema(value_set: str, kube_version: s
         "kubernetes_validate", reason="kubernetes-validate (test extra) is not installed"
     )
     for obj in render(value_set):
+        # Skipped explicitly, by kind: a CRD's objects are not in the official schemas.
+        if obj["kind"] in CRD_KINDS:
+            continue
         kubernetes_validate.validate(obj, kube_version, strict=True)
 
 
@@ -181,6 +220,27 @@ def test_values_schema_is_json_and_closed() -> None:
     assert set(values) <= set(schema["properties"])
 
 
+def test_values_schema_is_closed_and_covers_every_value() -> None:
+    """Every object the schema spells out is closed, and every key of values.yaml
+    (at any depth, down to free-form maps) has its entry there."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(node: dict[str, Any], value: Any, path: str) -> None:
+        if "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path or '/'} is open"
+            assert isinstance(value, dict), path
+            assert set(value) <= set(node["properties"]), (
+                path,
+                set(value) - set(node["properties"]),
+            )
+            for key, sub in node["properties"].items():
+                if key in value:
+                    walk(sub, value[key], f"{path}/{key}")
+
+    walk(schema, values, "")
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -191,6 +251,33 @@ def test_values_schema_is_json_and_closed() -> None:
         ),
         (["--namespace", NAMESPACE, "--set", "backend=gpu"], "backend"),
         (["--namespace", NAMESPACE, "--set", "backend=fake", "--set", "fakeGpus="], "fakeGpus"),
+        (
+            ["--namespace", NAMESPACE, "--set", "kubeletPlugin.health.fatalXidTaintEffect=Evict"],
+            "fatalXidTaintEffect': value must be one of 'NoSchedule', 'NoExecute'",
+        ),
+        (
+            ["--namespace", NAMESPACE, "--set", "logFormat=xml"],
+            "logFormat': value must be one of 'text', 'json'",
+        ),
+        (
+            ["--namespace", NAMESPACE, "--set", "kubeletPlugin.dmemLimits=on"],
+            "dmemLimits': value must be one of 'auto', 'strict', 'off'",
+        ),
+        (
+            ["--namespace", NAMESPACE, "--set", "kubeletPlugin.health.ignoredXids=13\\,x"],
+            "ignoredXids",
+        ),
+        (
+            [
+                "--namespace",
+                NAMESPACE,
+                "--set",
+                "metrics.enabled=false",
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+            ],
+            "metrics.serviceMonitor.enabled=false",
+        ),
     ],
 )
 def test_bad_values_fail_with_the_fix(args: list[str], says: str) -> None:
@@ -242,7 +329,12 @@ def test_host_paths_are_mounted_at_the_same_path(value_set: str) -> None:
         mounted = set()
         for c in pod["containers"]:
             for m in c["volumeMounts"]:
-                if m["name"] in host:
+                if m["name"] == HOST_CGROUP:
+                    # The exception, on purpose (see HOST_CGROUP): elsewhere, read only.
+                    assert (m["mountPath"], m.get("readOnly")) == ("/host/sys/fs/cgroup", True)
+                    assert host[m["name"]] == "/sys/fs/cgroup"
+                    mounted.add(m["name"])
+                elif m["name"] in host:
                     assert m["mountPath"] == host[m["name"]], (ds["metadata"]["name"], m)
                     mounted.add(m["name"])
         assert mounted == set(host)
@@ -262,9 +354,11 @@ def test_plugin_mounts_what_the_design_needs() -> None:
         f"/var/lib/kubelet/plugins/{DRIVER}",
         "/var/run/cdi",
     }
+    dmem = {"/var/lib/fractional-gpu-dra/hooks", "/sys/fs/cgroup"}
     assert paths("fake") == base
-    assert paths("defaults") == base | {"/etc/cdi"}
-    assert paths("per-node") == base | {"/etc/cdi", "/run/nvidia/driver"}
+    assert paths("defaults") == base | {"/etc/cdi"} | dmem
+    assert paths("per-node") == base | {"/etc/cdi", "/run/nvidia/driver"} | dmem
+    assert paths("no-metrics-no-dmem") == base | {"/etc/cdi"}
 
 
 def test_plugin_updates_with_max_surge() -> None:
@@ -358,10 +452,19 @@ def test_fake_backend_uses_the_fake_mps_control() -> None:
     assert agent["MPS_CONTROL"]["value"] == "fake"
 
 
+@pytest.mark.parametrize("value_set", all_sets())
+def test_controller_env_names_are_its_flags(value_set: str) -> None:
+    deployments = [d for d in render(value_set) if d["kind"] == "Deployment"]
+    for deployment in deployments:
+        names = set(env_of(container(deployment, "controller")))
+        assert names <= flag_envs("controller"), names - flag_envs("controller")
+
+
 def test_controller_only_when_enabled() -> None:
     assert not [d for d in render("defaults") if d["kind"] == "Deployment"]
     deployment = find(render("controller"), "Deployment", "-controller")
     assert container(deployment, "controller")["args"] == ["controller"]
+    assert env_of(container(deployment, "controller"))["BATCH_WINDOW"]["value"] == "0.2"
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
@@ -391,6 +494,167 @@ def test_node_opt_in_label() -> None:
         assert ds["spec"]["template"]["spec"]["nodeSelector"] == {
             "gpu.fractional.dev/enabled": "true"
         }
+
+
+# --- logs, metrics, device health, dmem -----------------------------------------------
+
+
+def workloads(docs: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
+    """The running component's container, keyed by component (the chart's label)."""
+    found = {}
+    for d in docs:
+        if d["kind"] in ("DaemonSet", "Deployment"):
+            component = d["metadata"]["labels"]["app.kubernetes.io/component"]
+            found[component] = container(d, component)
+    return found
+
+
+def pod_labels(docs: tuple[dict[str, Any], ...], component: str) -> dict[str, str]:
+    (workload,) = [
+        d
+        for d in docs
+        if d["kind"] in ("DaemonSet", "Deployment")
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+@pytest.mark.parametrize(
+    ("value_set", "log_format"), [("defaults", "text"), ("observability", "json")]
+)
+def test_every_component_gets_the_log_format(value_set: str, log_format: str) -> None:
+    components = workloads(render(value_set))
+    assert set(components) >= {"kubelet-plugin", "mps-agent"}
+    for c in components.values():
+        assert env_of(c)["LOG_FORMAT"]["value"] == log_format
+
+
+def test_metrics_port_service_per_component() -> None:
+    docs = render("controller")
+    components = workloads(docs)
+    assert set(components) == set(METRICS_PORTS)
+    services = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for d in docs
+        if d["kind"] == "Service"
+    }
+    assert set(services) == set(METRICS_PORTS)
+    for component, c in components.items():
+        port = METRICS_PORTS[component]
+        assert env_of(c)["METRICS_PORT"]["value"] == str(port)
+        assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+        service = services[component]
+        assert service["metadata"]["name"].endswith(f"-{component}-metrics")
+        spec = service["spec"]
+        assert spec["clusterIP"] == "None"  # headless: Prometheus scrapes every pod
+        selector = spec["selector"]
+        labels = pod_labels(docs, component)
+        assert selector.items() <= labels.items(), (selector, labels)
+        assert spec["ports"] == [
+            {"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}
+        ]
+    for d in docs:  # the metrics port is the pod's, never the node's
+        if d["kind"] in ("DaemonSet", "Deployment"):
+            pod = d["spec"]["template"]["spec"]
+            assert not pod.get("hostNetwork")
+            assert all("hostPort" not in p for c in pod["containers"] for p in c.get("ports", []))
+    assert not [d for d in docs if d["kind"] in CRD_KINDS]  # serviceMonitor is off by default
+
+
+def test_metrics_off_means_no_port_and_no_service() -> None:
+    docs = render("no-metrics-no-dmem")
+    assert not [d for d in docs if d["kind"] in {"Service", *CRD_KINDS}]
+    for c in workloads(docs).values():
+        assert "METRICS_PORT" not in env_of(c)
+        assert "ports" not in c
+
+
+def test_service_monitors_select_the_metrics_services() -> None:
+    docs = render("observability")
+    services = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for d in docs
+        if d["kind"] == "Service"
+    }
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert len(monitors) == len(METRICS_PORTS)
+    for monitor in monitors:
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["metadata"]["namespace"] == NAMESPACE
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        component = monitor["metadata"]["labels"]["app.kubernetes.io/component"]
+        service = services[component]
+        spec = monitor["spec"]
+        # Exactly one Service matches: this component's, and not another's.
+        selector = spec["selector"]["matchLabels"]
+        labels = {name: svc["metadata"]["labels"] for name, svc in services.items()}
+        matching = [name for name in labels if selector.items() <= labels[name].items()]
+        assert matching == [component], (selector, matching)
+        assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+        (endpoint,) = spec["endpoints"]
+        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+        assert endpoint["port"] == "metrics"
+        assert endpoint["path"] == "/metrics"
+        assert endpoint["interval"] == "1m"
+        node_label = [r for r in endpoint.get("relabelings", []) if r["targetLabel"] == "node"]
+        assert bool(node_label) == (component != "controller"), endpoint
+
+
+def test_plugin_health_settings() -> None:
+    env = env_of(
+        container(find(render("defaults"), "DaemonSet", "-kubelet-plugin"), "kubelet-plugin")
+    )
+    values = {name: env[name]["value"] for name in env if "value" in env[name]}
+    assert (
+        values.items()
+        >= {
+            "HEALTH_PROBE_INTERVAL": "30",
+            "HEALTH_RECOVERY_SECONDS": "300",
+            "FATAL_XID_TAINT_EFFECT": "NoSchedule",
+            "IGNORED_XIDS": "",
+            "EVENT_INTERVAL": "60",
+            "CLAIM_STATUS": "auto",
+        }.items()
+    )
+    env = env_of(
+        container(find(render("observability"), "DaemonSet", "-kubelet-plugin"), "kubelet-plugin")
+    )
+    assert env["FATAL_XID_TAINT_EFFECT"]["value"] == "NoExecute"
+    assert env["IGNORED_XIDS"]["value"] == "13,31"
+
+
+@pytest.mark.parametrize(
+    ("value_set", "mode", "mounted"),
+    [
+        ("defaults", "auto", True),
+        ("observability", "strict", True),
+        ("no-metrics-no-dmem", "off", False),
+        ("fake", "auto", False),  # fake GPUs have no dmem region
+    ],
+)
+def test_plugin_dmem_hook_mounts(value_set: str, mode: str, mounted: bool) -> None:
+    ds = find(render(value_set), "DaemonSet", "-kubelet-plugin")
+    plugin = container(ds, "kubelet-plugin")
+    env = env_of(plugin)
+    assert env["DMEM_LIMITS"]["value"] == mode
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in plugin["volumeMounts"]}
+    if not mounted:
+        assert not {"hook-dir", HOST_CGROUP} & (set(volumes) | set(mounts))
+        assert "HOOK_DIR" not in env and "CGROUP_ROOT" not in env
+        return
+    hooks = "/var/lib/fractional-gpu-dra/hooks"
+    assert env["HOOK_DIR"]["value"] == hooks
+    assert volumes["hook-dir"]["hostPath"] == {"path": hooks, "type": "DirectoryOrCreate"}
+    assert mounts["hook-dir"]["mountPath"] == hooks and not mounts["hook-dir"].get("readOnly")
+    assert env["CGROUP_ROOT"]["value"] == "/host/sys/fs/cgroup"
+    assert volumes[HOST_CGROUP]["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
+    assert mounts[HOST_CGROUP] == {
+        "name": HOST_CGROUP,
+        "mountPath": "/host/sys/fs/cgroup",
+        "readOnly": True,
+    }
 
 
 # --- RBAC ------------------------------------------------------------------------------
@@ -426,11 +690,13 @@ def test_plugin_rbac() -> None:
             for v in ("get", "list", "watch", "create", "update", "delete")
         ),
         ("", "nodes", "get", ""),
+        ("", "events", "create", ""),
+        ("", "events", "patch", ""),
         (rs, "resourceclaims/driver", "associated-node:update", DRIVER),
         (rs, "resourceclaims/driver", "associated-node:patch", DRIVER),
     }
-    assert rules(render("defaults"), "ClusterRole", "-kubelet-plugin") == expected
-    with_status = rules(render("controller"), "ClusterRole", "-kubelet-plugin")
+    assert rules(render("no-claim-status"), "ClusterRole", "-kubelet-plugin") == expected
+    with_status = rules(render("defaults"), "ClusterRole", "-kubelet-plugin")
     assert with_status - expected == {
         (rs, "resourceclaims/status", "update", ""),
         (rs, "resourceclaims/status", "patch", ""),
@@ -452,7 +718,7 @@ def test_controller_rbac() -> None:
             for r in ("deviceclasses", "resourceslices", "devicetaintrules")
             for v in read
         ),
-        *(("", r, v, "") for r in ("pods", "nodes") for v in read),
+        *(("", r, v, "") for r in ("pods", "nodes", "namespaces") for v in read),
         ("", "events", "create", ""),
         ("events.k8s.io", "events", "create", ""),
     }
@@ -481,3 +747,110 @@ def test_slice_writes_limited_to_own_node() -> None:
         "policyName": policy["metadata"]["name"],
         "validationActions": ["Deny"],
     }
+
+
+# --- status.devices: the claim status policy -------------------------------------------
+
+PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-fractional-gpu-dra-kubelet-plugin"
+OTHER_DRIVER = "net.example.com"
+
+
+def test_claim_status_policy_follows_the_value() -> None:
+    docs = render("defaults")
+    policy = find(docs, "ValidatingAdmissionPolicy", "-claim-status-own-node")
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": ["resourceclaims/status"],
+        }
+    ]
+    binding = find(docs, "ValidatingAdmissionPolicyBinding", "-claim-status-own-node")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    plugin = env_of(container(find(docs, "DaemonSet", "-kubelet-plugin"), "kubelet-plugin"))
+    assert plugin["CLAIM_STATUS"]["value"] == "auto"
+    off = render("no-claim-status")
+    assert not [d for d in off if "claim-status" in d["metadata"]["name"]]
+    plugin = env_of(container(find(off, "DaemonSet", "-kubelet-plugin"), "kubelet-plugin"))
+    assert plugin["CLAIM_STATUS"]["value"] == "off"
+
+
+def _claim(node: str, devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    selector = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    status: dict[str, Any] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node}]},
+            "nodeSelector": {"nodeSelectorTerms": [selector]},
+        },
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}],
+    }
+    if devices is not None:
+        status["devices"] = devices
+    return {"metadata": {"name": "c", "namespace": "ns"}, "status": status}
+
+
+def _entry(driver: str, device: str = "gpu-0", note: str = "") -> dict[str, Any]:
+    return {"driver": driver, "pool": "node-a", "device": device, "data": {"note": note}}
+
+
+def _admit(
+    policy: dict[str, Any], user: str, node: str | None, old: dict[str, Any], new: dict[str, Any]
+) -> list[str] | None:
+    """The policy's verdict as the API server reaches it: None when it does not match,
+    else the messages of the failed validations (empty: allowed)."""
+    cel = pytest.importorskip("cel", reason="common-expression-language is not installed")
+    extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+    env: dict[str, Any] = {
+        "request": {"userInfo": {"username": user, "extra": extra}},
+        "object": new,
+        "oldObject": old,
+        "variables": {},
+    }
+    spec = policy["spec"]
+    if not all(cel.evaluate(c["expression"], env) for c in spec["matchConditions"]):
+        return None
+    for variable in spec["variables"]:  # in order: later ones read earlier ones
+        env["variables"] = {**env["variables"], variable["name"]: cel.evaluate(
+            variable["expression"], env
+        )}  # fmt: skip
+    failed = []
+    for check in spec["validations"]:
+        if not cel.evaluate(check["expression"], env):
+            message = check.get("message") or cel.evaluate(check["messageExpression"], env)
+            failed.append(str(message))
+    return failed
+
+
+def test_claim_status_policy_allows_only_own_node_and_own_entries() -> None:
+    policy = find(render("defaults"), "ValidatingAdmissionPolicy", "-claim-status-own-node")
+    other = _entry(OTHER_DRIVER, "eth0", "theirs")
+    old = _claim("node-a", [other])
+    ours = _claim("node-a", [other, _entry(DRIVER)])
+
+    assert _admit(policy, PLUGIN_USER, "node-a", old, ours) == []  # add ours
+    assert _admit(policy, PLUGIN_USER, "node-a", ours, old) == []  # remove ours
+    assert _admit(policy, PLUGIN_USER, "node-a", _claim("node-a"), _claim("node-a", [])) == []
+    assert _admit(policy, "system:serviceaccount:kube-system:x", None, old, ours) is None
+
+    def refused(node: str | None, before: dict[str, Any], after: dict[str, Any]) -> str:
+        verdict = _admit(policy, PLUGIN_USER, node, before, after)
+        assert verdict, "allowed"
+        return " | ".join(verdict)
+
+    assert "no node association" in refused(None, old, ours)
+    assert "on node node-b may only write" in refused("node-b", old, ours)
+    moved = _claim("node-a", [other, _entry(DRIVER)])
+    moved["status"]["reservedFor"] = []
+    assert "only status.devices" in refused("node-a", old, moved)
+    cleared = _claim("node-a", [other, _entry(DRIVER)])
+    del cleared["status"]["allocation"]
+    assert "only status.devices" in refused("node-a", old, cleared)
+    changed = _claim("node-a", [_entry(OTHER_DRIVER, "eth0", "changed"), _entry(DRIVER)])
+    assert f"entries of driver {DRIVER}" in refused("node-a", old, changed)
+    assert f"entries of driver {DRIVER}" in refused("node-a", old, _claim("node-a", []))
+    unallocated = {"metadata": {"name": "c"}, "status": {}}
+    assert "may only write" in refused("node-a", unallocated, unallocated)

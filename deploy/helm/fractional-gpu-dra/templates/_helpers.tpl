@@ -122,3 +122,105 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 {{- end -}}
+
+{{/* The host's /sys/fs/cgroup inside the kubelet plugin (CGROUP_ROOT). Not the
+same path on purpose: the pod's own /sys/fs/cgroup is its cgroup namespace,
+which lacks the root's dmem.capacity. */}}
+{{- define "fgd.hostCgroupRoot" -}}
+/host/sys/fs/cgroup
+{{- end -}}
+
+{{/* Whether the kubelet plugin gets the dmem hook's mounts: only the nvml
+backend can have dmem regions (fake GPUs have none), and off needs none. */}}
+{{- define "fgd.dmemMounted" -}}
+{{- if and (eq .Values.backend "nvml") (ne .Values.kubeletPlugin.dmemLimits "off") -}}true{{- end -}}
+{{- end -}}
+
+{{/* Observability --------------------------------------------------------------- */}}
+
+{{/* "fgd.observabilityEnv" (list $ <metricsPort>): LOG_FORMAT and, with
+metrics.enabled, METRICS_PORT (flags of all three components). */}}
+{{- define "fgd.observabilityEnv" -}}
+{{- $ctx := index . 0 -}}
+- name: LOG_FORMAT
+  value: {{ $ctx.Values.logFormat | quote }}
+{{- if $ctx.Values.metrics.enabled }}
+- name: METRICS_PORT
+  value: {{ index . 1 | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* "fgd.metricsContainerPort" (list $ <metricsPort>): the pod port "metrics"
+(on the pod IP; the pods are not hostNetwork and get no hostPort). */}}
+{{- define "fgd.metricsContainerPort" -}}
+{{- $ctx := index . 0 -}}
+{{- if $ctx.Values.metrics.enabled }}
+ports:
+  - name: metrics
+    containerPort: {{ index . 1 }}
+    protocol: TCP
+{{- end }}
+{{- end -}}
+
+{{/* "fgd.metricsService" (list $ "kubelet-plugin" <metricsPort>): the Service
+in front of one component's metrics port. Headless (clusterIP: None): Prometheus
+scrapes every pod through the Service's endpoints, and a virtual IP would hand
+each request to any one of the pods (another node's plugin or agent, another
+controller replica), whose numbers are not the ones asked for; so none is
+allocated. */}}
+{{- define "fgd.metricsService" -}}
+{{- $ctx := index . 0 -}}
+{{- $component := index . 1 -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ printf "%s-metrics" (include "fgd.component" (list $ctx $component)) | trunc 63 | trimSuffix "-" }}
+  namespace: {{ $ctx.Release.Namespace }}
+  labels:
+    {{- include "fgd.labels" $ctx | nindent 4 }}
+    app.kubernetes.io/component: {{ $component }}
+spec:
+  clusterIP: None
+  selector:
+    {{- include "fgd.selectorLabels" (list $ctx $component) | nindent 4 }}
+  ports:
+    - name: metrics
+      port: {{ index . 2 }}
+      targetPort: metrics
+      protocol: TCP
+{{- end -}}
+
+{{/* "fgd.serviceMonitor" (list $ "kubelet-plugin"): the Prometheus Operator's
+ServiceMonitor for that component's metrics Service (same selector labels, port
+"metrics"). The DaemonSets' samples get a node label (the pod's node): the
+metrics themselves do not name the node. */}}
+{{- define "fgd.serviceMonitor" -}}
+{{- $ctx := index . 0 -}}
+{{- $component := index . 1 -}}
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata:
+  name: {{ include "fgd.component" (list $ctx $component) }}
+  namespace: {{ $ctx.Release.Namespace }}
+  {{- /* The chart's labels win over extra labels of the same key. */}}
+  {{- $labels := merge (dict "app.kubernetes.io/component" $component) (include "fgd.labels" $ctx | fromYaml) (deepCopy $ctx.Values.metrics.serviceMonitor.labels) }}
+  labels:
+    {{- toYaml $labels | nindent 4 }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "fgd.selectorLabels" (list $ctx $component) | nindent 6 }}
+  namespaceSelector:
+    matchNames:
+      - {{ $ctx.Release.Namespace }}
+  endpoints:
+    - port: metrics
+      path: /metrics
+      interval: {{ $ctx.Values.metrics.serviceMonitor.interval }}
+      {{- if ne $component "controller" }}
+      relabelings:
+        - sourceLabels: [__meta_kubernetes_pod_node_name]
+          targetLabel: node
+          action: replace
+      {{- end }}
+{{- end -}}
