@@ -252,15 +252,34 @@ class PluginRuntime:
             )
 
     async def _created_mig_devices(self) -> set[str]:
-        """MIG instances we created for prepared claims (from the checkpoint)."""
+        """MIG instances we created for claims, or are creating right now.
+
+        Created ones are in the checkpoint with their UUID. One being created is
+        recorded (PrepareStarted) only as its profile and placement until the
+        claim completes, while a re-discovery may already list it: it is found
+        in the inventory by that placement, so the pool never shows it as a
+        pre-existing instance, not even for one publish.
+        """
         assert self.driver is not None
         checkpoint = await asyncio.to_thread(self.driver.checkpoints.load)
-        return {
-            d.mig.mig_uuid
-            for claim in checkpoint.claims.values()
-            for d in claim.devices
-            if d.mig is not None and d.mig.created and d.mig.mig_uuid
-        }
+        hidden: set[str] = set()
+        pending: set[tuple[str, int, int]] = set()
+        for claim in checkpoint.claims.values():
+            for d in claim.devices:
+                if d.mig is None:
+                    continue
+                if d.mig.created and d.mig.mig_uuid:
+                    hidden.add(d.mig.mig_uuid)
+                elif d.mig.mig_uuid is None and claim.state is ClaimState.PREPARE_STARTED:
+                    pending.add((d.gpu_uuid, d.mig.profile_id, d.mig.placement_start))
+        if pending and self.inventory is not None:
+            hidden.update(
+                m.uuid
+                for gpu in self.inventory.gpus
+                for m in gpu.mig_devices
+                if (gpu.uuid, m.profile_id, m.placement.start) in pending
+            )
+        return hidden
 
     def _current_inventory(self) -> Inventory:
         assert self.inventory is not None
