@@ -162,8 +162,8 @@ def test_lazy_order_allocates_as_a_full_scan(
 ) -> None:
     # A node's search gives up after this many steps, the same in every state; the full
     # scan backtracks on nodes the others skip, and the default budget makes it slow.
-    module = importlib.import_module("dra_driver.allocator.allocate")  # the package
-    monkeypatch.setattr(module, "SEARCH_BUDGET", 300)  # exports a function of that name
+    module = importlib.import_module("dra_driver.allocator.search")
+    monkeypatch.setattr(module, "SEARCH_BUDGET", 300)
     rng = random.Random(seed)
     slices = cluster(rng)
 

@@ -1,0 +1,287 @@
+"""One claim's backtracking search over one node's candidate devices.
+
+What a request asks (:func:`_requested`; :func:`requested_size` for a whole claim),
+whether a device can take a request next to the picks made so far (:func:`_place`:
+exclusivity, capacity, counters; :func:`_constraints_ok`: ``matchAttribute``,
+``distinctAttribute`` and one pick per device), and :func:`_solve`, which fills the
+claim's slots (:func:`_slots`) trying placements in packing-key order and
+backtracking within :data:`SEARCH_BUDGET` steps. A namespace's VRAM quota enters as
+a :class:`_Budget`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from dra_driver.allocator.capacity import effective_capacity, fits
+from dra_driver.allocator.ledger import Ledger
+from dra_driver.allocator.model import Claim, Device, ExactRequest, Pool, parse_claim
+from dra_driver.allocator.packing import Placement, Policy
+from dra_driver.allocator.quota import VramQuota
+from dra_driver.api import GpuShare, decode_config
+
+SEARCH_BUDGET = 10_000
+_BIG = 1 << 30
+
+
+@dataclass
+class _Pick:
+    request: ExactRequest
+    device: Device
+    share: bool
+    consumed: dict[str, Fraction]
+    key: tuple[Any, ...]
+    memory: Fraction
+    """What the pick charges the namespace's VRAM quota: a share its memory, a whole
+    device all of it, admin access nothing."""
+
+
+@dataclass
+class _Budget:
+    """The memory a claim may still take under its namespace's quota; ``blocked`` is
+    the least memory of a placement refused for it (the amount a refusal names)."""
+
+    quota: VramQuota
+    left: Fraction
+    blocked: Fraction | None = None
+
+    def admits(self, memory: Fraction) -> bool:
+        if memory <= self.left:
+            return True
+        if self.blocked is None or memory < self.blocked:
+            self.blocked = memory
+        return False
+
+
+@dataclass
+class _Search:
+    claim: Claim
+    ledger: Ledger
+    policy: Policy
+    candidates: Mapping[str, list[Device]]
+    """Per alternative name: matching devices on this node."""
+    pools: Mapping[tuple[str, str], Pool]
+    budget: _Budget | None = None
+    steps: int = 0
+    picks: list[_Pick] = field(default_factory=list)
+    examined: int = 0
+
+
+def _index(device: Device) -> int:
+    for name in ("index", "parentIndex"):
+        value = device.attributes.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return _BIG
+
+
+def _requested(request: ExactRequest, claim: Claim, driver: str) -> dict[str, Fraction]:
+    """``capacity.requests``, or (dropped by the API) the claim's ``GpuShare`` config."""
+    if request.capacity_requests:
+        return dict(request.capacity_requests)
+    top = request.name.split("/")[0]
+    share: GpuShare | None = None
+    for config in claim.configs:
+        opaque = config.get("opaque") or {}
+        names = config.get("requests") or []
+        if opaque.get("driver") != driver or (
+            names and request.name not in names and top not in names
+        ):
+            continue
+        try:
+            obj = decode_config(opaque.get("parameters") or {}, driver)
+        except Exception:
+            continue
+        if isinstance(obj, GpuShare):
+            share = obj
+    if share is None:
+        return {}
+    return {
+        "memory": Fraction(share.memory_bytes),
+        "computePercent": Fraction(share.compute_percent),
+    }
+
+
+def requested_size(claim_obj: Mapping[str, Any], driver_name: str) -> tuple[int, Fraction]:
+    """How much a claim asks, to place a burst largest first: (devices it takes whole,
+    memory its shares ask). Per request its first alternative (the one it prefers)
+    times its count (``All``: once); a request that names no memory takes a whole
+    device (a share's default is all of it), admin access nothing."""
+    claim = parse_claim(claim_obj)
+    whole, memory = 0, Fraction(0)
+    for request in claim.requests:
+        alt = request.alternatives[0]
+        if alt.admin_access:
+            continue
+        count = 1 if alt.mode == "All" else alt.count
+        asked = _requested(alt, claim, driver_name).get("memory")
+        if asked is None:
+            whole += count
+        else:
+            memory += asked * count
+    return whole, memory
+
+
+def _covers(constraint_requests: Sequence[str], name: str) -> bool:
+    return (
+        not constraint_requests
+        or name in constraint_requests
+        or (name.split("/", maxsplit=1)[0] in constraint_requests)
+    )
+
+
+def _constraints_ok(search: _Search, pick: _Pick) -> bool:
+    name = pick.request.name
+    for c in search.claim.constraints:
+        if not _covers(c.requests, name):
+            continue
+        attr = c.match_attribute or c.distinct_attribute
+        if attr is None:
+            continue
+        value = _attr(pick.device, attr)
+        if value is None:
+            return False
+        others = [
+            _attr(p.device, attr) for p in search.picks if _covers(c.requests, p.request.name)
+        ]
+        if c.match_attribute and any(o != value for o in others):
+            return False
+        if c.distinct_attribute and value in others:
+            return False
+    for p in search.picks:
+        if p.device.key == pick.device.key and not _matched_pair(search.claim, p, pick):
+            return False
+    return True
+
+
+def _matched_pair(claim: Claim, a: _Pick, b: _Pick) -> bool:
+    return any(
+        c.match_attribute
+        and _covers(c.requests, a.request.name)
+        and _covers(c.requests, b.request.name)
+        for c in claim.constraints
+    )
+
+
+def _attr(device: Device, qualified: str) -> object:
+    domain, _, ident = qualified.rpartition("/")
+    if domain == device.driver and ident in device.attributes:
+        return device.attributes[ident]
+    return device.attributes.get(qualified)
+
+
+def _place(search: _Search, request: ExactRequest, device: Device) -> _Pick | None:
+    key = device.key
+    use = search.ledger.use(key)
+    pending = [p for p in search.picks if p.device.key == key]
+    shareable, caps = effective_capacity(device)
+    admin = request.admin_access
+    if not admin and (use.exclusive or any(not p.share for p in pending)):
+        return None
+    if not shareable:
+        if not admin and (use.in_use or pending or request.capacity_requests):
+            return None
+        consumed: dict[str, Fraction] = {}
+    else:
+        used = dict(use.consumed)
+        for p in pending:
+            for k, v in p.consumed.items():
+                used[k] = used.get(k, Fraction(0)) + v
+        result = fits(_requested(request, search.claim, device.driver), caps, used)
+        if isinstance(result, str):
+            return None
+        consumed = result
+    first = not use.in_use and not pending
+    if first and not admin and not _counters_fit(search, device):
+        return None
+    total = caps["memory"].value if "memory" in caps else Fraction(0)
+    if shareable:
+        used_memory = use.consumed.get("memory", Fraction(0)) + sum(
+            (p.consumed.get("memory", Fraction(0)) for p in pending), Fraction(0)
+        )
+        free = total - used_memory - consumed.get("memory", Fraction(0))
+    else:
+        free = Fraction(0)
+    placement = Placement(device, free, use.shares + len(pending), _index(device), total)
+    memory = consumed.get("memory", Fraction(0)) if shareable else total
+    return _Pick(
+        request,
+        device,
+        shareable and not admin,
+        consumed,
+        search.policy(placement),
+        Fraction(0) if admin else memory,
+    )
+
+
+def _counters_fit(search: _Search, device: Device) -> bool:
+    pool = search.pools.get((device.driver, device.pool))
+    for counter_set, counters in device.consumes_counters:
+        ckey = (device.driver, device.pool, counter_set)
+        available = pool.counter_sets.get(counter_set, {}) if pool else {}
+        used = dict(search.ledger.counters_used(ckey))
+        for p in search.picks:
+            first_pick = all(
+                q.device.key != p.device.key for q in search.picks[: search.picks.index(p)]
+            )
+            if first_pick and not search.ledger.use(p.device.key).in_use:
+                for cs, cnt in p.device.consumes_counters:
+                    if cs == counter_set:
+                        for n, v in cnt.items():
+                            used[n] = used.get(n, Fraction(0)) + v
+        for name, amount in counters.items():
+            if name not in available or used.get(name, Fraction(0)) + amount > available[name]:
+                return False
+    return True
+
+
+def _solve(search: _Search, slots: list[list[ExactRequest]], at: int) -> bool:
+    """Fill ``slots[at:]``; each slot is the alternatives of one device pick."""
+    if at == len(slots):
+        return True
+    search.steps += 1
+    if search.steps > SEARCH_BUDGET:
+        return False
+    taken = sum((p.memory for p in search.picks), Fraction(0))
+    for request in slots[at]:
+        options = []
+        for device in search.candidates.get(request.name, ()):
+            search.examined += 1
+            pick = _place(search, request, device)
+            if pick is None or not _constraints_ok(search, pick):
+                continue
+            if search.budget is not None and not search.budget.admits(taken + pick.memory):
+                continue
+            options.append(pick)
+        options.sort(key=lambda p: p.key)
+        for pick in options:
+            search.picks.append(pick)
+            if _solve(search, slots, at + 1):
+                return True
+            search.picks.pop()
+    return False
+
+
+def _slots(claim: Claim, candidates: Mapping[str, list[Device]]) -> list[list[ExactRequest]] | None:
+    slots: list[list[ExactRequest]] = []
+    for request in claim.requests:
+        alts = list(request.alternatives)
+        if len(alts) == 1:
+            alt = alts[0]
+            n = len(candidates.get(alt.name, ())) if alt.mode == "All" else alt.count
+            if n == 0:
+                return None
+            slots.extend([[alt]] * n)
+        # firstAvailable: every alternative with count 1 is one slot; otherwise take
+        # the first alternative with enough candidates (a simplification).
+        elif all(a.count == 1 and a.mode != "All" for a in alts):
+            slots.append(alts)
+        else:
+            chosen = next((a for a in alts if len(candidates.get(a.name, ())) >= a.count), None)
+            if chosen is None:
+                return None
+            slots.extend([[chosen]] * chosen.count)
+    return slots
