@@ -1,0 +1,83 @@
+"""``dra-driver``: one console script, one subcommand per component.
+
+Every flag has an environment-variable twin (the flag's name in upper case
+with ``_``, e.g. ``--cdi-root`` / ``CDI_ROOT``); the flag wins when both are
+given. The Helm chart sets only the environment variables.
+
+Each subcommand's flags and runner live in their own module: ``plugin``
+(kubelet-plugin), ``mps_agent``, ``controller`` and ``tools`` (render-slices,
+demo, simulate, cleanup); ``flags`` holds what they share. Runners import
+their component lazily so ``dra-driver version`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from dra_driver import __version__
+from dra_driver.cli.controller import _controller_parser, _run_controller
+from dra_driver.cli.flags import EnvTwinParser, _common, add_flag, env_name
+from dra_driver.cli.mps_agent import _agent_parser, _run_mps_agent
+from dra_driver.cli.plugin import _plugin_parser, _run_plugin, claim_reporting
+from dra_driver.cli.tools import (
+    _cleanup_parser,
+    _demo_parser,
+    _render_parser,
+    _render_slices,
+    _run_cleanup,
+    _run_demo,
+    _run_simulate,
+    _simulate_parser,
+)
+from dra_driver.core.errors import DriverError
+from dra_driver.observability.logs import configure_logging
+
+__all__ = ["EnvTwinParser", "add_flag", "build_parser", "claim_reporting", "env_name", "main"]
+
+log = logging.getLogger("dra_driver")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = EnvTwinParser(
+        prog="dra-driver", description="Kubernetes DRA driver for fractional NVIDIA GPUs"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _plugin_parser(sub)
+    _agent_parser(sub)
+    _controller_parser(sub)
+    _cleanup_parser(sub)
+    _render_parser(sub)
+    _demo_parser(sub)
+    _simulate_parser(sub.add_parser("simulate", help="simulate packing claims on a fake cluster"))
+
+    version = sub.add_parser("version", help="print the version")
+    _common(version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    try:
+        if args.command == "version":
+            print(f"dra-driver {__version__}")
+            return 0
+        if args.command == "cleanup":
+            return _run_cleanup(args)
+        if args.command == "mps-agent":
+            return _run_mps_agent(args)
+        if args.command == "render-slices":
+            return _render_slices(args)
+        if args.command == "controller":
+            return _run_controller(args)
+        if args.command == "demo":
+            return _run_demo(args)
+        if args.command == "simulate":
+            return _run_simulate(args)
+        return _run_plugin(args)
+    except DriverError as err:
+        log.error("%s", err)
+        return 2

@@ -1,0 +1,65 @@
+"""``dra-driver controller``: the allocation controller of the controller path."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from dra_driver.cli.flags import _common, _metrics_flags, _seconds, add_flag
+from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME
+
+
+def _controller_parser(sub: Any) -> None:
+    """``dra-driver controller``."""
+    controller = sub.add_parser(
+        "controller", help="run the allocation controller of the controller path (Deployment)"
+    )
+    add_flag(controller, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
+    add_flag(controller, "--kubeconfig", "kubeconfig file; in-cluster config when unset")
+    add_flag(
+        controller,
+        "--lease-name",
+        "the coordination.k8s.io Lease for leader election",
+        default="fractional-gpu-dra-controller",
+    )
+    add_flag(
+        controller,
+        "--lease-namespace",
+        "namespace of the Lease (downward API metadata.namespace)",
+        default="default",
+    )
+    add_flag(
+        controller,
+        "--pod-name",
+        "this replica's identity in the Lease (downward API metadata.name); default hostname",
+    )
+    add_flag(
+        controller,
+        "--batch-window",
+        "seconds claims that become ready together are collected, then allocated largest"
+        " first (0: one at a time in arrival order)",
+        default="0.2",
+    )
+    _common(controller)
+    _metrics_flags(controller)
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    import socket
+
+    from dra_driver.controller import ControllerConfig, run_controller
+    from dra_driver.observability.metrics_server import metrics_port
+
+    config = ControllerConfig(
+        driver_name=args.driver_name,
+        kubeconfig=args.kubeconfig or None,
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace,
+        identity=args.pod_name or socket.gethostname(),
+        batch_window_s=_seconds(args.batch_window, "--batch-window"),
+        metrics_port=metrics_port(args.metrics_port),
+        metrics_address=args.metrics_address,
+    )
+    asyncio.run(run_controller(config))
+    return 0

@@ -1,0 +1,92 @@
+"""``dra-driver mps-agent``: the MPS daemons of a node (DaemonSet)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any
+
+from dra_driver.cli.flags import _common, _metrics_flags, add_flag
+from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR
+
+
+def _agent_parser(sub: Any) -> None:
+    """``dra-driver mps-agent``."""
+    agent = sub.add_parser("mps-agent", help="run the MPS daemons of this node (DaemonSet)")
+    add_flag(agent, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
+    add_flag(
+        agent,
+        "--plugin-dir",
+        f"the plugin's data directory; default {DEFAULT_PLUGINS_DIR}/<driver name>",
+    )
+    add_flag(agent, "--socket", "the agent's socket; default <plugin dir>/mps-agent.sock")
+    add_flag(
+        agent,
+        "--state-dir",
+        "MPS pipe, log and shm directories and the agent's state (tmpfs: gone at reboot)",
+        default="/run/fractional-gpu-dra/mps",
+    )
+    add_flag(
+        agent,
+        "--mps-control",
+        "nvidia-cuda-mps-control to drive; 'fake' for the packaged fake (no GPU)",
+        default="nvidia-cuda-mps-control",
+    )
+    add_flag(
+        agent,
+        "--mps-protocol",
+        "MPS protocol: v3 (driver 615+, per-claim limits held by the daemon), legacy, or auto",
+        default="auto",
+        choices=["auto", "v3", "legacy"],
+    )
+    add_flag(agent, "--driver-version", "the node's driver version (auto protocol)")
+    add_flag(
+        agent,
+        "--daemon-shm",
+        "the MPS daemons' /dev/shm: private (each daemon in its own mount namespace with its "
+        "GPU's shm directory, the one its clients get; needs CAP_SYS_ADMIN), agent (the "
+        "agent's own; only for the fake), auto (private unless --mps-control=fake)",
+        default="auto",
+        choices=["auto", "private", "agent"],
+    )
+    _common(agent)
+    _metrics_flags(agent)
+
+
+def _run_mps_agent(args: argparse.Namespace) -> int:
+    from dra_driver.mpsagent import fake_control_path
+    from dra_driver.mpsagent.agent import AgentConfig, run_agent
+    from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT
+    from dra_driver.mpsagent.compute_mode import FakeComputeMode, NvidiaSmiComputeMode
+    from dra_driver.observability.agent_metrics import AgentMetrics
+    from dra_driver.observability.metrics_server import metrics_port, serve_metrics
+
+    plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
+    fake = args.mps_control == "fake"
+    config = AgentConfig(
+        socket_path=args.socket or os.path.join(plugin_dir, "mps-agent.sock"),
+        state_dir=args.state_dir,
+        control_binary=fake_control_path() if fake else args.mps_control,
+        protocol=args.mps_protocol,
+        compute_mode=FakeComputeMode() if fake else NvidiaSmiComputeMode(),
+        driver_version=args.driver_version or None,
+        # The fake launcher runs ${PYTHON}: this interpreter has the package.
+        daemon_env={**os.environ, "PYTHON": sys.executable} if fake else None,
+        shm_namespace=(
+            UNSHARE_PRIVATE_MOUNT
+            if args.daemon_shm == "private" or (args.daemon_shm == "auto" and not fake)
+            else None
+        ),
+    )
+    port = metrics_port(args.metrics_port)
+    os.makedirs(os.path.dirname(config.socket_path), exist_ok=True)
+    metrics = AgentMetrics() if port else None
+    server = serve_metrics(port, metrics.registry, args.metrics_address) if metrics else None
+    try:
+        asyncio.run(run_agent(config, metrics=metrics))
+    finally:
+        if server is not None:
+            server.stop()
+    return 0

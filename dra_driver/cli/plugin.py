@@ -1,0 +1,249 @@
+"""``dra-driver kubelet-plugin``: the node plugin (DaemonSet)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+from typing import Any
+
+from dra_driver.cli.flags import (
+    _backend,
+    _common,
+    _gpu_flags,
+    _metrics_flags,
+    _node_flags,
+    _node_settings,
+    _seconds,
+    add_flag,
+)
+from dra_driver.dmemhook import DEFAULT_HOOK_DIR
+from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
+from dra_driver.plugin.claim_reporting import ClaimReporter
+from dra_driver.plugin.runtime import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    PluginRuntime,
+)
+
+
+def _health_flags(parser: argparse.ArgumentParser) -> None:
+    """Device health of the kubelet plugin (plugin/health_monitor.py)."""
+    add_flag(
+        parser,
+        "--health-probe-interval",
+        "seconds between GPU liveness probes and health reports to the kubelet "
+        "(0: no probe; reports every 30 s)",
+        default="30",
+    )
+    add_flag(
+        parser,
+        "--health-recovery-seconds",
+        "seconds a device must stay free of non-fatal errors before it is healthy again",
+        default="300",
+    )
+    add_flag(
+        parser,
+        "--fatal-xid-taint-effect",
+        "taint effect of devices whose GPU needs a reset (fatal XID, GPU lost): NoSchedule "
+        "keeps new pods away, NoExecute also evicts the pods using them",
+        default="NoSchedule",
+        choices=["NoSchedule", "NoExecute"],
+    )
+    add_flag(
+        parser,
+        "--ignored-xids",
+        "comma-separated XIDs that never make a device unhealthy",
+        default="",
+    )
+
+
+def _dmem_flags(parser: argparse.ArgumentParser) -> None:
+    """cgroup v2 dmem limits for MPS shares (plugin/enforcement.py, dra_driver/dmemhook)."""
+    add_flag(
+        parser,
+        "--dmem-limits",
+        "kernel-enforced GPU-memory limits for MPS shares (cgroup v2 dmem hook): auto (where "
+        "a GPU has a dmem region), strict (a failing hook fails the container), off",
+        default="auto",
+        choices=["auto", "strict", "off"],
+    )
+    add_flag(
+        parser,
+        "--hook-dir",
+        "host directory (hostPath at the same path) the dmem hook script is installed into",
+        default=DEFAULT_HOOK_DIR,
+    )
+    add_flag(
+        parser,
+        "--cgroup-root",
+        "the host's root cgroup v2 hierarchy (dmem detection; mount the host's "
+        "/sys/fs/cgroup read-only there)",
+        default=DEFAULT_CGROUP_ROOT,
+    )
+
+
+def _claim_reporting_flags(parser: argparse.ArgumentParser) -> None:
+    add_flag(
+        parser,
+        "--claim-status",
+        "write status.devices (conditions, enforced limits) on prepared claims: auto, or off",
+        default="auto",
+        choices=["auto", "off"],
+    )
+    add_flag(
+        parser,
+        "--event-interval",
+        "seconds before an equal Event on the same object is written again (rate limit)",
+        default="60",
+    )
+
+
+def _plugin_parser(sub: Any) -> None:
+    """``dra-driver kubelet-plugin``."""
+    plugin = sub.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
+    _node_flags(plugin)
+    add_flag(
+        plugin, "--registry-dir", "kubelet plugin registry directory", default=DEFAULT_REGISTRY_DIR
+    )
+    add_flag(
+        plugin,
+        "--plugin-dir",
+        "plugin data directory (DRA socket, checkpoint); default "
+        f"{DEFAULT_PLUGINS_DIR}/<driver name>",
+    )
+    add_flag(plugin, "--cdi-root", "directory for transient CDI specs", default=DEFAULT_CDI_ROOT)
+    add_flag(
+        plugin,
+        "--rolling-update-uid",
+        "pod UID; gives this pod its own socket names so a maxSurge update can overlap",
+    )
+    _gpu_flags(plugin)
+    add_flag(plugin, "--kubeconfig", "kubeconfig file; in-cluster config when unset")
+    add_flag(plugin, "--driver-root", "NVIDIA driver install root (NVML backend)", default="/")
+    add_flag(plugin, "--proc-root", "the host's /proc (MIG capability files)", default="/proc")
+    add_flag(
+        plugin,
+        "--cdi-hook-path",
+        "nvidia-cdi-hook on the host (ldcache update); empty: no hook",
+        default="/usr/bin/nvidia-cdi-hook",
+    )
+    _dmem_flags(plugin)
+    add_flag(
+        plugin,
+        "--mps-agent-socket",
+        "the mps-agent's socket; default <plugin dir>/mps-agent.sock",
+    )
+    add_flag(
+        plugin,
+        "--inventory-interval",
+        "seconds between GPU re-discoveries (0: never)",
+        default="60",
+    )
+    _health_flags(plugin)
+    add_flag(
+        plugin,
+        "--boot-id-file",
+        "file with this boot's id (checkpoint trust)",
+        default="/proc/sys/kernel/random/boot_id",
+    )
+    _claim_reporting_flags(plugin)
+    _common(plugin)
+    _metrics_flags(plugin)
+
+
+def _run_plugin(args: argparse.Namespace) -> int:
+    from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
+    from dra_driver.k8s.capabilities import probe_capabilities
+    from dra_driver.k8s.claims import KubernetesClaimSource
+    from dra_driver.k8s.client import make_api_client
+    from dra_driver.k8s.publisher import SlicePublisher
+    from dra_driver.observability.metrics_server import MetricsServer, metrics_port, serve_metrics
+    from dra_driver.observability.plugin_metrics import PluginMetrics
+    from dra_driver.plugin.enforcement import DmemLimits
+    from dra_driver.plugin.runtime import (
+        PluginConfig,
+        SliceOptions,
+        run_until_signalled,
+    )
+
+    plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
+    config = PluginConfig(
+        driver_name=args.driver_name,
+        node_name=args.node_name or "",
+        registry_dir=args.registry_dir,
+        plugin_dir=plugin_dir,
+        cdi_root=args.cdi_root,
+        rolling_update_uid=args.rolling_update_uid or None,
+        boot_id_file=args.boot_id_file,
+        inventory_interval=_seconds(args.inventory_interval, "--inventory-interval"),
+        settings=_node_settings(args),
+        driver_root=args.driver_root,
+        proc_root=args.proc_root,
+        cdi_hook_path=args.cdi_hook_path or None,
+        mps_agent_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
+        health=HealthSettings(
+            recovery_s=_seconds(args.health_recovery_seconds, "--health-recovery-seconds"),
+            fatal_effect=TaintEffect(args.fatal_xid_taint_effect),
+            ignored_xids=parse_xid_list(args.ignored_xids, "--ignored-xids (IGNORED_XIDS)"),
+        ),
+        health_probe_interval=_seconds(args.health_probe_interval, "--health-probe-interval"),
+        dmem_limits=DmemLimits(args.dmem_limits),
+        hook_dir=args.hook_dir,
+        cgroup_root=args.cgroup_root,
+    )
+    config.validate()
+    port = metrics_port(args.metrics_port)
+    metrics = PluginMetrics() if port else None
+    backend = _backend(args, config.node_name)
+    api_client = make_api_client(args.kubeconfig)
+    claims = KubernetesClaimSource(api_client)
+    publisher = SlicePublisher(
+        api_client, driver_name=config.driver_name, node_name=config.node_name
+    )
+    slices = SliceOptions(
+        publisher=publisher,
+        probe=functools.partial(
+            probe_capabilities, api_client, config.driver_name, config.node_name
+        ),
+    )
+    server: MetricsServer | None = None
+    try:
+        if metrics is not None:
+            server = serve_metrics(port, metrics.registry, args.metrics_address)
+        reporting = claim_reporting(args, api_client, config.driver_name, config.node_name)
+        runtime = PluginRuntime(
+            config, backend, claims, slices, reporting=reporting, metrics=metrics
+        )
+        asyncio.run(run_until_signalled(runtime))
+    finally:
+        if server is not None:
+            server.stop()
+        claims.close()
+        publisher.close()
+    return 0
+
+
+def claim_reporting(
+    args: argparse.Namespace, api_client: Any, driver_name: str, node_name: str
+) -> ClaimReporter:
+    """The plugin's claim status writer and Event recorder, from its flags."""
+    from dra_driver.k8s.claim_status import ClaimStatusWriter
+    from dra_driver.k8s.events import EventRecorder
+    from dra_driver.plugin.claim_reporting import COMPONENT
+
+    events = EventRecorder(
+        api_client,
+        component=COMPONENT,
+        instance=node_name,
+        interval_s=_seconds(args.event_interval, "--event-interval"),
+        aggregate=True,
+    )
+    status = (
+        ClaimStatusWriter(api_client, driver_name=driver_name, node_name=node_name)
+        if args.claim_status == "auto"
+        else None
+    )
+    return ClaimReporter(driver_name=driver_name, node_name=node_name, status=status, events=events)
