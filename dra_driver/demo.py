@@ -29,9 +29,9 @@ from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.core.quantity import format_bytes
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slice_rules import validate_pool
-from dra_driver.core.slices import build_slices, device_names
+from dra_driver.core.slices import DesiredSlice, build_slices, device_names
 from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.k8s.publisher import slice_name
+from dra_driver.k8s.slice_plan import slice_name
 from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
 from dra_driver.mpsagent.client import MpsAgentClient
@@ -111,8 +111,12 @@ def _describe_device(device: Mapping[str, Any]) -> str:
     return f"{device['name']} {sharing}: memory {memory.get('value')}"
 
 
-def _print_slices(inventory: Inventory, settings: NodeSettings, out: TextIO) -> None:
-    """A summary of the ResourceSlices the plugin would publish on a 1.36 cluster."""
+def _slices_for_136(
+    inventory: Inventory,
+    settings: NodeSettings,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> list[DesiredSlice]:
+    """The ResourceSlices the plugin would publish on a 1.36 cluster, validated as a pool."""
     caps = Capabilities.for_version(36)
     slices = build_slices(
         inventory,
@@ -120,8 +124,15 @@ def _print_slices(inventory: Inventory, settings: NodeSettings, out: TextIO) -> 
         node_name=NODE,
         settings=settings,
         capabilities=caps,
+        taints=taints,
     )
     validate_pool([s.spec for s in slices], caps)
+    return slices
+
+
+def _print_slices(inventory: Inventory, settings: NodeSettings, out: TextIO) -> None:
+    """A summary of the ResourceSlices the plugin would publish on a 1.36 cluster."""
+    slices = _slices_for_136(inventory, settings)
     print(
         f"\nResourceSlices for a Kubernetes 1.36 cluster ({len(slices)}; "
         "`dra-driver render-slices` prints them in full):",
@@ -235,16 +246,7 @@ async def _health_of(stream: AsyncIterator[Any], device: str, wanted: str) -> He
 
 def _published_taints(inventory: Inventory, settings: NodeSettings, monitor: HealthMonitor) -> str:
     """The taints of the slices a 1.36 cluster would get now, one ``slice/device: taint``."""
-    caps = Capabilities.for_version(36)
-    slices = build_slices(
-        inventory,
-        driver_name=DEFAULT_DRIVER_NAME,
-        node_name=NODE,
-        settings=settings,
-        capabilities=caps,
-        taints=monitor.taints(),
-    )
-    validate_pool([s.spec for s in slices], caps)
+    slices = _slices_for_136(inventory, settings, monitor.taints())
     found = [
         f"{slice_name(NODE, DEFAULT_DRIVER_NAME, s.key)} device {d['name']}: "
         f"{t['key']}={t['value']}:{t['effect']}"

@@ -14,11 +14,10 @@ idempotent (an identical, executable file is left alone), mode 0755.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from importlib import resources
 
-from dra_driver.state.files import temp_name_for
+from dra_driver.state.files import atomic_write
 
 HOOK_FILE = "dmem-hook.sh"
 DEFAULT_HOOK_DIR = "/var/lib/fractional-gpu-dra/hooks"
@@ -52,20 +51,5 @@ def install_hook(hook_dir: str) -> str:
             return target
     except FileNotFoundError:
         pass
-    tmp = temp_name_for(target)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, HOOK_MODE)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write(target, data, mode=0o600, chmod=HOOK_MODE)
     return target

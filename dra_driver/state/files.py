@@ -24,8 +24,14 @@ def temp_name_for(path: str) -> str:
     return os.path.join(folder, f".{base}.{secrets.token_hex(4)}.tmp")
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o644, fsync: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically; the data is fsynced first when asked."""
+def atomic_write(
+    path: str, data: bytes, mode: int = 0o644, fsync: bool = True, *, chmod: int | None = None
+) -> None:
+    """Replace ``path`` with ``data`` atomically; the data is fsynced first when asked.
+
+    The file is created with ``mode`` less the umask; with ``chmod`` it gets
+    exactly that mode instead (``os.fchmod`` before the rename, whatever the umask).
+    """
     tmp = temp_name_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
@@ -33,6 +39,8 @@ def atomic_write(path: str, data: bytes, mode: int = 0o644, fsync: bool = True) 
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            if chmod is not None:
+                os.fchmod(fd, chmod)
             if fsync:
                 os.fsync(fd)
         finally:

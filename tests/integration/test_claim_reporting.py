@@ -35,6 +35,24 @@ from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 OTHER = "net.example.com"
+GPU_0 = PlannedDevice(
+    request_names=("gpu",),
+    pool_name=PoolName(NODE),
+    device_name=DeviceName("gpu-0"),
+    share_id=None,
+    gpu_uuid=GpuUUID("GPU-0"),
+    mode=Mode.EXCLUSIVE,
+    cdi_device_ids=(),
+)
+"""gpu-0 of the node, whole, as a plan puts it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A claim as the checkpoint remembers it: the shape the reporter is given."""
+
+    ref: ClaimRef
+    devices: tuple[PlannedDevice, ...]
 
 
 class Clock:
@@ -315,26 +333,12 @@ def test_health_change_for_claims_prepared_before_a_restart(
     """Claims the monitor passes in (from the checkpoint) are told too."""
     obj = fake_kube.create(resource_claim("default", "old", devices=[Allocated("gpu-0")]))
 
-    @dataclasses.dataclass(frozen=True)
-    class Prepared:
-        ref: ClaimRef
-        devices: tuple[PlannedDevice, ...]
-
-    device = PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName(NODE),
-        device_name=DeviceName("gpu-0"),
-        share_id=None,
-        gpu_uuid=GpuUUID("GPU-0"),
-        mode=Mode.EXCLUSIVE,
-        cdi_device_ids=(),
-    )
     observer = reporter(api, Clock())
 
     async def scenario() -> None:
         # Named by GPU only: every device of that GPU.
         change = DeviceHealthReport("", "GPU-0", "unknown", "", "lost contact")
-        observer.device_health_changed(change, [Prepared(claim_ref(obj), (device,))])
+        observer.device_health_changed(change, [Prepared(claim_ref(obj), (GPU_0,))])
         assert await observer.flush()
         await observer.close()
 
@@ -357,20 +361,11 @@ def test_prepare_then_quick_unprepare_leaves_nothing(
     """Status writes of one claim are applied in order, the newest wanted state last."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
     ref = claim_ref(obj)
-    device = PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName(NODE),
-        device_name=DeviceName("gpu-0"),
-        share_id=None,
-        gpu_uuid=GpuUUID("GPU-0"),
-        mode=Mode.EXCLUSIVE,
-        cdi_device_ids=(),
-    )
     observer = reporter(api, Clock())
 
     async def scenario() -> None:
         for _ in range(3):
-            observer.claim_done(ClaimOperation("prepare", ref, 0.01, devices=(device,)))
+            observer.claim_done(ClaimOperation("prepare", ref, 0.01, devices=(GPU_0,)))
             observer.claim_done(ClaimOperation("unprepare", ref, 0.01))
         assert await observer.flush()
         await observer.close()
@@ -385,22 +380,13 @@ def test_the_health_models_device_health_is_a_change(
 ) -> None:
     """core.health.DeviceHealth (the health monitor's) is accepted as it is."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
-    device = PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName(NODE),
-        device_name=DeviceName("gpu-0"),
-        share_id=None,
-        gpu_uuid=GpuUUID("GPU-0"),
-        mode=Mode.EXCLUSIVE,
-        cdi_device_ids=(),
-    )
     observer = reporter(api, Clock())
     change = DeviceHealth(
         DeviceName("gpu-0"), GpuUUID("GPU-0"), Status.UNHEALTHY, "xid-79", "XID 79: fell off"
     )
 
     async def scenario() -> None:
-        observer.claim_done(ClaimOperation("prepare", claim_ref(obj), 0.01, devices=(device,)))
+        observer.claim_done(ClaimOperation("prepare", claim_ref(obj), 0.01, devices=(GPU_0,)))
         observer.device_health_changed(change)
         assert await observer.flush()
         await observer.close()
@@ -418,22 +404,8 @@ def test_first_healthy_report_updates_conditions_without_events(
     """As a health monitor listener: claims remembered from the checkpoint are told."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
 
-    @dataclasses.dataclass(frozen=True)
-    class Prepared:
-        ref: ClaimRef
-        devices: tuple[PlannedDevice, ...]
-
-    device = PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName(NODE),
-        device_name=DeviceName("gpu-0"),
-        share_id=None,
-        gpu_uuid=GpuUUID("GPU-0"),
-        mode=Mode.EXCLUSIVE,
-        cdi_device_ids=(),
-    )
     observer = reporter(api, Clock())
-    observer.remember([Prepared(claim_ref(obj), (device,))])
+    observer.remember([Prepared(claim_ref(obj), (GPU_0,))])
     healthy = DeviceHealth(DeviceName("gpu-0"), GpuUUID("GPU-0"), Status.HEALTHY)
     other = DeviceHealth(DeviceName("gpu-1"), GpuUUID("GPU-1"), Status.HEALTHY)
 

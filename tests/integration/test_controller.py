@@ -10,208 +10,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import AsyncIterator, Callable
 from fractions import Fraction
-from typing import Any
 
 import pytest
 
-from dra_driver.allocator import sentinel_expression
-from dra_driver.controller import Controller, ControllerConfig
 from dra_driver.controller.informer import CLAIMS, Informer
 from dra_driver.controller.leader import lease_action, micro_time
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import (
-    CONTROLLER_CLASS,
     FINALIZER,
     REJECTED_ANNOTATION,
     node_fits_pod,
 )
 from dra_driver.core.quantity import parse_quantity
-from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
-from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import build_inventory, load_spec
 from dra_driver.k8s.client import make_api_client
+from tests.support import controller_env
+from tests.support.controller_env import (
+    DRIVER,
+    GI,
+    JsonObj,
+    allocation_of,
+    events_for,
+    eventually,
+    make_pod,
+    running,
+    seed_node,
+    settled,
+    share_class,
+)
 from tests.support.fakekube import FakeKubeApi
 
-DRIVER = "gpu.fractional.dev"
-GI = 1024**3
-JsonObj = dict[str, Any]
-
-
-# --- seeding ---------------------------------------------------------------------------
+# --- seeding: nodes with zone labels, the class and claims with config -----------------
 
 
 def seed_cluster(api: FakeKubeApi, nodes: dict[str, str]) -> None:
-    """``nodes``: name -> fake GPU spec (e.g. ``h100-80gb:2``)."""
-    settings = NodeSettings(default=GpuSettings(allocator=Allocator.CONTROLLER))
+    """``nodes``: name -> fake GPU spec (e.g. ``h100-80gb:2``); label ``zone: <node>``."""
     for node, spec in nodes.items():
-        api.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": node, "labels": {"zone": node}},
-            }
-        )
-        desired = build_slices(
-            build_inventory(load_spec(spec), node),
-            driver_name=DRIVER,
-            node_name=node,
-            settings=settings,
-            capabilities=Capabilities.for_version(34),
-        )
-        for d in desired:
-            api.create(
-                {
-                    "apiVersion": "resource.k8s.io/v1",
-                    "kind": "ResourceSlice",
-                    "metadata": {"name": f"{node}-{DRIVER}-{d.key}"},
-                    "spec": dict(d.spec),
-                }
-            )
-    api.create(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": CONTROLLER_CLASS},
-            "spec": {
-                "selectors": [{"cel": {"expression": sentinel_expression(DRIVER)}}],
-                "config": [
-                    {
-                        "opaque": {
-                            "driver": DRIVER,
-                            "parameters": {
-                                "apiVersion": "gpu.fractional.dev/v1alpha1",
-                                "kind": "GpuConfig",
-                                "from": "class",
-                            },
-                        }
-                    }
-                ],
+        seed_node(api, node, spec, labels={"zone": node})
+    class_config = {
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {
+                "apiVersion": "gpu.fractional.dev/v1alpha1",
+                "kind": "GpuConfig",
+                "from": "class",
             },
         }
-    )
+    }
+    api.create(share_class(config=[class_config]))
 
 
 def make_claim(
     api: FakeKubeApi, name: str, memory: str = "10Gi", config: list[JsonObj] | None = None
 ) -> JsonObj:
-    return api.create(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": CONTROLLER_CLASS,
-                                "capacity": {"requests": {"memory": memory}},
-                            },
-                        }
-                    ],
-                    "config": config or [],
-                }
-            },
-        }
-    )
-
-
-def make_pod(api: FakeKubeApi, name: str, claim: str, **spec: Any) -> JsonObj:
-    return api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "containers": [{"name": "main", "image": "x"}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                **spec,
-            },
-            "status": {"phase": "Pending"},
-        }
-    )
+    """A claim in ``default``; every claim here carries ``spec.devices.config``."""
+    return controller_env.make_claim(api, name, memory, config=config or [])
 
 
 def claim_of(api: FakeKubeApi, name: str) -> JsonObj:
     return api.get("ResourceClaim", name, "default")
 
 
-def allocation_of(api: FakeKubeApi, name: str) -> JsonObj | None:
-    alloc: JsonObj | None = (claim_of(api, name).get("status") or {}).get("allocation")
-    return alloc
-
-
 def node_of(allocation: JsonObj) -> str:
     return str(allocation["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
-
-
-def events_for(api: FakeKubeApi, claim: str, reason: str | None = None) -> list[JsonObj]:
-    return [
-        e
-        for e in api.objects("Event")
-        if e["involvedObject"]["name"] == claim and reason in (None, e["reason"])
-    ]
-
-
-# --- running ---------------------------------------------------------------------------
-
-
-def config(identity: str = "ctrl-1") -> ControllerConfig:
-    return ControllerConfig(
-        driver_name=DRIVER,
-        identity=identity,
-        lease_duration_s=2.0,
-        renew_interval_s=0.3,
-        retry_interval_s=0.2,
-        read_timeout_s=0.5,
-        resync_s=5.0,
-        retry_unfit_s=1.0,
-        error_backoff_s=0.1,
-    )
-
-
-@contextlib.asynccontextmanager
-async def running(
-    api: FakeKubeApi, identity: str = "ctrl-1", *, claim_watch_lag_s: float = 0.0
-) -> AsyncIterator[Controller]:
-    """A running controller; ``claim_watch_lag_s`` delays every claim watch event it
-    sees (a slow watch: only the assume cache shows its own recent writes)."""
-    controller = Controller(make_api_client(None, host=api.url), config(identity))
-    if claim_watch_lag_s:
-        informer = controller.claims
-        apply = informer._apply
-        loop = asyncio.get_running_loop()
-
-        def lagging(etype: str, obj: JsonObj) -> None:
-            loop.call_later(claim_watch_lag_s, apply, etype, obj)
-
-        informer._apply = lagging  # type: ignore[method-assign]
-    stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
-    try:
-        await asyncio.wait_for(controller.synced(), 10)
-        yield controller
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-
-
-async def eventually(cond: Callable[[], object], timeout: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.05)
-
-
-async def settled(controller: Controller, rounds: int = 3) -> None:
-    """The worker has nothing left (checked a few times, the watch may still deliver)."""
-    for _ in range(rounds):
-        await eventually(lambda: controller.elector.is_leader and controller.queue.idle())
-        await asyncio.sleep(0.2)
 
 
 # --- tests -----------------------------------------------------------------------------
@@ -392,9 +253,9 @@ def test_only_the_leader_writes(fake_kube: FakeKubeApi) -> None:
     make_claim(fake_kube, "c2")
 
     async def scenario() -> None:
-        async with running(fake_kube, "one") as one:
+        async with running(fake_kube, identity="one") as one:
             await eventually(lambda: one.elector.is_leader)
-            async with running(fake_kube, "two") as two:
+            async with running(fake_kube, identity="two") as two:
                 await asyncio.sleep(0.5)
                 make_pod(fake_kube, "p1", "c1")
                 await eventually(lambda: allocation_of(fake_kube, "c1") is not None)
@@ -405,7 +266,7 @@ def test_only_the_leader_writes(fake_kube: FakeKubeApi) -> None:
                 assert lease["spec"]["holderIdentity"] == "one"
                 await asyncio.sleep(0)
             # "two" stopped without ever leading; now "one" stops and releases, a new one leads
-        async with running(fake_kube, "three") as three:
+        async with running(fake_kube, identity="three") as three:
             await eventually(lambda: three.elector.is_leader, timeout=5)
             make_pod(fake_kube, "p2", "c2")
             await eventually(lambda: allocation_of(fake_kube, "c2") is not None)
@@ -421,12 +282,12 @@ def test_restart_rebuilds_the_ledger_from_allocated_claims(fake_kube: FakeKubeAp
     fits = int(capacity // (10 * GI))
 
     async def scenario() -> None:
-        async with running(fake_kube, "first"):
+        async with running(fake_kube, identity="first"):
             for i in range(4):
                 make_claim(fake_kube, f"a{i}")
                 make_pod(fake_kube, f"pa{i}", f"a{i}")
             await eventually(lambda: _allocated(fake_kube) == 4)
-        async with running(fake_kube, "second") as second:
+        async with running(fake_kube, identity="second") as second:
             for i in range(fits):
                 make_claim(fake_kube, f"b{i}")
                 make_pod(fake_kube, f"pb{i}", f"b{i}")

@@ -76,6 +76,22 @@ async def fake_monitor(
     return backend, monitor, clock
 
 
+async def probing_monitor(
+    gpus: str, *, probe_interval: float
+) -> tuple[FakeGpuBackend, HealthMonitor]:
+    """A monitor on the real clock with default settings; ``probe_interval`` 0: no probe."""
+    backend = FakeGpuBackend(gpus, NODE)
+    monitor = HealthMonitor(
+        backend,
+        await backend.inventory(),
+        driver_name=DRIVER,
+        pool_name=NODE,
+        settings=HealthSettings(),
+        probe_interval=probe_interval,
+    )
+    return backend, monitor
+
+
 # --- the monitor, driven by hand (fake clock) -------------------------------------------
 
 
@@ -174,15 +190,7 @@ def test_fatal_xid_clears_when_the_gpu_is_reset() -> None:
 
 def test_probe_off_still_reports_every_30_seconds() -> None:
     async def scenario() -> None:
-        backend = FakeGpuBackend("l4", NODE)
-        monitor = HealthMonitor(
-            backend,
-            await backend.inventory(),
-            driver_name=DRIVER,
-            pool_name=NODE,
-            settings=HealthSettings(),
-            probe_interval=0,
-        )
+        backend, monitor = await probing_monitor("l4", probe_interval=0)
         assert (monitor.probe_enabled, monitor.interval, monitor.timeout_seconds) == (
             False,
             30.0,
@@ -198,15 +206,7 @@ def test_probe_off_still_reports_every_30_seconds() -> None:
 
 def test_run_consumes_events_and_checks_periodically() -> None:
     async def scenario() -> None:
-        backend = FakeGpuBackend("h100-80gb:2", NODE)
-        monitor = HealthMonitor(
-            backend,
-            await backend.inventory(),
-            driver_name=DRIVER,
-            pool_name=NODE,
-            settings=HealthSettings(),
-            probe_interval=0.02,
-        )
+        backend, monitor = await probing_monitor("h100-80gb:2", probe_interval=0.02)
         task = asyncio.create_task(monitor.run())
         try:
             backend.inject(HealthEvent((await backend.inventory()).gpus[0].uuid, 95))

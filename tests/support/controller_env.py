@@ -30,32 +30,43 @@ JsonObj = dict[str, Any]
 
 def seed_cluster(api: FakeKubeApi, nodes: dict[str, str]) -> None:
     """``nodes``: name -> fake GPU spec (e.g. ``h100-80gb:2``); plus the shared class."""
-    settings = NodeSettings(default=GpuSettings(allocator=Allocator.CONTROLLER))
     for node, spec in nodes.items():
-        api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-        for d in build_slices(
-            build_inventory(load_spec(spec), node),
-            driver_name=DRIVER,
-            node_name=node,
-            settings=settings,
-            capabilities=Capabilities.for_version(34),
-        ):
-            api.create(
-                {
-                    "apiVersion": "resource.k8s.io/v1",
-                    "kind": "ResourceSlice",
-                    "metadata": {"name": f"{node}-{DRIVER}-{d.key}"},
-                    "spec": dict(d.spec),
-                }
-            )
-    api.create(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": CONTROLLER_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": sentinel_expression(DRIVER)}}]},
-        }
-    )
+        seed_node(api, node, spec)
+    api.create(share_class())
+
+
+def seed_node(api: FakeKubeApi, node: str, spec: str, labels: dict[str, str] | None = None) -> None:
+    """A Node (with ``labels``) and the ResourceSlices of its fake GPUs ``spec``."""
+    metadata: JsonObj = {"name": node} if labels is None else {"name": node, "labels": labels}
+    api.create({"apiVersion": "v1", "kind": "Node", "metadata": metadata})
+    for d in build_slices(
+        build_inventory(load_spec(spec), node),
+        driver_name=DRIVER,
+        node_name=node,
+        settings=NodeSettings(default=GpuSettings(allocator=Allocator.CONTROLLER)),
+        capabilities=Capabilities.for_version(34),
+    ):
+        api.create(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{node}-{DRIVER}-{d.key}"},
+                "spec": dict(d.spec),
+            }
+        )
+
+
+def share_class(config: list[JsonObj] | None = None) -> JsonObj:
+    """The DeviceClass ``share.gpu.fractional.dev`` (sentinel selector), with ``config``."""
+    spec: JsonObj = {"selectors": [{"cel": {"expression": sentinel_expression(DRIVER)}}]}
+    if config is not None:
+        spec["config"] = config
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": CONTROLLER_CLASS},
+        "spec": spec,
+    }
 
 
 def make_namespace(api: FakeKubeApi, name: str, quota: str | None = None) -> JsonObj:
@@ -75,31 +86,41 @@ def set_quota(api: FakeKubeApi, name: str, quota: str) -> None:
     api.update(namespace)
 
 
-def make_claim(api: FakeKubeApi, name: str, memory: str, namespace: str = "default") -> JsonObj:
+def make_claim(
+    api: FakeKubeApi,
+    name: str,
+    memory: str,
+    namespace: str = "default",
+    config: list[JsonObj] | None = None,
+) -> JsonObj:
+    """A claim for ``memory`` of a share; ``config``: its ``spec.devices.config``."""
+    devices: JsonObj = {
+        "requests": [
+            {
+                "name": "gpu",
+                "exactly": {
+                    "deviceClassName": CONTROLLER_CLASS,
+                    "capacity": {"requests": {"memory": memory}},
+                },
+            }
+        ]
+    }
+    if config is not None:
+        devices["config"] = config
     return api.create(
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": CONTROLLER_CLASS,
-                                "capacity": {"requests": {"memory": memory}},
-                            },
-                        }
-                    ]
-                }
-            },
+            "spec": {"devices": devices},
         }
     )
 
 
-def make_pod(api: FakeKubeApi, name: str, claim: str, namespace: str = "default") -> JsonObj:
-    """An unscheduled pod that uses ``claim``."""
+def make_pod(
+    api: FakeKubeApi, name: str, claim: str, namespace: str = "default", **spec: Any
+) -> JsonObj:
+    """An unscheduled pod that uses ``claim``; ``spec`` adds pod spec fields (nodeSelector)."""
     return api.create(
         {
             "apiVersion": "v1",
@@ -108,6 +129,7 @@ def make_pod(api: FakeKubeApi, name: str, claim: str, namespace: str = "default"
             "spec": {
                 "containers": [{"name": "main", "image": "x"}],
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                **spec,
             },
             "status": {"phase": "Pending"},
         }

@@ -16,7 +16,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "dra_driver"
 # (library prefix, folders or files under dra_driver/ allowed to import it)
 OWNERS = {
     "kubernetes": ("k8s/",),
-    "pynvml": ("gpu/nvml.py",),
+    # Only the backend imports it; the other gpu/nvml/ modules get it (or the tests' fake) from it.
+    "pynvml": ("gpu/nvml/backend.py",),
     "grpc": ("kubeletplugin/", "testing/kubelet.py", "_gen/"),
     "prometheus_client": ("observability/", "controller/metrics.py"),
 }
