@@ -99,6 +99,35 @@ def device_of(result: Obj, devices: dict[DeviceKey, Obj]) -> Obj:
     return devices[key]
 
 
+def assert_device_status(example: Example, pod: str, claim_name: str) -> None:
+    """The plugin wrote ``status.devices`` for each of our results (server-side apply):
+    keyed by pool, device and shareID, with Ready and DeviceHealthy True. The chart
+    grants the write (``kubeletPlugin.writeDeviceStatus``, on by default)."""
+    cluster = example.cluster
+    deadline = time.monotonic() + 30
+    while True:
+        claim = example.claim_of(pod, claim_name)
+        wanted = {(r["pool"], r["device"], r.get("shareID")) for r in results(claim, cluster)}
+        entries = {
+            (d["pool"], d["device"], d.get("shareID")): d
+            for d in (claim.get("status") or {}).get("devices") or []
+            if d.get("driver") == cluster.driver
+        }
+        if wanted <= set(entries) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert wanted <= set(entries), (
+        f"claim {claim['metadata']['name']}: no status.devices entry for "
+        f"{sorted(map(str, wanted - set(entries)))} after 30s (see the plugin's log for a "
+        "403 naming the RBAC rule)"
+    )
+    for key in wanted:
+        conditions = {c["type"]: c["status"] for c in entries[key].get("conditions") or []}
+        assert conditions.get("Ready") == "True", (key, entries[key])
+        assert conditions.get("DeviceHealthy") == "True", (key, entries[key])
+        assert (entries[key].get("data") or {}).get("mode"), (key, entries[key])
+
+
 def memory(result: Obj) -> int:
     consumed = result.get("consumedCapacity") or {}
     assert "memory" in consumed, f"no consumedCapacity.memory in {result}"
@@ -125,6 +154,7 @@ def test_whole_gpu(cluster: Cluster, example: ApplyExample) -> None:
     assert attribute(device, "type") == "gpu"
     text = ex.wait_logs("pod0", "/dev/nvidia")
     assert GPU_NODE.search(text), f"no /dev/nvidiaN device node in pod0:\n{text}"
+    assert_device_status(ex, "pod0", "gpu")
 
 
 def test_vram_share(cluster: Cluster, example: ApplyExample) -> None:
@@ -138,6 +168,7 @@ def test_vram_share(cluster: Cluster, example: ApplyExample) -> None:
     device = device_of(result, published_devices(cluster))
     assert device.get("allowMultipleAllocations")
     assert_share_env(ex, "pod0", device)
+    assert_device_status(ex, "pod0", "gpu")
 
 
 def test_two_pods_different_limits(cluster: Cluster, example: ApplyExample) -> None:
