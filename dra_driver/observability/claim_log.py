@@ -101,4 +101,6 @@ class ClaimLog:
 
     def claim_done(self, op: ClaimOperation) -> None:
         level = logging.INFO if op.ok else logging.WARNING
+        if not self.logger.isEnabledFor(level):
+            return  # the line and its fields cost more than the check, per claim
         self.logger.log(level, "%s", message(op), extra={"fields": claim_fields(op)})
