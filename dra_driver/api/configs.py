@@ -33,7 +33,9 @@ Rules (dra-facts 3.3-3.5, 5.2; ARCHITECTURE 3.4), and the decisions made here:
 Limits: :func:`granted_limits` takes ``consumedCapacity`` when the result has one
 (native path), else the trusted grant (controller path), else the whole GPU
 (exclusive). When both ``consumedCapacity`` and a grant exist they must agree.
-:func:`apply_overrides` lets a ``GpuConfig``'s ``mps`` section only *lower* them.
+:func:`apply_overrides` lets a ``GpuConfig``'s ``mps`` section only *lower* them,
+and adds its soft memory limit (``mps.memorySoftLimit``), which must fit under the
+resulting hard limit (the granted memory, after any ``mps.memoryLimit``).
 A granted ``computePercent`` of 0 means "no SM cap" and compares as 100. The
 overrides are numbers only: the planner applies them only on MPS-shared GPUs.
 """
@@ -56,7 +58,7 @@ from dra_driver.api.types import (
     TimeSliceInterval,
     TimeSlicingConfig,
 )
-from dra_driver.api.validate import invalid
+from dra_driver.api.validate import invalid, soft_limit_above_hard
 from dra_driver.core.errors import InvalidConfigError
 from dra_driver.core.model import DeviceResult, OpaqueConfig
 from dra_driver.core.quantity import format_bytes, parse_whole
@@ -114,6 +116,11 @@ def _merge_mps(base: MpsConfig | None, over: MpsConfig | None) -> MpsConfig | No
         ),
         memory_limit_bytes=(
             base.memory_limit_bytes if over.memory_limit_bytes is None else over.memory_limit_bytes
+        ),
+        memory_soft_limit_bytes=(
+            base.memory_soft_limit_bytes
+            if over.memory_soft_limit_bytes is None
+            else over.memory_soft_limit_bytes
         ),
     )
 
@@ -285,7 +292,11 @@ def _on(granted: Limits) -> str:
 
 
 def apply_overrides(granted: Limits, config: GpuConfig) -> Limits:
-    """``granted`` lowered by ``config.mps``; asking for more is an :class:`InvalidConfigError`."""
+    """``granted`` lowered by ``config.mps``; asking for more is an :class:`InvalidConfigError`.
+
+    ``mps.memorySoftLimit`` becomes :attr:`Limits.soft_memory_bytes`; one above the
+    hard limit (the granted memory after any ``mps.memoryLimit``) is an error too.
+    """
     if config.mps is None:
         return granted
     memory, percent = granted.memory_bytes, granted.compute_percent
@@ -311,7 +322,13 @@ def apply_overrides(granted: Limits, config: GpuConfig) -> Limits:
                 f"1 to {cap} (a config may only lower what was granted)",
             )
         percent = wanted
-    return Limits(memory, percent, granted.device, granted.origin)
+    soft = config.mps.memory_soft_limit_bytes
+    if soft is not None and soft > memory:
+        hard_is = (
+            "mps.memoryLimit" if limit is not None else f"what this claim was granted{_on(granted)}"
+        )
+        raise soft_limit_above_hard(soft, memory, hard_is)
+    return Limits(memory, percent, granted.device, granted.origin, soft_memory_bytes=soft)
 
 
 def limits_for(result: DeviceResult, effective: EffectiveConfig, total_memory_bytes: int) -> Limits:

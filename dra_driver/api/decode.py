@@ -8,7 +8,7 @@ and lists what is allowed. Decisions:
 * ``apiVersion`` must be exactly ``<driver name>/v1alpha1``; the driver name is
   a parameter because it is configurable.
 * Integers must be JSON integers (``true`` and ``25.0`` are refused).
-  Quantities (``memory``, ``memoryLimit``) accept a Kubernetes quantity string
+  Quantities (``memory``, ``memoryLimit``, ``memorySoftLimit``) accept a Kubernetes quantity string
   (``"10Gi"``) or a JSON integer (bytes), and must be whole bytes.
 * ``null`` is not "absent": a section or field written as ``null`` is refused
   as the wrong type, so a typo cannot silently drop a limit.
@@ -48,7 +48,7 @@ _FIELDS: dict[Kind, tuple[str, ...]] = {
     Kind.GPU_SHARE: ("computePercent", "memory"),
     Kind.GPU_SHARE_GRANT: ("computePercent", "device", "memory", "shareID"),
 }
-_MPS_FIELDS = ("computePercent", "memoryLimit")
+_MPS_FIELDS = ("computePercent", "memoryLimit", "memorySoftLimit")
 _TIME_SLICING_FIELDS = ("interval",)
 _STRATEGY_HINT = (
     "none: the sharing strategy is the GPU's (a node setting, published as the"
@@ -121,12 +121,16 @@ def _decode_gpu_config(body: Mapping[str, Any]) -> GpuConfig:
     mps = time_slicing = mig = None
     if "mps" in body:
         raw = _object(kind, "mps", body["mps"], _MPS_FIELDS)
-        percent = memory = None
+        percent = memory = soft = None
         if "computePercent" in raw:
             percent = _int(kind, "mps.computePercent", raw["computePercent"], "1 to 100")
         if "memoryLimit" in raw:
             memory = _quantity(kind, "mps.memoryLimit", raw["memoryLimit"])
-        mps = MpsConfig(compute_percent=percent, memory_limit_bytes=memory)
+        if "memorySoftLimit" in raw:
+            soft = _quantity(kind, "mps.memorySoftLimit", raw["memorySoftLimit"])
+        mps = MpsConfig(
+            compute_percent=percent, memory_limit_bytes=memory, memory_soft_limit_bytes=soft
+        )
     if "timeSlicing" in body:
         raw = _object(kind, "timeSlicing", body["timeSlicing"], _TIME_SLICING_FIELDS)
         interval = None
@@ -213,6 +217,8 @@ def encode_config(obj: ApiObject, driver_name: str = DEFAULT_DRIVER_NAME) -> dic
                     mps["computePercent"] = obj.mps.compute_percent
                 if obj.mps.memory_limit_bytes is not None:
                     mps["memoryLimit"] = format_bytes(obj.mps.memory_limit_bytes)
+                if obj.mps.memory_soft_limit_bytes is not None:
+                    mps["memorySoftLimit"] = format_bytes(obj.mps.memory_soft_limit_bytes)
                 body["mps"] = mps
             if obj.time_slicing is not None:
                 interval = obj.time_slicing.interval

@@ -12,9 +12,12 @@ Three kinds, one tagged union (:data:`ApiObject`), dispatched with ``match``:
     ``timeSlicing`` on time-sliced ones): the strategy is the GPU's, published as
     the ``sharing`` attribute, never a claim's, so there is no field to choose it.
 
-    * ``mps: {computePercent: 1..100, memoryLimit: quantity > 0}``: may only
-      *lower* the granted compute percent / memory
-      (:func:`~dra_driver.api.configs.apply_overrides`).
+    * ``mps: {computePercent: 1..100, memoryLimit: quantity > 0,
+      memorySoftLimit: quantity > 0}``: ``computePercent`` and ``memoryLimit``
+      may only *lower* the granted compute percent / memory
+      (:func:`~dra_driver.api.configs.apply_overrides`); ``memorySoftLimit``
+      asks for a soft device-memory limit no larger than the share's memory
+      (see :class:`MpsConfig`).
     * ``timeSlicing: {interval: Default|Short|Medium|Long}``.
     * ``mig: {}``: reserved for MIG options; it has no fields yet, so any field
       in it is rejected. Accepted so that classes can carry it forward-compatibly.
@@ -75,6 +78,24 @@ class MpsConfig:
     """``computePercent``: active thread percentage, 1..100."""
     memory_limit_bytes: int | None = None
     """``memoryLimit``: pinned device-memory limit in bytes, > 0."""
+    memory_soft_limit_bytes: int | None = None
+    """``memorySoftLimit``: soft device-memory limit in bytes, > 0; ``None``: none.
+
+    The device memory each container of the share is guaranteed before its
+    allocations may fail under memory pressure (NVML's ``softLimit``); the hard
+    limit stays the share's memory. It must not exceed the share's memory, the
+    hard limit: what the allocation granted, after any ``memoryLimit``; more
+    fails the claim with a message naming both values.
+
+    Only the cgroup v2 ``dmem`` hook enforces it (written to the container's
+    ``dmem.min``), so it has an effect only on an MPS-shared GPU for which the
+    node found a ``dmem`` region (Linux 6.14+, an NVIDIA driver that registers
+    one); elsewhere it is accepted and does nothing, and nothing is logged per
+    claim. Caveat: ``dmem`` shares ``memory.min``'s hierarchical rule, under
+    which a cgroup's protection is capped by its ancestors' (the pod's and
+    ``kubepods`` cgroups'); where they have no ``dmem.min`` (the default) the
+    container's protects nothing yet (not verified on a dmem-capable node).
+    """
 
 
 @dataclass(frozen=True)
@@ -145,6 +166,9 @@ class Limits:
     device: str = ""
     """The device the limits are for; used in messages."""
     origin: LimitsOrigin = LimitsOrigin.WHOLE_GPU
+    soft_memory_bytes: int | None = None
+    """The soft memory limit a config asked for (``mps.memorySoftLimit``), at most
+    :attr:`memory_bytes`; ``None``: none."""
 
     @property
     def effective_compute_percent(self) -> int:

@@ -47,12 +47,37 @@ def _check_memory(kind: Kind, path: str, value: int) -> None:
 
 
 def validate_gpu_config(config: GpuConfig) -> None:
-    """``mps.computePercent`` 1..100, ``mps.memoryLimit`` > 0; other sections need nothing."""
-    if config.mps is not None:
-        if config.mps.compute_percent is not None:
-            _check_percent(Kind.GPU_CONFIG, "mps.computePercent", config.mps.compute_percent, 1)
-        if config.mps.memory_limit_bytes is not None:
-            _check_memory(Kind.GPU_CONFIG, "mps.memoryLimit", config.mps.memory_limit_bytes)
+    """``mps.computePercent`` 1..100; ``mps.memoryLimit`` and ``mps.memorySoftLimit`` > 0,
+    the soft limit no larger than a ``memoryLimit`` in the same config.
+
+    Other sections need nothing. That the soft limit fits the share's memory
+    (the grant, lowered by the merged configs) is checked where the grant is
+    known: :func:`~dra_driver.api.configs.apply_overrides`.
+    """
+    mps = config.mps
+    if mps is None:
+        return
+    if mps.compute_percent is not None:
+        _check_percent(Kind.GPU_CONFIG, "mps.computePercent", mps.compute_percent, 1)
+    if mps.memory_limit_bytes is not None:
+        _check_memory(Kind.GPU_CONFIG, "mps.memoryLimit", mps.memory_limit_bytes)
+    soft = mps.memory_soft_limit_bytes
+    if soft is not None:
+        _check_memory(Kind.GPU_CONFIG, "mps.memorySoftLimit", soft)
+        hard = mps.memory_limit_bytes
+        if hard is not None and soft > hard:
+            raise soft_limit_above_hard(soft, hard, "mps.memoryLimit")
+
+
+def soft_limit_above_hard(soft: int, hard: int, hard_is: str) -> InvalidConfigError:
+    """``mps.memorySoftLimit`` above the hard limit ``hard`` (``hard_is`` says what that is)."""
+    limit = format_bytes(hard)
+    return invalid(
+        Kind.GPU_CONFIG,
+        "mps.memorySoftLimit",
+        f"{format_bytes(soft)} exceeds the hard memory limit of {limit} ({hard_is})",
+        f"1 to {limit} (a soft limit is at most the share's hard limit)",
+    )
 
 
 def validate_gpu_share(share: GpuShare) -> None:

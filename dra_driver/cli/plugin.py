@@ -18,6 +18,7 @@ from dra_driver.cli.flags import (
     _seconds,
     add_flag,
 )
+from dra_driver.core.ports import GpuBackend
 from dra_driver.dmemhook import DEFAULT_HOOK_DIR
 from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.claim_reporting import ClaimReporter
@@ -121,6 +122,13 @@ def _plugin_parser(sub: Any) -> None:
         "pod UID; gives this pod its own socket names so a maxSurge update can overlap",
     )
     _gpu_flags(plugin)
+    add_flag(
+        plugin,
+        "--fake-health-dir",
+        "fake backend: directory watched for fault-injection files (XIDs, lost GPUs, resets; "
+        "format in dra_driver/gpu/fake_health.py); default <plugin dir>/fake-health; "
+        "ignored with --backend nvml",
+    )
     add_flag(plugin, "--kubeconfig", "kubeconfig file; in-cluster config when unset")
     add_flag(plugin, "--driver-root", "NVIDIA driver install root (NVML backend)", default="/")
     add_flag(plugin, "--proc-root", "the host's /proc (MIG capability files)", default="/proc")
@@ -197,7 +205,7 @@ def _run_plugin(args: argparse.Namespace) -> int:
     config.validate()
     port = metrics_port(args.metrics_port)
     metrics = PluginMetrics() if port else None
-    backend = _backend(args, config.node_name)
+    backend = _plugin_backend(args, config.node_name, plugin_dir)
     api_client = make_api_client(args.kubeconfig)
     claims = KubernetesClaimSource(api_client)
     publisher = SlicePublisher(
@@ -224,6 +232,17 @@ def _run_plugin(args: argparse.Namespace) -> int:
         claims.close()
         publisher.close()
     return 0
+
+
+def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -> GpuBackend:
+    """The GPU backend; the fake one watches ``--fake-health-dir`` for injected faults."""
+    if args.backend != "fake":
+        return _backend(args, node_name)
+    from dra_driver.gpu.fake import FakeGpuBackend
+    from dra_driver.gpu.fake_health import DIR_NAME
+
+    health_dir = args.fake_health_dir or os.path.join(plugin_dir, DIR_NAME)
+    return FakeGpuBackend(args.fake_gpus, node_name, health_dir=health_dir)
 
 
 def claim_reporting(

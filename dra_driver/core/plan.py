@@ -19,7 +19,8 @@ The plan's CDI spec holds what every container of the claim needs that the
 plan can know: the GPU's device node and the node's common edits (driver
 libraries, control nodes), and, for an MPS share of a GPU with cgroup v2
 ``dmem`` regions (:class:`DmemHookSettings`, detected at start), the
-``createContainer`` hook that sets each container's device-memory limit.
+``createContainer`` hook that sets each container's device-memory limit (and
+the soft limit the claim's ``mps.memorySoftLimit`` asks for).
 Edits that only exist once a side effect has run (an MPS namespace's pipe
 directory, a new MIG instance's capability nodes) are added by the engine when
 it applies the plan.
@@ -79,8 +80,12 @@ class DmemHookSettings:
     registers a region for it, each container of an MPS share gets a CDI
     ``createContainer`` hook (``dra_driver/dmemhook/dmem-hook.sh``, installed on
     the host) that writes the share's memory limit into the container's
-    ``dmem.max`` (its cgroup does not exist at prepare time). The limit is per
-    container: two containers of one pod that use one claim may each use it.
+    ``dmem.max`` (its cgroup does not exist at prepare time) and, when the
+    claim's config asks for one (``mps.memorySoftLimit``), its soft limit into
+    ``dmem.min``. The limits are per container: two containers of one pod that
+    use one claim may each use them. A GPU without regions gets no hook, and a
+    soft limit asked for a share of it has no effect (silently: the field's
+    documentation says so, and detection logs the node's dmem state once).
     """
 
     hook_path: str
@@ -254,6 +259,7 @@ def plan_prepare(
 
     planned: list[PlannedDevice] = []
     cdi_devices: list[CdiDevice] = []
+    soft_limits: list[int | None] = []  # per planned device: mps.memorySoftLimit (dmem hook)
     migs = mig_targets(inventory)
     for (device, share_id), group in sorted(
         groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
@@ -269,7 +275,7 @@ def plan_prepare(
             )
         # The strongest use wins when two results name one device.
         mode = max((_mode(r, gpu, target, ctx, claim) for r in group), key=_MODE_STRENGTH.index)
-        limits = _limits(claim, group, gpu, ctx) if mode is Mode.MPS else None
+        limits, soft = _limits(claim, group, gpu, ctx) if mode is Mode.MPS else (None, None)
         _check_conflicts(claim, device, mode, in_use or {})
         if limits is not None:
             _check_fits(
@@ -281,6 +287,7 @@ def plan_prepare(
                 in_use=in_use or {},
             )
         name = cdi_device_name(claim.ref.uid, device, share_id)
+        soft_limits.append(soft)
         cdi_devices.append(CdiDevice(name=name, edits=_gpu_edits(gpu, ctx.fake_device_nodes)))
         planned.append(
             PlannedDevice(
@@ -296,7 +303,7 @@ def plan_prepare(
             )
         )
     if ctx.dmem is not None:
-        cdi_devices = _with_dmem_hooks(cdi_devices, planned, ctx.dmem)
+        cdi_devices = _with_dmem_hooks(cdi_devices, planned, soft_limits, ctx.dmem)
     spec = CdiSpec(
         kind=ctx.cdi_kind,
         devices=tuple(cdi_devices),
@@ -355,10 +362,17 @@ def _has_grant(result: DeviceResult, claim: ResourceClaim, ctx: NodeContext) -> 
 
 def _limits(
     claim: ResourceClaim, group: Sequence[DeviceResult], gpu: GpuInfo, ctx: NodeContext
-) -> ShareLimits:
-    """The share's limits: what the allocation granted, lowered by the claim's config."""
+) -> tuple[ShareLimits, int | None]:
+    """The share's limits: what the allocation granted, lowered by the claim's config;
+    and the soft memory limit its config asks for (``mps.memorySoftLimit``), or None.
+
+    The soft limit is kept out of :class:`ShareLimits` (which the checkpoint
+    records): only the dmem hook uses it, and the hook's arguments are in the
+    CDI spec the checkpoint keeps.
+    """
     usable = gpu.memory_bytes - ctx.settings.memory_reserve_bytes
     memory, percent = usable, 0
+    softs: list[int] = []
     for result in group:
         try:
             effective = effective_config(result, claim.configs, ctx.driver_name)
@@ -368,7 +382,12 @@ def _limits(
         memory = min(memory, limits.memory_bytes)
         if limits.compute_percent:
             percent = min(percent or 100, limits.compute_percent)
-    return ShareLimits(memory_bytes=memory, compute_percent=percent)
+        if limits.soft_memory_bytes is not None:
+            softs.append(limits.soft_memory_bytes)
+    # Each result's soft limit fits its own hard limit (apply_overrides); two
+    # results of one share take the smallest of each, so clip the soft to the hard.
+    soft = min([*softs, memory]) if softs else None
+    return ShareLimits(memory_bytes=memory, compute_percent=percent), soft
 
 
 def _check_fits(
@@ -419,8 +438,12 @@ def dmem_hook(
     """The ``createContainer`` hook that sets a container's dmem limits.
 
     ``memory_bytes`` goes to ``dmem.max`` (hard); ``soft_memory_bytes``, when
-    given, to ``dmem.min`` (NVIDIA's soft limit). The plan passes no soft limit
-    yet: ``GpuConfig`` has no field for one.
+    given, to ``dmem.min``: NVML defines a cgroup's soft limit as the memory
+    "guaranteed before allocations may fail due to memory pressure"
+    (``nvmlSetMemoryLimits_v1_t``), which is ``dmem.min``'s protection (memory
+    below it is not evicted; above it, up to ``dmem.max``, it may be). The plan
+    passes the claim's ``mps.memorySoftLimit``; without one the arguments are
+    those of a hard limit alone.
     """
     args = ["dmem-hook.sh"]
     if settings.strict:
@@ -438,17 +461,46 @@ def dmem_hook(
     )
 
 
+def mps_soft_memory_on(
+    devices: Sequence[PlannedDevice], soft_limits: Sequence[int | None], gpu_uuid: GpuUUID
+) -> int | None:
+    """A claim's soft memory limit on one GPU: the sum of its shares' there (None: none asked).
+
+    Summed like :func:`mps_memory_on`'s hard limits (``count > 1`` on one GPU
+    is one namespace and one cgroup limit for the claim's containers); a share
+    without a soft limit adds nothing, so the sum stays at most the hard sum.
+    """
+    asked = [
+        soft
+        for device, soft in zip(devices, soft_limits, strict=True)
+        if device.mode is Mode.MPS and device.gpu_uuid == gpu_uuid and soft is not None
+    ]
+    return sum(asked) if asked else None
+
+
 def _with_dmem_hooks(
-    cdi_devices: Sequence[CdiDevice], planned: Sequence[PlannedDevice], dmem: DmemHookSettings
+    cdi_devices: Sequence[CdiDevice],
+    planned: Sequence[PlannedDevice],
+    soft_limits: Sequence[int | None],
+    dmem: DmemHookSettings,
 ) -> list[CdiDevice]:
-    """Each MPS share of a GPU with dmem regions gets the hook with the claim's memory there."""
+    """Each MPS share of a GPU with dmem regions gets the hook with the claim's memory
+    there (and its soft limit, when asked). A GPU without regions gets none, so a soft
+    limit asked there has no effect; nothing is logged per claim."""
     out = []
     for cdi, device in zip(cdi_devices, planned, strict=True):
         regions = dmem.regions.get(device.gpu_uuid, ())
         if device.mode is not Mode.MPS or not regions:
             out.append(cdi)
             continue
-        hook = dmem_hook(dmem, regions, mps_memory_on(planned, device.gpu_uuid))
+        # count > 1 on one GPU: the claim's hard limits there are summed, and so
+        # are its soft limits (one namespace, one dmem limit per container).
+        hook = dmem_hook(
+            dmem,
+            regions,
+            mps_memory_on(planned, device.gpu_uuid),
+            mps_soft_memory_on(planned, soft_limits, device.gpu_uuid),
+        )
         out.append(CdiDevice(cdi.name, merge_edits(cdi.edits, ContainerEdits(hooks=(hook,)))))
     return out
 

@@ -46,11 +46,14 @@ Health: :meth:`FakeGpuBackend.inject_xid` reports an XID as NVML would;
 :meth:`~FakeGpuBackend.inject_reset` resets a GPU as the hardware does: the
 next probe finds it unreachable, the one after answers again. The inventory
 keeps listing a lost GPU (NVML would fail the whole discovery instead).
+With ``health_dir`` the same faults come from files dropped in a directory, for
+a plugin running elsewhere (a pod on kind): see :mod:`dra_driver.gpu.fake_health`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -68,6 +71,15 @@ from dra_driver.core.model import (
     MigDevice,
     MigPlacement,
     MigProfile,
+)
+from dra_driver.gpu.fake_health import (
+    POLL_S,
+    Fault,
+    FaultDirWatcher,
+    FaultKind,
+    describe,
+    gpu_index,
+    mig_uuid,
 )
 from dra_driver.gpu.models import KNOWN_MODELS, GpuModel, MigGeometry, MigProfileSpec
 
@@ -361,9 +373,21 @@ def _describe(device: MigDevice) -> str:
 
 
 class FakeGpuBackend:
-    """A :class:`~dra_driver.core.ports.GpuBackend` over a description, with dynamic MIG."""
+    """A :class:`~dra_driver.core.ports.GpuBackend` over a description, with dynamic MIG.
 
-    def __init__(self, spec: str, node_name: str) -> None:
+    ``health_dir``: a directory of fault-injection files
+    (:mod:`~dra_driver.gpu.fake_health`), checked every ``health_poll_s`` from
+    when :meth:`health_events` is first read until :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        spec: str,
+        node_name: str,
+        *,
+        health_dir: str | None = None,
+        health_poll_s: float = POLL_S,
+    ) -> None:
         entries = load_spec(spec)
         self._inventory = build_inventory(entries, node_name)
         self._models = [
@@ -373,6 +397,10 @@ class FakeGpuBackend:
         self._next_create_error: Exception | None = None
         self._lost: dict[GpuUUID, str] = {}
         self._resetting: set[GpuUUID] = set()
+        self.health_dir = health_dir
+        self._health_poll_s = health_poll_s
+        self._watcher: asyncio.Task[None] | None = None
+        self._closed = False
 
     # -- dynamic MIG ---------------------------------------------------------
 
@@ -528,7 +556,38 @@ class FakeGpuBackend:
                 results[gpu.uuid] = None
         return results
 
+    # -- fault-injection files ----------------------------------------------
+
+    def apply_fault(self, fault: Fault) -> str:
+        """Apply one request of the fault directory; returns what was done, for the log.
+
+        Raises FaultFileError for a GPU or MIG device the fake does not have.
+        """
+        gpus = self._inventory.gpus
+        indexes = range(len(gpus)) if fault.gpu is None else [gpu_index(gpus, fault.gpu)]
+        named = None if fault.gpu is None else gpus[indexes[0]].device_name
+        if fault.kind is FaultKind.XID:
+            (index,) = indexes
+            mig = None if fault.mig is None else mig_uuid(gpus[index], fault.mig)
+            self.inject_xid(index, fault.xid, fault.message, mig_uuid=mig)
+            return describe(fault, named, mig)
+        for index in indexes:
+            if fault.kind is FaultKind.LOST:
+                self.mark_lost(index, fault.message or "GPU is lost: it has fallen off the bus")
+            elif fault.kind is FaultKind.RESTORE:
+                self.restore(index)
+            else:
+                self.inject_reset(index)
+        return describe(fault, named)
+
+    def _start_watcher(self) -> None:
+        if self.health_dir is None or self._watcher is not None or self._closed:
+            return
+        watcher = FaultDirWatcher(self.health_dir, self.apply_fault, self._health_poll_s)
+        self._watcher = asyncio.create_task(watcher.run(), name="fake-health-dir")
+
     async def health_events(self) -> AsyncIterator[HealthEvent]:
+        self._start_watcher()
         while (event := await self._events.get()) is not None:
             yield event
 
@@ -540,4 +599,10 @@ class FakeGpuBackend:
         return self._inventory
 
     async def close(self) -> None:
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
         self._events.put_nowait(None)

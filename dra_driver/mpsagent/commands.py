@@ -362,20 +362,36 @@ def legacy_uid_wait(control_log: str, live_server_pids: Iterable[int]) -> UidWai
             lines = lines[i + 1 :]
             break
     live = set(live_server_pids)
-    servers: dict[int, tuple[int, int]] = {}  # pid -> (uid, line index)
+    # Every server of this daemon: pid -> [uid, start line, exit line (None: no exit)].
+    servers: dict[int, list[int | None]] = {}
     clients: list[tuple[int, int]] = []  # (line index, uid)
     for index, line in enumerate(lines):
         if match := _LOG_SERVER_START.search(line):
-            servers[int(match[1])] = (int(match[2]), index)
-        elif match := _LOG_SERVER_EXIT.search(line):
-            servers.pop(int(match[1]), None)
+            servers[int(match[1])] = [int(match[2]), index, None]
+        elif (match := _LOG_SERVER_EXIT.search(line)) and int(match[1]) in servers:
+            servers[int(match[1])][2] = index
         elif match := _LOG_NEW_CLIENT.search(line):
             clients.append((index, int(match[2])))
-    running = [(index, pid, uid) for pid, (uid, index) in servers.items() if pid in live]
+    running = [
+        (start, pid, uid)
+        for pid, (uid, start, exited) in servers.items()
+        if pid in live and exited is None and uid is not None and start is not None
+    ]
     if not running:
         return None
-    started, pid, uid = max(running)
-    waiting = sorted({c_uid for index, c_uid in clients if index > started and c_uid != uid})
+    _, pid, uid = max(running)
+
+    def served(index: int, c_uid: int) -> bool:
+        # By a server of its UID that was running when it came or started after it
+        # (a queued client is served when the daemon switches to its UID).
+        return any(
+            s_uid == c_uid and (exited is None or exited > index)
+            for s_uid, _, exited in servers.values()
+        )
+
+    # A client of another UID that no server of its UID served waits, however many
+    # switches ago it queued: the daemon serves queued UIDs one after another.
+    waiting = sorted({c_uid for index, c_uid in clients if not served(index, c_uid)})
     return UidWait(pid, uid, tuple(waiting)) if waiting else None
 
 

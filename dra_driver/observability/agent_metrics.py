@@ -34,6 +34,7 @@ METRICS = {
     PREFIX + "mps_daemon_running": "gauge{gpu_uuid}, 1 or 0",
     PREFIX + "mps_daemon_restarts_total": "counter{gpu_uuid}",
     PREFIX + "mps_agent_shares": "gauge{gpu_uuid}",
+    PREFIX + "mps_waiting_uids": "gauge{gpu_uuid}, legacy MPS only",
 }
 
 
@@ -66,11 +67,23 @@ def agent_metrics(status: AgentStatus) -> list[Metric]:
         "MPS shares the agent holds on this GPU (one namespace each under MPS v3).",
         labels=["gpu_uuid"],
     )
+    # Here rather than in the kubelet plugin's metrics: the agent finds the wait, and
+    # reads it at scrape time, so the gauge has no poll lag and no stale value while
+    # the plugin is down or cannot reach the agent; it sits with the other per-GPU
+    # daemon series. The plugin turns the same status into Events.
+    waiting = GaugeMetricFamily(
+        PREFIX + "mps_waiting_uids",
+        "Legacy MPS: UIDs whose MPS clients wait on this GPU until the server of another "
+        "UID exits (legacy MPS serves one UID at a time); 0 when none wait, and always "
+        "under MPS v3.",
+        labels=["gpu_uuid"],
+    )
     for daemon in status.daemons:
         running.add_metric([daemon.gpu_uuid], 1 if daemon.running else 0)
         restarts.add_metric([daemon.gpu_uuid], daemon.restarts)
         shares.add_metric([daemon.gpu_uuid], daemon.shares)
-    return [info, running, restarts, shares]
+        waiting.add_metric([daemon.gpu_uuid], len(set(daemon.waiting_uids)))
+    return [info, running, restarts, shares, waiting]
 
 
 class _AgentCollector(Collector):

@@ -13,7 +13,14 @@
   replaced (``ClaimReplaced``) gets none: there is no object to attach it to;
 * :meth:`ClaimReporter.device_health_changed`, called by the health monitor,
   records an Event on the Node and on every claim using the device, and
-  rewrites those claims' entries with the new ``DeviceHealthy`` condition.
+  rewrites those claims' entries with the new ``DeviceHealthy`` condition;
+* :meth:`ClaimReporter.mps_uid_waiting`, called by ``plugin.mps_watch`` at
+  every poll while a legacy MPS client waits on another UID's server, records
+  a Warning ``MpsUidWait`` Event on the Node and on the claims whose share
+  waits (every MPS claim on that GPU when which ones is not known; the message
+  says so), rate-limited by the recorder; :meth:`ClaimReporter.mps_uid_wait_cleared`
+  a Normal ``MpsUidWaitCleared`` on the Node when the wait is over. Device
+  health is left alone (see ``plugin/mps_watch.py`` for why).
 
 Nothing here blocks the event loop: status writes run as one task per claim
 that always writes the newest wanted state (a prepare then a quick unprepare
@@ -32,10 +39,11 @@ from typing import Protocol
 
 from dra_driver.core.claim_status import HealthSnapshot, HealthStatus, claim_status_entries
 from dra_driver.core.ids import ClaimRef, ClaimUID
-from dra_driver.core.plan import PlannedDevice
+from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter
 from dra_driver.k8s.events import NORMAL, WARNING, EventRecorder, InvolvedObject, now_rfc3339
 from dra_driver.k8s.rest import JsonObj
+from dra_driver.plugin.mps_watch import MpsUidWait
 from dra_driver.plugin.observers import ClaimOperation
 
 log = logging.getLogger(__name__)
@@ -104,6 +112,10 @@ def _matches(device: PlannedDevice, device_name: str, gpu_uuid: str) -> bool:
     if device_name:
         return device.device_name == device_name
     return bool(gpu_uuid) and device.gpu_uuid == gpu_uuid
+
+
+def _mps_on(device: PlannedDevice, gpu_uuid: str) -> bool:
+    return device.mode is Mode.MPS and device.gpu_uuid == gpu_uuid
 
 
 class ClaimReporter:
@@ -231,6 +243,55 @@ class ClaimReporter:
         self._event(InvolvedObject.node(self.node_name), reason, message, event_type)
         for claim in affected:
             self._event(InvolvedObject.claim(claim.ref), reason, message, event_type)
+
+    # --- legacy MPS: a client waiting on another UID ----------------------------------
+
+    def mps_uid_waiting(self, wait: MpsUidWait) -> None:
+        """A Warning ``MpsUidWait`` on the Node and the claims whose share waits.
+
+        Called at every poll while the wait lasts: the recorder writes each Event
+        once per its interval (counted on the one before); a new wait (other UIDs)
+        has another message, so it is a new Event at once.
+        """
+        gpu = f"GPU {wait.gpu_uuid} on node {self.node_name}"
+        unknown = wait.claim_uids is None
+        node_message = f"{gpu}: {wait.describe()}"
+        if unknown:
+            node_message += (
+                ". Which claims' containers wait is not known (the mps-agent records no UID "
+                "for this GPU's shares): every claim with an MPS share on it is told"
+            )
+        elif not wait.claim_uids:
+            node_message += (
+                ". No claim's share on it is of a waiting UID: a container runs as another "
+                "UID than its claim's share was made for"
+            )
+        self._event(InvolvedObject.node(self.node_name), "MpsUidWait", node_message, WARNING)
+        for claim in self._prepared.values():
+            devices = sorted({d.device_name for d in claim.devices if _mps_on(d, wait.gpu_uuid)})
+            if not devices:
+                continue
+            if wait.claim_uids is not None and claim.ref.uid not in wait.claim_uids:
+                continue
+            where = f"This claim's MPS share of {', '.join(devices)} ({gpu})"
+            lead = (
+                f"{where} may be the one waiting (the mps-agent records no UID for it)"
+                if unknown
+                else f"{where} is of a waiting UID: its containers wait"
+            )
+            self._event(
+                InvolvedObject.claim(claim.ref), "MpsUidWait", f"{lead}: {wait.describe()}", WARNING
+            )
+
+    def mps_uid_wait_cleared(self, wait: MpsUidWait) -> None:
+        """A Normal ``MpsUidWaitCleared`` on the Node: nothing waits there any more."""
+        server = "another UID" if wait.server_uid is None else f"UID {wait.server_uid}"
+        message = (
+            f"GPU {wait.gpu_uuid} on node {self.node_name}: no MPS client waits on another "
+            f"UID's server now (client(s) of UID {', '.join(map(str, wait.waiting_uids))} "
+            f"waited on the server of {server})"
+        )
+        self._event(InvolvedObject.node(self.node_name), "MpsUidWaitCleared", message, NORMAL)
 
     def _claims_on(self, device_name: str, gpu_uuid: str) -> list[_Prepared]:
         return [

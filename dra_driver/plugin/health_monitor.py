@@ -14,6 +14,8 @@ list), asks slice publishing to republish when the device taints changed
 with the devices that changed. Every ``interval`` it also re-sends the full
 list unchanged: the kubelet marks a device Unknown when its last report is
 older than ``health_check_timeout_seconds``, which is set to three intervals.
+Every status read from the mps-agent also goes to each of
+:attr:`HealthMonitor.mps_listeners` (``plugin.mps_watch``: legacy MPS UID waits).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from dra_driver.core.errors import DriverError
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 
 HealthListener = Callable[[Sequence[DeviceHealth]], None]
 """Told of the devices whose health changed (Events, claim status, metrics)."""
+
+MpsStatusListener = Callable[[AgentStatus], Awaitable[None]]
+"""Given every status read from the mps-agent (``MpsUidWatch.update``)."""
 
 DEFAULT_INTERVAL_S = 30.0
 """How often to check and report when the probe is off."""
@@ -112,6 +117,8 @@ class HealthMonitor:
         """The kubelet's health streams read this."""
         self.listeners: list[HealthListener] = listeners if listeners is not None else []
         """Called with the devices whose health changed; add yours."""
+        self.mps_listeners: list[MpsStatusListener] = []
+        """Awaited with every status read from the mps-agent; add yours."""
         self.republish: Callable[[], None] | None = None
         """Called when the device taints changed (slice publishing's ``request_publish``)."""
         self._lock = asyncio.Lock()
@@ -229,6 +236,11 @@ class HealthMonitor:
         self._log_restarts(status)
         down = mps_daemons_down(status)
         await self._change(lambda now: self.model.record_mps(down, now))
+        for listener in list(self.mps_listeners):
+            try:
+                await listener(status)
+            except Exception:  # a bug there must not end health reporting
+                log.exception("mps-agent status listener %r failed", listener)
 
     async def tick(self) -> None:
         """Clear problems quiet for long enough, and send the kubelet a fresh report."""

@@ -45,6 +45,7 @@ from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.driver import Driver, ReconcileReport
 from dra_driver.plugin.enforcement import DmemLimits, Enforcer, dmem_hook_settings
 from dra_driver.plugin.health_monitor import HealthListener, HealthMonitor
+from dra_driver.plugin.mps_watch import MpsUidWatch
 from dra_driver.plugin.publishing import ProbeFn, SlicePublishing
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState, read_boot_id
 from dra_driver.state.locks import NodeLock
@@ -246,6 +247,13 @@ class PluginRuntime:
         if self.reporting is not None:
             self.driver.observers.append(self.reporting)
             health.listeners.append(self.reporting.devices_health_changed)
+            if self.config.mps_agent_socket:
+                # Legacy MPS clients waiting on another UID's server: Events (not health).
+                uid_watch = MpsUidWatch(
+                    MpsAgentClient(self.config.mps_agent_socket, timeout=MPS_STATUS_TIMEOUT_S),
+                    [self.reporting],
+                )
+                health.mps_listeners.append(uid_watch.update)
             checkpoint = await asyncio.to_thread(self.driver.checkpoints.load)
             self.reporting.remember(
                 c for c in checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED

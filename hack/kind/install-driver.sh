@@ -8,7 +8,8 @@
 # published.
 #
 # This is the one place that spells out the chart install for e2e: adjust the
-# values here (or pass more with arguments / HELM_EXTRA_ARGS).
+# values here (or pass more with arguments / HELM_EXTRA_ARGS). The liveness probe
+# runs every 5 s instead of 30 s: the health e2e sees a GPU reset after two probes.
 #
 # Usage:       hack/kind/install-driver.sh [EXTRA_HELM_ARGS...]
 #                e.g. hack/kind/install-driver.sh --set kubeletPlugin.logLevel=DEBUG
@@ -53,6 +54,7 @@ fi
   --set-string nodeSettings.defaults.allocator="${ALLOCATOR}" \
   --set controller.enabled="${CONTROLLER_ENABLED}" \
   --set-string kubeletPlugin.cdiHookPath="" \
+  --set kubeletPlugin.health.probeInterval=5 \
   --wait --timeout "${INSTALL_TIMEOUT}" \
   ${extra[@]+"${extra[@]}"} "$@"
 

@@ -111,6 +111,16 @@ def test_applies_to(requests: tuple[str, ...], name: str, applies: bool) -> None
             id="field-by-field",
         ),
         pytest.param(
+            [mps(FROM_CLAIM, memorySoftLimit="2Gi"), mps(FROM_CLASS, memorySoftLimit="4Gi")],
+            MpsConfig(memory_soft_limit_bytes=2 * GI),
+            id="soft-limit-claim-beats-class",
+        ),
+        pytest.param(
+            [mps(FROM_CLASS, memorySoftLimit="4Gi"), mps(FROM_CLAIM, memoryLimit="6Gi")],
+            MpsConfig(memory_limit_bytes=6 * GI, memory_soft_limit_bytes=4 * GI),
+            id="soft-limit-from-class-kept",
+        ),
+        pytest.param(
             [mps(FROM_CLAIM, "gpu", computePercent=30), mps(FROM_CLAIM, computePercent=40)],
             MpsConfig(compute_percent=40),
             id="later-claim-wins",
@@ -328,6 +338,24 @@ GRANTED = Limits(10 * GI, 25, "gpu-0", LimitsOrigin.GRANT)
             Limits(10 * GI, 30, "gpu-0"),
             id="cap-an-uncapped-share",
         ),
+        pytest.param(
+            GRANTED,
+            GpuConfig(mps=MpsConfig(memory_soft_limit_bytes=6 * GI)),
+            Limits(10 * GI, 25, "gpu-0", LimitsOrigin.GRANT, soft_memory_bytes=6 * GI),
+            id="soft-limit-under-the-grant",
+        ),
+        pytest.param(
+            GRANTED,
+            GpuConfig(mps=MpsConfig(memory_soft_limit_bytes=10 * GI)),
+            Limits(10 * GI, 25, "gpu-0", LimitsOrigin.GRANT, soft_memory_bytes=10 * GI),
+            id="soft-limit-equal-to-the-grant",
+        ),
+        pytest.param(
+            GRANTED,
+            GpuConfig(mps=MpsConfig(memory_limit_bytes=4 * GI, memory_soft_limit_bytes=3 * GI)),
+            Limits(4 * GI, 25, "gpu-0", LimitsOrigin.GRANT, soft_memory_bytes=3 * GI),
+            id="soft-limit-under-the-lowered-hard-limit",
+        ),
     ],
 )
 def test_overrides_may_lower(granted: Limits, config: GpuConfig, expected: Limits) -> None:
@@ -350,6 +378,21 @@ def test_overrides_may_lower(granted: Limits, config: GpuConfig, expected: Limit
             "mps.computePercent: 26 exceeds the 25 this claim was granted on gpu-0;"
             " allowed: 1 to 25",
             id="compute",
+        ),
+        pytest.param(
+            GpuConfig(mps=MpsConfig(memory_soft_limit_bytes=12 * GI)),
+            "mps.memorySoftLimit",
+            "mps.memorySoftLimit: 12Gi exceeds the hard memory limit of 10Gi (what this claim"
+            " was granted on gpu-0); allowed: 1 to 10Gi",
+            id="soft-above-the-grant",
+        ),
+        pytest.param(
+            # Built in code (unvalidated): merged configs can pair these, see below.
+            GpuConfig(mps=MpsConfig(memory_limit_bytes=4 * GI, memory_soft_limit_bytes=6 * GI)),
+            "mps.memorySoftLimit",
+            "mps.memorySoftLimit: 6Gi exceeds the hard memory limit of 4Gi (mps.memoryLimit);"
+            " allowed: 1 to 4Gi",
+            id="soft-above-the-lowered-hard-limit",
         ),
     ],
 )
@@ -375,3 +418,18 @@ def test_limits_for_end_to_end_on_the_controller_path() -> None:
     asking_more = [*configs, mps(FROM_CLAIM, computePercent=50)]
     with pytest.raises(InvalidConfigError, match="exceeds the 25 this claim was granted"):
         limits_for(the_result, effective_config(the_result, asking_more), TOTAL)
+
+
+def test_a_soft_limit_must_fit_the_hard_limit_the_merged_configs_leave() -> None:
+    """Class and claim each valid alone; merged, the soft limit exceeds the hard one."""
+    the_result = result(consumed={"memory": "10Gi"})
+    configs = [mps(FROM_CLASS, memoryLimit="4Gi"), mps(FROM_CLAIM, memorySoftLimit="6Gi")]
+    with pytest.raises(InvalidConfigError) as info:
+        limits_for(the_result, effective_config(the_result, configs), TOTAL)
+    assert info.value.field == "mps.memorySoftLimit"
+    assert "6Gi exceeds the hard memory limit of 4Gi (mps.memoryLimit)" in str(info.value)
+
+    # The claim may lower the class's hard limit and set a soft one under it.
+    configs = [mps(FROM_CLASS, memorySoftLimit="3Gi"), mps(FROM_CLAIM, memoryLimit="5Gi")]
+    limits = limits_for(the_result, effective_config(the_result, configs), TOTAL)
+    assert (limits.memory_bytes, limits.soft_memory_bytes) == (5 * GI, 3 * GI)

@@ -54,6 +54,21 @@ def grant(**body: Any) -> dict[str, Any]:
         ),
         pytest.param(gpu_config(mps={}), GpuConfig(mps=MpsConfig()), id="mps-empty"),
         pytest.param(
+            gpu_config(mps={"memoryLimit": "8Gi", "memorySoftLimit": "6Gi"}),
+            GpuConfig(mps=MpsConfig(memory_limit_bytes=8 * GI, memory_soft_limit_bytes=6 * GI)),
+            id="mps-soft-limit",
+        ),
+        pytest.param(
+            gpu_config(mps={"memorySoftLimit": 2048}),
+            GpuConfig(mps=MpsConfig(memory_soft_limit_bytes=2048)),
+            id="mps-soft-limit-alone-integer",
+        ),
+        pytest.param(
+            gpu_config(mps={"memoryLimit": "8Gi", "memorySoftLimit": "8Gi"}),
+            GpuConfig(mps=MpsConfig(memory_limit_bytes=8 * GI, memory_soft_limit_bytes=8 * GI)),
+            id="mps-soft-limit-equal-to-hard",
+        ),
+        pytest.param(
             gpu_config(timeSlicing={"interval": "Long"}),
             GpuConfig(time_slicing=TimeSlicingConfig(TimeSliceInterval.LONG)),
             id="time-slicing",
@@ -168,6 +183,45 @@ def test_driver_name_is_a_parameter() -> None:
             gpu_config(mps={"memoryLimit": "-1Gi"}), "mps.memoryLimit", "above 0", id="mem-neg"
         ),
         pytest.param(
+            gpu_config(mps={"memorySoft": "1Gi"}),
+            "mps.memorySoft",
+            "fields of mps: computePercent, memoryLimit, memorySoftLimit",
+            id="soft-field-name",
+        ),
+        pytest.param(
+            gpu_config(mps={"memorySoftLimit": "6GB"}),
+            "mps.memorySoftLimit",
+            "a quantity string such as 10Gi",
+            id="soft-malformed",
+        ),
+        pytest.param(
+            gpu_config(mps={"memorySoftLimit": True}),
+            "mps.memorySoftLimit",
+            "a quantity string such as 10Gi",
+            id="soft-bool",
+        ),
+        pytest.param(
+            gpu_config(mps={"memorySoftLimit": None}),
+            "mps.memorySoftLimit",
+            "a quantity string such as 10Gi",
+            id="soft-null",
+        ),
+        pytest.param(
+            gpu_config(mps={"memorySoftLimit": "0"}), "mps.memorySoftLimit", "above 0", id="soft-0"
+        ),
+        pytest.param(
+            gpu_config(mps={"memorySoftLimit": "-1Gi"}),
+            "mps.memorySoftLimit",
+            "above 0",
+            id="soft-negative",
+        ),
+        pytest.param(
+            gpu_config(mps={"memoryLimit": "4Gi", "memorySoftLimit": "6Gi"}),
+            "mps.memorySoftLimit",
+            "1 to 4Gi",
+            id="soft-above-hard-in-one-config",
+        ),
+        pytest.param(
             gpu_config(timeSlicing={"interval": "Fast"}),
             "timeSlicing.interval",
             "Default, Short, Medium, Long",
@@ -230,6 +284,14 @@ def test_decode_errors_name_field_and_allowed(parameters: Any, field: str, allow
     [
         pytest.param(GpuConfig(mps=MpsConfig(compute_percent=0)), "mps.computePercent", id="pct"),
         pytest.param(GpuConfig(mps=MpsConfig(memory_limit_bytes=-1)), "mps.memoryLimit", id="m"),
+        pytest.param(
+            GpuConfig(mps=MpsConfig(memory_soft_limit_bytes=0)), "mps.memorySoftLimit", id="soft"
+        ),
+        pytest.param(
+            GpuConfig(mps=MpsConfig(memory_limit_bytes=GI, memory_soft_limit_bytes=GI + 1)),
+            "mps.memorySoftLimit",
+            id="soft-above-hard",
+        ),
         pytest.param(GpuShare(0), "memory", id="share"),
         pytest.param(GpuShareGrant("gpu-0", "x", GI, 0), "shareID", id="grant"),
     ],
@@ -238,3 +300,17 @@ def test_validate_holds_code_built_objects_to_the_same_rules(obj: Any, field: st
     with pytest.raises(InvalidConfigError) as info:
         validate(obj)
     assert info.value.field == field
+
+
+def test_a_soft_limit_above_the_hard_one_names_both_values() -> None:
+    with pytest.raises(InvalidConfigError) as info:
+        decode_config(gpu_config(mps={"memoryLimit": "4Gi", "memorySoftLimit": "6Gi"}))
+    assert str(info.value) == (
+        "GpuConfig mps.memorySoftLimit: 6Gi exceeds the hard memory limit of 4Gi"
+        " (mps.memoryLimit); allowed: 1 to 4Gi (a soft limit is at most the share's hard limit)"
+    )
+
+
+def test_the_soft_limit_is_encoded_canonically() -> None:
+    config = GpuConfig(mps=MpsConfig(memory_soft_limit_bytes=1536 * 2**20))
+    assert encode_config(config) == gpu_config(mps={"memorySoftLimit": "1536Mi"})

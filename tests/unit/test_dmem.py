@@ -11,12 +11,14 @@ import logging
 import os
 import pathlib
 import stat
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from dra_driver.core.cdi import Hook, render_spec
 from dra_driver.core.cdi_rules import validate_cdi_spec
+from dra_driver.core.errors import AllocationError
 from dra_driver.core.ids import GpuUUID, PoolName
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.plan import (
@@ -266,6 +268,123 @@ def test_two_shares_of_one_gpu_are_limited_to_their_sum() -> None:
     assert len(found) == 2
     for (hook,) in found.values():
         assert hook.args[hook.args.index("--max") + 1] == str(10 * GIB)
+
+
+def configured(
+    *devices: Allocated, configs: Sequence[tuple[str, tuple[str, ...], dict[str, Any]]]
+) -> ResourceClaim:
+    """A claim whose allocation carries ``(source, requests, mps section)`` GpuConfigs."""
+    raw = resource_claim("ns", "c", uid=UID, node=NODE, devices=devices)
+    raw["status"]["allocation"]["devices"]["config"] = [
+        {
+            "source": source,
+            "requests": list(requests),
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "mps": mps},
+            },
+        }
+        for source, requests, mps in configs
+    ]
+    return claim_from_dict(raw)
+
+
+def hook_args(plan: PreparePlan) -> list[tuple[str, ...]]:
+    return [hook.args for found in hooks(plan).values() for hook in found]
+
+
+REGION0 = f"nvidia/{GPU0.uuid}/vidmem"
+
+
+@pytest.mark.parametrize(
+    ("devices", "configs", "args"),
+    [
+        pytest.param(
+            [share("gpu-0", memory="10Gi")],
+            [],
+            ("--max", str(10 * GIB)),
+            id="no-soft-limit-no-min",
+        ),
+        pytest.param(
+            [share("gpu-0", memory="10Gi")],
+            [("FromClaim", (), {"memorySoftLimit": "6Gi"})],
+            ("--max", str(10 * GIB), "--min", str(6 * GIB)),
+            id="soft-limit",
+        ),
+        pytest.param(
+            [share("gpu-0", memory="10Gi")],
+            [("FromClaim", (), {"memoryLimit": "8Gi", "memorySoftLimit": "8Gi"})],
+            ("--max", str(8 * GIB), "--min", str(8 * GIB)),
+            id="soft-equal-to-the-lowered-hard-limit",
+        ),
+        pytest.param(
+            [share("gpu-0", memory="10Gi")],
+            [
+                ("FromClaim", (), {"memorySoftLimit": "2Gi"}),
+                ("FromClass", (), {"memorySoftLimit": "5Gi"}),
+            ],
+            ("--max", str(10 * GIB), "--min", str(2 * GIB)),
+            id="claim-beats-class",
+        ),
+        pytest.param(
+            [share("gpu-0", memory="10Gi")],
+            [("FromClass", (), {"memorySoftLimit": "5Gi"})],
+            ("--max", str(10 * GIB), "--min", str(5 * GIB)),
+            id="from-the-class",
+        ),
+        pytest.param(
+            [share("gpu-0", memory="4Gi", request="a"), share("gpu-0", memory="6Gi", request="b")],
+            [
+                ("FromClaim", ("a",), {"memorySoftLimit": "3Gi"}),
+                ("FromClaim", ("b",), {"memorySoftLimit": "5Gi"}),
+            ],
+            ("--max", str(10 * GIB), "--min", str(8 * GIB)),
+            id="count-2-sums-the-soft-limits",
+        ),
+        pytest.param(
+            [share("gpu-0", memory="4Gi", request="a"), share("gpu-0", memory="6Gi", request="b")],
+            [("FromClaim", ("b",), {"memorySoftLimit": "5Gi"})],
+            ("--max", str(10 * GIB), "--min", str(5 * GIB)),
+            id="count-2-one-soft-limit",
+        ),
+    ],
+)
+def test_the_soft_limit_reaches_the_hook(
+    devices: list[Allocated],
+    configs: list[tuple[str, tuple[str, ...], dict[str, Any]]],
+    args: tuple[str, ...],
+) -> None:
+    plan = plan_prepare(configured(*devices, configs=configs), GPUS, ctx(dmem_on(GPU0.uuid)))
+    found = hook_args(plan)
+    assert len(found) == len(devices)  # every share of the GPU: one claim-wide limit
+    assert all(a == ("dmem-hook.sh", *args, "--", REGION0) for a in found)
+    validate_cdi_spec(render_spec(plan.cdi_spec))
+
+
+def test_a_soft_limit_without_a_dmem_region_has_no_effect() -> None:
+    rc = configured(
+        share("gpu-0", memory="10Gi"), configs=[("FromClaim", (), {"memorySoftLimit": "6Gi"})]
+    )
+    for context in (ctx(None), ctx(dmem_on(GPU1.uuid))):
+        plan = plan_prepare(rc, GPUS, context)
+        assert hook_args(plan) == []
+        (device,) = plan.devices
+        assert device.limits is not None and device.limits.memory_bytes == 10 * GIB
+
+
+def test_a_soft_limit_above_the_hard_limit_fails_the_claim() -> None:
+    rc = configured(
+        share("gpu-0", memory="10Gi"),
+        configs=[
+            ("FromClass", (), {"memoryLimit": "4Gi"}),
+            ("FromClaim", (), {"memorySoftLimit": "6Gi"}),
+        ],
+    )
+    with pytest.raises(AllocationError) as info:
+        plan_prepare(rc, GPUS, ctx(dmem_on(GPU0.uuid)))
+    message = str(info.value)
+    assert f"ns/c:{UID}" in message
+    assert "mps.memorySoftLimit: 6Gi exceeds the hard memory limit of 4Gi" in message
 
 
 def test_strict_and_log_reach_the_hook() -> None:

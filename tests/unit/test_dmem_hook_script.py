@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from dra_driver.core.cdi import render_spec
+from dra_driver.core.ids import PoolName
+from dra_driver.core.plan import DmemHookSettings, NodeContext, plan_prepare
+from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.dmemhook import HOOK_FILE
+from dra_driver.gpu.fake import build_inventory, load_spec
+from dra_driver.k8s.convert import claim_from_dict
+from dra_driver.testing.objects import resource_claim, share
 
 SCRIPT = pathlib.Path(__file__).parents[2] / "dra_driver" / "dmemhook" / HOOK_FILE
 SH = shutil.which("sh")
@@ -105,6 +112,35 @@ def test_sets_the_soft_limit_in_dmem_min(host: Host) -> None:
     done = host.run("--max", str(10 * GIB), "--min", str(6 * GIB), REGION)
     assert done.returncode == 0, done.stderr
     assert (host.container() / "dmem.max").read_text() == f"{REGION} {10 * GIB}\n"
+    assert (host.container() / "dmem.min").read_text() == f"{REGION} {6 * GIB}\n"
+    assert (host.container() / "dmem.low").read_text() == ""
+
+
+def test_a_planned_spec_with_a_soft_limit_sets_dmem_min(host: Host) -> None:
+    """The hook exactly as the plan writes it into the claim's CDI spec, run by sh."""
+    inventory = build_inventory(load_spec("h100-80gb:1"), "node-a")
+    (gpu,) = inventory.gpus
+    mps = {"memoryLimit": "8Gi", "memorySoftLimit": "6Gi"}
+    raw = resource_claim(
+        "ns", "c", node="node-a", devices=[share("gpu-0", memory="10Gi")],
+        configs=[{"apiVersion": "gpu.fractional.dev/v1alpha1", "kind": "GpuConfig", "mps": mps}],
+    )  # fmt: skip
+    context = NodeContext(
+        driver_name="gpu.fractional.dev",
+        node_name="node-a",
+        pool_name=PoolName("node-a"),
+        cdi_kind="k8s.gpu.fractional.dev/claim",
+        settings=NodeSettings(default=GpuSettings(sharing=Sharing.MPS)),
+        dmem=DmemHookSettings(hook_path=str(SCRIPT), regions={gpu.uuid: (REGION,)}),
+    )
+    spec = render_spec(plan_prepare(claim_from_dict(raw), inventory, context).cdi_spec)
+    ((hook,),) = [d["containerEdits"]["hooks"] for d in spec["devices"]]
+    assert hook["path"] == str(SCRIPT)
+    argv0, *args = hook["args"]  # what the runtime passes: argv[0], then the arguments
+    assert argv0 == HOOK_FILE
+    done = host.run(*args)
+    assert done.returncode == 0, done.stderr
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} {8 * GIB}\n"
     assert (host.container() / "dmem.min").read_text() == f"{REGION} {6 * GIB}\n"
     assert (host.container() / "dmem.low").read_text() == ""
 

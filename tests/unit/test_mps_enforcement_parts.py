@@ -75,6 +75,39 @@ def test_a_switch_of_server_clears_the_earlier_wait() -> None:
     assert legacy_uid_wait(later, [11900]) == UidWait(11900, 0, (1000,))
 
 
+def test_a_client_queued_before_a_switch_still_waits() -> None:
+    """UIDs 0 and 2000 queued behind 1000; the daemon switched to 0: 2000 still waits."""
+    text = log(
+        *START,
+        *SERVER_FOR_1000,
+        line("NEW CLIENT 0 from user 0: pending"),
+        line("NEW CLIENT 0 from user 2000: pending"),
+        line("Server 11803 exited with status 0"),
+        line("Starting new server 11900 for user 0", pid=11900),
+        line("NEW SERVER 11900: Ready"),
+    )
+    assert legacy_uid_wait(text, [11900]) == UidWait(11900, 0, (2000,))
+    # ... until 0's server exits and 2000's starts: nobody waits any more.
+    done = text + log(
+        line("Server 11900 exited with status 0"),
+        line("Starting new server 12000 for user 2000", pid=12000),
+    )
+    assert legacy_uid_wait(done, [12000]) is None
+
+
+def test_a_client_served_by_an_earlier_server_does_not_wait() -> None:
+    """A client of UID 1000 served by 1000's server (since gone) is history."""
+    text = log(
+        *START,
+        *SERVER_FOR_1000,
+        line("NEW CLIENT 1 from user 1000: Server already exists"),
+        line("NEW CLIENT 0 from user 0: pending"),
+        line("Server 11803 exited with status 0"),
+        line("Starting new server 11900 for user 0", pid=11900),
+    )
+    assert legacy_uid_wait(text, [11900]) is None
+
+
 def test_only_the_current_daemon_counts() -> None:
     """A restarted daemon appends to the same log: lines before its start are history."""
     old = log(*START, *SERVER_FOR_1000, line("NEW CLIENT 0 from user 0: pending"))
