@@ -42,6 +42,7 @@ from dra_driver.core.errors import (
     ApiUnavailableError,
 )
 from dra_driver.core.ids import ClaimRef
+from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
@@ -110,8 +111,8 @@ class ClaimStatusWriter:
         self.driver_name = driver_name
         self.field_manager = field_manager(driver_name, node_name)
         self._attempts = max(1, attempts)
-        self._backoff_s = backoff_s
-        self._max_backoff_s = max_backoff_s
+        # No jitter: one writer per node, retrying one claim's write.
+        self._backoff = Backoff(initial_s=backoff_s, max_s=max_backoff_s, jitter=0.0)
         self._timeout_s = timeout_s
         self._sleep = sleep
         self._disabled_because = ""
@@ -122,15 +123,13 @@ class ClaimStatusWriter:
 
     async def apply(self, ref: ClaimRef, entries: Sequence[JsonObj]) -> ApplyResult:
         """Make ``entries`` all of our entries on the claim (empty: remove ours)."""
-        delay = self._backoff_s
         for attempt in range(1, self._attempts + 1):
             if self._disabled_because:
                 return ApplyResult.DISABLED
             result = await self._attempt(ref, entries, attempt)
             if result is not None:
                 return result
-            await self._sleep(delay)
-            delay = min(delay * 2, self._max_backoff_s)
+            await self._sleep(self._backoff.delay(attempt))
         raise AssertionError("unreachable: the last attempt always has a result")
 
     async def _attempt(

@@ -41,6 +41,7 @@ from kubernetes.client import ApiClient
 
 from dra_driver.core.errors import ApiConflictError, ApiError, ApiUnavailableError
 from dra_driver.core.slices import DesiredSlice
+from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S
 from dra_driver.k8s.slice_api import FIELD_MANAGER, SLICES_PATH, SliceApi, StaleView
 from dra_driver.k8s.slice_plan import (
@@ -91,22 +92,6 @@ DEFAULT_MAX_ATTEMPTS = 5
 """Tries of one publish while the API server is unavailable, before raising."""
 DEFAULT_MAX_CONFLICT_RETRIES = 5
 """Re-lists of one publish after conflicts, before raising :class:`ApiConflictError`."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with jitter; pure, so it is tested as a table."""
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.2
-    """Each delay is scaled by a uniform factor in ``[1 - jitter, 1 + jitter]``."""
-
-    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Seconds to wait before try ``attempt + 1`` (``attempt`` >= 1 failures so far)."""
-        base = min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1))
-        return float(base * (1 - self.jitter + 2 * self.jitter * rand()))
 
 
 @dataclass(frozen=True)
