@@ -46,30 +46,51 @@ def check_pool_consistency(specs: Sequence[Mapping[str, Any]], found: Problems) 
             )
 
 
+def _check_unique_across_slices(
+    spec: Mapping[str, Any],
+    index: int,
+    field: str,
+    *,
+    seen: dict[str, str],
+    message: str,
+    found: Problems,
+) -> None:
+    """Names in ``spec.<field>`` of slice ``index`` seen in an earlier slice of the pool
+    (``seen``: name -> where first seen; duplicates inside one slice are the slice's
+    own check). ``message`` is formatted with the name and the earlier place."""
+    for entry_index, entry in enumerate(spec.get(field) or ()):
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str):
+            continue
+        at = f"slices[{index}].spec.{field}[{entry_index}].name"
+        if name in seen and not seen[name].startswith(f"slices[{index}]."):
+            found.add(at, message.format(name, seen[name]))
+        seen.setdefault(name, at)
+
+
 def check_pool_devices(
     specs: Sequence[Mapping[str, Any]], caps: Capabilities, found: Problems
 ) -> None:
     seen_devices: dict[str, str] = {}
     seen_sets: dict[str, str] = {}
     for index, spec in enumerate(specs):
-        for d_index, device in enumerate(spec.get("devices") or ()):
-            name = device.get("name") if isinstance(device, Mapping) else None
-            if not isinstance(name, str):
-                continue
-            at = f"slices[{index}].spec.devices[{d_index}].name"
-            if name in seen_devices and not seen_devices[name].startswith(f"slices[{index}]."):
-                found.add(at, f"device {name!r} is also published at {seen_devices[name]}")
-            seen_devices.setdefault(name, at)
-        if not caps.counters_in_own_slice:
-            continue
-        for s_index, counter_set in enumerate(spec.get("sharedCounters") or ()):
-            name = counter_set.get("name") if isinstance(counter_set, Mapping) else None
-            if not isinstance(name, str):
-                continue
-            at = f"slices[{index}].spec.sharedCounters[{s_index}].name"
-            if name in seen_sets and not seen_sets[name].startswith(f"slices[{index}]."):
-                found.add(at, f"counter set {name!r} is also defined at {seen_sets[name]}")
-            seen_sets.setdefault(name, at)
+        _check_unique_across_slices(
+            spec,
+            index,
+            "devices",
+            seen=seen_devices,
+            message="device {!r} is also published at {}",
+            found=found,
+        )
+        if caps.counters_in_own_slice:
+            _check_unique_across_slices(
+                spec,
+                index,
+                "sharedCounters",
+                seen=seen_sets,
+                message="counter set {!r} is also defined at {}",
+                found=found,
+            )
     if caps.counters_in_own_slice:
         sets = counter_sets_by_name(specs)
         for index, spec in enumerate(specs):
