@@ -23,9 +23,9 @@ from dra_driver.api.types import (
 )
 from dra_driver.core.errors import InvalidConfigError
 from dra_driver.core.quantity import format_bytes
+from dra_driver.core.slice_grammar import dns_label
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def invalid(kind: Kind | str, path: str, problem: str, allowed: str) -> InvalidConfigError:
@@ -88,7 +88,7 @@ def validate_gpu_share(share: GpuShare) -> None:
 
 def validate_gpu_share_grant(grant: GpuShareGrant) -> None:
     """``device`` a DNS label, ``shareID`` a UUID, ``memory`` > 0, ``computePercent`` 0..100."""
-    if not _DNS_LABEL.fullmatch(grant.device):
+    if dns_label(grant.device):
         raise invalid(
             Kind.GPU_SHARE_GRANT,
             "device",

@@ -31,6 +31,7 @@ from typing import Any
 from dra_driver.api.types import API_VERSION
 from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.core.quantity import format_bytes
+from dra_driver.core.slice_grammar import dns_label
 
 READY = "Ready"
 DEVICE_HEALTHY = "DeviceHealthy"
@@ -43,7 +44,6 @@ MESSAGE_LIMIT = 1024
 """Ours; the API allows 32768 characters in a condition message."""
 REASON_LIMIT = 1024
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _STAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 _CONDITION_STATUSES = ("True", "False", "Unknown")
 
@@ -261,7 +261,7 @@ def check_entry(entry: Mapping[str, Any]) -> list[str]:
         if not isinstance(entry.get(key), str) or not entry[key]:
             problems.append(f"{key}: required")
     device = entry.get("device")
-    if isinstance(device, str) and device and not _DNS_LABEL.match(device):
+    if isinstance(device, str) and device and dns_label(device):
         problems.append(f"device: {device!r} is not a DNS label")
     if isinstance(entry.get("pool"), str) and len(entry["pool"]) > 253:
         problems.append("pool: longer than 253 characters")

@@ -10,11 +10,12 @@ so. Unknown health is not tainted: nothing is known to be wrong with the device.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable
 
 from dra_driver.core.device_health import DeviceHealth, Status
 from dra_driver.core.errors import ConfigError
+from dra_driver.core.slice_grammar import LABEL_NAME_RE, dns_label
+from dra_driver.core.slice_limits import MAX_DNS_SUBDOMAIN
 
 
 class TaintEffect(enum.StrEnum):
@@ -22,8 +23,6 @@ class TaintEffect(enum.StrEnum):
     NO_EXECUTE = "NoExecute"
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 TAINT_NAME = "unhealthy"
 
 
@@ -35,9 +34,10 @@ def unhealthy_taint_key(driver_name: str) -> str:
     letters, which a taint key does not.
     """
     key = f"{driver_name}/{TAINT_NAME}"
-    labels = driver_name.split(".")
-    if len(driver_name) > 253 or not all(
-        len(label) <= 63 and _DNS_LABEL.fullmatch(label) for label in labels
+    # Each label a DNS label of at most 63 characters (stricter than the API's
+    # subdomain check, which does not bound the labels).
+    if len(driver_name) > MAX_DNS_SUBDOMAIN or any(
+        dns_label(label) for label in driver_name.split(".")
     ):
         raise ConfigError(
             f"the device taint key {key!r} is not a valid label key: its prefix, the driver "
@@ -59,7 +59,7 @@ def device_taints(
     for device in devices:
         if device.status is not Status.UNHEALTHY:
             continue
-        value = device.reason if _LABEL_VALUE.fullmatch(device.reason or "-") else "unhealthy"
+        value = device.reason if LABEL_NAME_RE.fullmatch(device.reason or "-") else "unhealthy"
         effect = fatal_effect if device.fatal else TaintEffect.NO_SCHEDULE
         taints[device.device_name] = [{"key": key, "value": value[:63], "effect": str(effect)}]
     return taints

@@ -23,7 +23,7 @@ from dra_driver.core.slice_limits import (
 
 _DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LABEL_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+LABEL_NAME_RE = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 class Problems:
@@ -108,7 +108,7 @@ def label_name(key: object) -> str | None:
         problem = dns_subdomain(prefix)
         if problem:
             return f"prefix {problem}"
-    if len(name) > MAX_DNS_LABEL or not _LABEL_NAME.fullmatch(name):
+    if len(name) > MAX_DNS_LABEL or not LABEL_NAME_RE.fullmatch(name):
         return (
             "name part must be no more than 63 alphanumerics, '-', '_' or '.',"
             " alphanumeric at both ends"
@@ -119,7 +119,7 @@ def label_name(key: object) -> str | None:
 def label_value(value: object) -> str | None:
     if not isinstance(value, str):
         return "must be a string"
-    if value and (len(value) > MAX_DNS_LABEL or not _LABEL_NAME.fullmatch(value)):
+    if value and (len(value) > MAX_DNS_LABEL or not LABEL_NAME_RE.fullmatch(value)):
         return "must be empty or no more than 63 alphanumerics, '-', '_' or '.'"
     return None
 
