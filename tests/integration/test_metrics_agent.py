@@ -12,13 +12,11 @@ import subprocess
 import sys
 import time
 import urllib.error
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 
 import pytest
 
 from dra_driver import __version__
-from dra_driver.mpsagent.agent import AgentConfig, run_agent
 from dra_driver.observability.agent_metrics import AgentMetrics
 from dra_driver.observability.metrics_server import serve_metrics
 from tests.integration.test_mps_agent import (
@@ -31,6 +29,7 @@ from tests.integration.test_mps_agent import (
     eventually,
     make_node,
 )
+from tests.support.mps import agent_running
 from tests.unit.test_metrics_server import Scrape, scrape
 
 P = "fractional_gpu_dra_"
@@ -46,24 +45,6 @@ def node() -> Iterator[Node]:
     cleanup(made)
 
 
-@asynccontextmanager
-async def agent_with_metrics(config: AgentConfig, metrics: AgentMetrics) -> AsyncIterator[None]:
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        run_agent(config, install_signal_handlers=False, ready=ready, metrics=metrics)
-    )
-    waiter = asyncio.create_task(ready.wait())
-    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        waiter.cancel()
-        await task
-    try:
-        yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
 def test_daemons_restarts_and_shares_per_gpu(node: Node) -> None:
     metrics = AgentMetrics()
     server = serve_metrics(0, metrics.registry, "127.0.0.1")
@@ -73,7 +54,7 @@ def test_daemons_restarts_and_shares_per_gpu(node: Node) -> None:
         return await asyncio.to_thread(scrape, server.port)
 
     async def scenario() -> None:
-        async with agent_with_metrics(node.config, metrics):
+        async with agent_running(node.config, metrics):
             idle = await scraped()
             assert idle.get(P + "mps_agent_info", protocol="v3") == 1
             assert not idle.series(RUNNING)  # no share yet: no daemon

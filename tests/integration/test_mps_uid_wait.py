@@ -29,7 +29,7 @@ from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.mpsagent import fake_control_path
-from dra_driver.mpsagent.agent import AgentConfig, run_agent
+from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import PID_FILE
@@ -41,6 +41,7 @@ from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.testing.objects import claim_ref, resource_claim, share
 from tests.support.fakekube import FakeKubeApi
+from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 GAUGE = "fractional_gpu_dra_mps_waiting_uids"
@@ -85,24 +86,6 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float
             return
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def agent_running(config: AgentConfig, metrics: AgentMetrics) -> AsyncIterator[None]:
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        run_agent(config, install_signal_handlers=False, ready=ready, metrics=metrics)
-    )
-    waiter = asyncio.create_task(ready.wait())
-    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        waiter.cancel()
-        await task
-    try:
-        yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.fixture

@@ -7,12 +7,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
+from dra_driver.observability.agent_metrics import AgentMetrics
 
 
 @asynccontextmanager
-async def agent_running(config: AgentConfig) -> AsyncIterator[None]:
+async def agent_running(
+    config: AgentConfig, metrics: AgentMetrics | None = None
+) -> AsyncIterator[None]:
+    """The agent serving until the block ends; ``metrics``: its metrics, kept current."""
     ready = asyncio.Event()
-    task = asyncio.create_task(run_agent(config, install_signal_handlers=False, ready=ready))
+    task = asyncio.create_task(
+        run_agent(config, install_signal_handlers=False, ready=ready, metrics=metrics)
+    )
     waiter = asyncio.create_task(ready.wait())
     await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     if task.done():
