@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import Any, cast
 
 import urllib3
 from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.core.errors import ApiError
 from dra_driver.k8s.errors import translate_api_errors, truncate
-from dra_driver.k8s.rest import JsonObj, request_json
+from dra_driver.k8s.rest import JsonObj, api_exception, open_request, request_json
 
 DEFAULT_WATCH_TIMEOUT_S = 300
 """Server-side ``timeoutSeconds`` of one watch request."""
@@ -109,19 +107,18 @@ def watch_events(
 def _open_stream(
     api_client: ApiClient, path: str, query: list[tuple[str, str]], read_timeout_s: float
 ) -> urllib3.BaseHTTPResponse:
-    client = cast(Any, api_client)
-    request = client.param_serialize(
-        method="GET",
-        resource_path=path,
-        query_params=query,
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
+    response = open_request(
+        api_client,
+        "GET",
+        path,
+        query=query,
+        timeout=urllib3.Timeout(connect=10.0, read=read_timeout_s),
     )
-    response = client.call_api(*request, _request_timeout=(10.0, read_timeout_s))
     if not 200 <= response.status <= 299:
-        response.read()
-        raise ApiException(http_resp=response)
-    return cast(urllib3.BaseHTTPResponse, response.response)
+        data = response.read()
+        response.release_conn()
+        raise api_exception(response.status, response.reason, data)
+    return response
 
 
 def _lines(response: urllib3.BaseHTTPResponse) -> Iterable[str]:

@@ -424,9 +424,7 @@ def test_work_queue_coalesces() -> None:
 @pytest.mark.parametrize("memory", ["10Gi"])
 def test_claims_of_other_classes_are_left_alone(fake_kube: FakeKubeApi, memory: str) -> None:
     seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
-    claim = make_claim(fake_kube, "other", memory)
-    claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.fractional.dev"
-    fake_kube.update(claim)
+    controller_env.make_claim(fake_kube, "other", memory, device_class="gpu.fractional.dev")
 
     async def scenario() -> None:
         async with running(fake_kube) as controller:
