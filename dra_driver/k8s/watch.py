@@ -136,6 +136,9 @@ def _lines(response: urllib3.BaseHTTPResponse) -> Iterable[str]:
         yield pending.decode("utf-8", errors="replace")
 
 
+MERGE_PATCH = "application/merge-patch+json"
+
+
 def send_json(
     api_client: ApiClient,
     method: str,
@@ -143,7 +146,8 @@ def send_json(
     body: JsonObj | None = None,
     *,
     what: str | None = None,
+    content_type: str = "application/json",
 ) -> JsonObj:
     """One write or read, translated: ``ApiError`` (``ApiConflictError`` on 409...)."""
     with translate_api_errors(what or f"{method} {path}"):
-        return request_json(api_client, method, path, body=body)
+        return request_json(api_client, method, path, body=body, content_type=content_type)

@@ -33,6 +33,8 @@ class RecordedRequest:
     """Without the query string."""
     query: Mapping[str, list[str]]
     content_type: str | None
+    body: bytes = b""
+    """Exactly the bytes sent."""
 
 
 @dataclass
@@ -132,7 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = self.headers.get("Content-Type")
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fault = self.server.record(
-            RecordedRequest(method, url.path, query, content_type), self.path
+            RecordedRequest(method, url.path, query, content_type, raw), self.path
         )
         if fault is not None:
             self._send_fault(fault)
