@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import functools
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dra_driver.cli.flags import (
@@ -253,7 +253,7 @@ def _run_plugin(args: argparse.Namespace) -> int:
 
 
 async def _run_with_startup_checks(
-    runtime: PluginRuntime, check: Callable[[], Awaitable[object]]
+    runtime: PluginRuntime, check: Callable[[], Coroutine[Any, Any, object]]
 ) -> None:
     """The plugin until a signal, with the start-up checks beside it (they only warn,
     so a slow API server never delays serving the kubelet)."""
