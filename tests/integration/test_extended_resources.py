@@ -27,10 +27,12 @@ from kubernetes.client import ApiClient
 
 from dra_driver.core.extended_resources import EVENT_REASON
 from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.nodes import read_node
+from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.extended_resources import check_extended_resources
 from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.extended_resources import (
@@ -151,16 +153,28 @@ def test_each_container_gets_the_gpus_of_its_own_requests(
     assert claim["metadata"]["generateName"] == "trainer-extended-resources-"
     assert "config" not in claim["spec"]["devices"]
     source = KubernetesClaimSource(api)
+    writer = ClaimStatusWriter(api, driver_name=DRIVER, node_name=NODE)
+    reporting = ClaimReporter(driver_name=DRIVER, node_name=NODE, status=writer, events=None)
 
     async def scenario() -> None:
         rt = runtime(node_dirs, source, "h100-80gb:4")
         await rt.start()
+        assert rt.driver is not None
+        rt.driver.observers.append(reporting)
         kubelet = FakeKubelet(node_dirs.registry)
         try:
             plugin = await kubelet.wait_for_plugin(DRIVER)
             ref = claim_ref(claim)
             result = (await plugin.prepare([ref]))[ref.uid]
             assert result.error == ""
+            # status.devices on the scheduler's claim, as on any claim we prepare.
+            assert await reporting.flush()
+            stored = fake_kube.get("ResourceClaim", claim["metadata"]["name"], "ns")
+            entries = {d["device"]: d for d in stored["status"].get("devices") or []}
+            assert sorted(entries) == ["gpu-0", "gpu-1", "gpu-2"]
+            ready = {c["type"]: c["status"] for c in entries["gpu-1"]["conditions"]}
+            assert ready["Ready"] == "True"
+            assert stored["metadata"]["annotations"] == {ANNOTATION: "true"}
             assert sorted((d.device_name, d.request_names) for d in result.devices) == [
                 ("gpu-0", ("container-1-request-0",)),
                 ("gpu-1", ("container-2-request-0",)),
@@ -182,6 +196,7 @@ def test_each_container_gets_the_gpus_of_its_own_requests(
         finally:
             await kubelet.close()
             await rt.stop()
+            await reporting.close()
 
     try:
         run_checked(scenario())
