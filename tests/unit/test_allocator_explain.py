@@ -55,7 +55,7 @@ def test_full_gpus_say_what_is_full_on_the_best_candidate() -> None:
     # gpu-1 has the most memory left: 81559Mi usable less 40Gi.
     assert "best candidate node-a/gpu-1: " in why
     assert "memory 40599Mi of 81559Mi free" in why
-    assert "the claim takes memory 50Gi" in why
+    assert "(the claim takes clients 1, memory 50Gi)" in why
     assert "not enough memory" in why
 
 
