@@ -285,6 +285,11 @@ def plan_prepare(
         # The strongest use wins when two results name one device.
         mode = max((_mode(r, gpu, target, ctx, claim) for r in group), key=_MODE_STRENGTH.index)
         limits, soft = _limits(claim, group, gpu, ctx) if mode is Mode.MPS else (None, None)
+        if limits is not None and _takes_whole_gpu(limits, gpu, ctx.settings):
+            # No other share can fit beside it (the scheduler gives a claim that asks no
+            # amount the request policy's default: all the memory): the whole GPU, no
+            # MPS client with a limit that changes nothing.
+            mode, limits, soft = Mode.EXCLUSIVE, None, None
         _check_conflicts(claim, device, mode, in_use or {})
         if limits is not None:
             _check_fits(
@@ -335,6 +340,13 @@ def plan_prepare(
         ),
     )
     return PreparePlan(claim_uid=claim.ref.uid, devices=tuple(planned), cdi_spec=spec)
+
+
+def _takes_whole_gpu(limits: ShareLimits, gpu: GpuInfo, settings: NodeSettings) -> bool:
+    """A share of all the GPU's usable memory (less than one step left) and no SM cap."""
+    usable = gpu.memory_bytes - settings.memory_reserve_bytes
+    left = usable - limits.memory_bytes
+    return left < settings.memory_step_bytes and limits.compute_percent in (0, 100)
 
 
 def _whole_gpus(inventory: Inventory) -> list[str]:

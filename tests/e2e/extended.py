@@ -34,11 +34,7 @@ def attribute(device: Obj, name: str) -> object:
 
 def is_whole_gpu(device: Obj) -> bool:
     """What the chart's whole-GPU class selects (deviceclass-extended-gpu.yaml)."""
-    return (
-        attribute(device, "type") == "gpu"
-        and attribute(device, "allocator") == "scheduler"
-        and (attribute(device, "sharing") == "exclusive" or "memoryUsable" in device["attributes"])
-    )
+    return attribute(device, "type") == "gpu"
 
 
 def require_extended_class(cluster: Cluster) -> Obj:
@@ -73,9 +69,8 @@ def require_whole_gpu(cluster: Cluster, node: str | None = None) -> None:
                 nodes[str(where)] = nodes.get(str(where), 0) + 1
     if not nodes:
         pytest.skip(
-            "no published GPU the whole-GPU class matches (type gpu, allocator scheduler,"
-            " sharing exclusive): set nodeSettings.defaults.sharing=exclusive, or a GPU's"
-            " sharing in nodeSettings.perNode (the plugin's --sharing exclusive)"
+            "no published GPU the whole-GPU class matches (type gpu): every GPU of this"
+            " driver is MIG-enabled, or none is published"
         )
     clean = [n for n in nodes if not _device_plugin_on(cluster, n)]
     if not clean:
@@ -138,7 +133,6 @@ def check_claim(cluster: Cluster, example: Example, claim: Obj, mappings: list[A
     assert len(results) == 1, results
     (result,) = results
     assert result["request"] == request["name"]
-    assert not result.get("shareID"), f"a whole GPU has no shareID: {result}"
     devices = {
         (item["spec"]["pool"]["name"], d["name"]): d
         for item in cluster.slices()
@@ -147,6 +141,19 @@ def check_claim(cluster: Cluster, example: Example, claim: Obj, mappings: list[A
     device = devices.get((result["pool"], result["device"]))
     assert device is not None, f"{result} is not a published device of ours"
     assert is_whole_gpu(device), device
+    if device.get("allowMultipleAllocations"):
+        # A shareable GPU: the request took the policy's default, all the memory.
+        default = device["capacity"]["memory"]["requestPolicy"]["default"]
+        assert result.get("shareID") and result["consumedCapacity"]["memory"] == default, result
+    else:
+        assert not result.get("shareID"), f"a whole GPU has no shareID: {result}"
+    entries = [
+        e
+        for e in (claim.get("status") or {}).get("devices") or []
+        if (e["driver"], e["device"]) == (cluster.driver, result["device"])
+    ]
+    for entry in entries:  # written by the plugin after prepare, where status.devices is on
+        assert (entry.get("data") or {}).get("mode") == "exclusive", entry
     return result
 
 

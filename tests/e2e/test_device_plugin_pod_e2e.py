@@ -1,9 +1,9 @@
 """The device-plugin-pod example on a cluster with the chart (``E2E_MODE=chart``).
 
-Install the chart with ``extendedResources.enabled=true`` and at least one GPU
-with ``sharing: exclusive`` (e.g. ``--set nodeSettings.defaults.sharing=exclusive``
-on a kind cluster with fake GPUs). Skips, saying why, where the class or such a
-GPU is missing (``tests/e2e/extended.py``).
+Install the chart with ``extendedResources.enabled=true``; any free GPU of ours
+serves the pod (on a shared one the request takes all the memory and is prepared
+as the whole GPU). Skips, saying why, where the class or such a GPU is missing
+(``tests/e2e/extended.py``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 As ``test_host_process_mode.py``: the node's real kubelet runs on this host and our
 kubelet plugin and mps-agent run here (fake GPUs) in its directories, here with
-``--sharing exclusive`` (whole GPUs, which the whole-GPU class matches) and
-``--extended-resource-names nvidia.com/gpu``. The chart's DeviceClasses with
+the default ``--sharing mps`` (a request without capacity takes all of a GPU's
+memory and is prepared as the whole GPU) and ``--extended-resource-names
+nvidia.com/gpu``. The chart's DeviceClasses with
 ``extendedResources.enabled=true`` are created where missing (and deleted
 after). The pod is the example as written, kept on the node; its claim's CDI
 spec is there while it runs and gone after the kubelet unprepared it.
@@ -108,7 +109,7 @@ def whole_gpu_driver(cluster: Cluster) -> Iterator[LocalDriver]:
                     raise
             else:
                 created.append(obj["metadata"]["name"])
-        extra = ["--sharing", "exclusive", "--extended-resource-names", RESOURCE]
+        extra = ["--extended-resource-names", RESOURCE]
         driver.start(kubeconfig, os.path.join(work, "mps"), extra)
         driver.wait_registration_socket()
         driver.wait_slices(cluster)

@@ -213,26 +213,12 @@ def matching(class_name: str, minor: int) -> list[str]:
     return [d.name for d in devices(minor) if cache.matches(expression(class_name), d)]
 
 
-@pytest.mark.parametrize(
-    ("minor", "whole"),
-    [
-        # 1.36+: GPU 0 (mps) and 2 (timeslicing) are shareable: left out.
-        (36, ["gpu-1"]),
-        (37, ["gpu-1"]),
-        # 1.34/1.35 drop consumable capacity: every GPU is published whole; the
-        # controller's GPU 3 stays the controller's.
-        (34, ["gpu-0", "gpu-1", "gpu-2"]),
-        (35, ["gpu-0", "gpu-1", "gpu-2"]),
-    ],
-)
-def test_the_whole_gpu_class_matches_only_gpus_the_scheduler_hands_out_whole(
-    minor: int, whole: list[str]
-) -> None:
+@pytest.mark.parametrize("minor", [34, 35, 36, 37])
+def test_the_whole_gpu_class_matches_every_gpu_of_ours(minor: int) -> None:
+    """Exclusive, shared and the controller's GPUs alike (the MIG GPU has no whole
+    device): a request that names no amount takes a whole GPU on each of them."""
     assert chart_classes()["whole.gpu.fractional.dev"]["spec"]["extendedResourceName"] == GPU
-    assert matching("whole.gpu.fractional.dev", minor) == whole
-    published = {d.name: d for d in devices(minor)}
-    for name in whole:
-        assert not published[name].allow_multiple_allocations, name
+    assert matching("whole.gpu.fractional.dev", minor) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 
 
 def test_each_mig_class_matches_its_profile_only() -> None:
@@ -246,15 +232,15 @@ def test_each_mig_class_matches_its_profile_only() -> None:
     assert "mig-1g.10gb+me.gpu.fractional.dev" not in chart_classes()  # not a resource name
 
 
-def test_a_request_without_capacity_on_a_shareable_gpu_is_a_share_not_the_gpu() -> None:
-    """Why the class leaves shareable GPUs out: there the scheduler's consumption for a
-    request that names no capacity is the request policy's defaults, a share with a
-    shareID, which the plan makes an MPS client, never the exclusive GPU."""
+def test_a_request_without_capacity_on_a_shareable_gpu_is_the_whole_gpu() -> None:
+    """Why the class may match shareable GPUs: there the scheduler's consumption for a
+    request that names no capacity is the request policy's defaults, all the memory,
+    so nothing fits beside it and the plan makes it the whole GPU (no MPS client)."""
     gpu0 = next(d for d in devices(36) if d.name == "gpu-0")
     assert gpu0.allow_multiple_allocations
     consumed = consumed_capacity({}, gpu0.capacity)
     assert consumed["computePercent"] == 0 and consumed["clients"] == 1
-    # All its memory: no other share fits beside it, but it is still one.
+    # All its memory: no other share fits beside it.
     assert isinstance(fits({"memory": Fraction(2**30)}, gpu0.capacity, consumed), str)
 
     inventory = build_inventory(load_spec(GPUS), NODE)
@@ -264,7 +250,8 @@ def test_a_request_without_capacity_on_a_shareable_gpu_is_a_share_not_the_gpu() 
         resource_claim("ns", "c", uid="u1", devices=[share("gpu-0", memory=memory)])
     )
     (planned,) = plan_prepare(claim, inventory, ctx).devices
-    assert planned.mode is Mode.MPS
+    assert planned.mode is Mode.EXCLUSIVE and planned.limits is None
+    assert planned.share_id  # still the share the scheduler recorded (status.devices key)
 
 
 # --- the double-advertising check -----------------------------------------------------

@@ -99,6 +99,31 @@ def test_a_result_without_share_id_holds_the_whole_gpu() -> None:
 
 
 @pytest.mark.parametrize(
+    ("memory", "percent", "config", "mode"),
+    [
+        # The request policy's default (a claim naming no amount): all but < 1 step.
+        (H100_USABLE // (256 * 2**20) * 256 * 2**20, 0, None, Mode.EXCLUSIVE),
+        (H100_USABLE, 100, None, Mode.EXCLUSIVE),
+        (H100_USABLE - 256 * 2**20, 0, None, Mode.MPS),  # room for one more share
+        (H100_USABLE, 50, None, Mode.MPS),  # an SM cap: a real MPS limit
+        (H100_USABLE, 0, gpu_config(memoryLimit="40Gi"), Mode.MPS),  # lowered by config
+    ],
+    ids=["policy-default", "all-and-100-percent", "one-step-left", "sm-cap", "config-lowers"],
+)
+def test_a_share_of_all_the_memory_is_the_whole_gpu(
+    memory: int, percent: int, config: dict[str, Any] | None, mode: Mode
+) -> None:
+    """On 1.36 a claim that names no amount (the whole-gpu example, nvidia.com/gpu) gets a
+    share of the default, all the memory: nothing fits beside it, so no MPS client."""
+    rc = claim(share("gpu-0", memory=str(memory), compute_percent=percent),
+               configs=[config] if config else [])  # fmt: skip
+    (device,) = plan(rc).devices
+    assert device.mode is mode
+    assert (device.limits is None) == (mode is Mode.EXCLUSIVE)
+    assert device.share_id  # still the share the allocation holds (status.devices key)
+
+
+@pytest.mark.parametrize(
     ("prepared_gib", "asked", "refusal"),
     [
         (60, "10Gi", None),
