@@ -56,6 +56,7 @@ from dra_driver.controller.leader import LeaderElector
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import (
+    FINALIZER,
     Allocate,
     ClusterView,
     Deallocate,
@@ -420,6 +421,34 @@ class Controller:
         self._assume(written)
         return written
 
+    async def _patch_metadata(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj:
+        """A metadata patch that the claim may refuse for good; then it goes on without.
+
+        A claim created with opaque parameters in a form the API server does not
+        write back itself (spaces, as the Python client's ``json.dumps`` sends them)
+        refuses every JSON write to the main resource: the server compacts the
+        stored bytes and sees the spec change (422 ``field is immutable``). Its
+        ``/status`` can still be written, so the claim is still allocated, without
+        the finalizer (this controller deallocates it when its pods are gone) and
+        with a Warning Event that says how to recreate it.
+        """
+        try:
+            return await self._patch(claim, patch)
+        except ApiError as err:
+            if err.status != 422:
+                raise
+            await self.events.record(
+                claim,
+                "MetadataWriteRefused",
+                f"could not write {what}: {err}. The API server refuses any JSON write of "
+                "this claim's metadata when its opaque parameters were sent in another form "
+                "than the server's own (e.g. with spaces, as the Python client's json.dumps "
+                "writes them); the claim is allocated without it. Recreate the claim with "
+                "kubectl (compact JSON) to make it writable",
+                "Warning",
+            )
+            return claim
+
     def _count(self, decision: Decision, seconds: float) -> None:
         match decision:
             case Allocate():
@@ -455,14 +484,16 @@ class Controller:
             case Allocate(allocation=allocation, node=node):
                 protect = finalizer_patch(claim)
                 if protect is not None:
-                    claim = await self._patch(claim, protect)
+                    claim = await self._patch_metadata(claim, protect, "the finalizer " + FINALIZER)
                 body = allocation_patch(claim, allocation, now_rfc3339(), keep_shares=True)
                 claim = await self._patch(claim, body, status=True)
                 self.written[uid] = node or ""
                 await self.events.record(claim, "Allocated", describe_allocation(allocation))
                 return None
             case RecordRejected(node=node):
-                claim = await self._patch(claim, rejected_patch(claim, node))
+                claim = await self._patch_metadata(
+                    claim, rejected_patch(claim, node), "the rejected-nodes annotation"
+                )
                 self.written.pop(uid, None)
                 await self.events.record(
                     claim,
