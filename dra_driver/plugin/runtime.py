@@ -247,6 +247,10 @@ class PluginRuntime:
         if self.reporting is not None:
             self.driver.observers.append(self.reporting)
             health.listeners.append(self.reporting.devices_health_changed)
+            # The monitor tells listeners of changes only: give the reporter every
+            # device's state now (healthy unless a fault says otherwise), or claims
+            # on a device that never changed would show DeviceHealthy Unknown.
+            self.reporting.devices_health_changed(health.devices())
             if self.config.mps_agent_socket:
                 # Legacy MPS clients waiting on another UID's server: Events (not health).
                 uid_watch = MpsUidWatch(
