@@ -158,6 +158,13 @@ def _plugin_parser(sub: Any) -> None:
         default="/proc/sys/kernel/random/boot_id",
     )
     _claim_reporting_flags(plugin)
+    add_flag(
+        plugin,
+        "--readiness-port",
+        "serve GET /readyz at :PORT (200 once registered with the kubelet and the "
+        "ResourceSlices are published, 503 with why otherwise); 0 turns it off",
+        default="0",
+    )
     _common(plugin)
     _metrics_flags(plugin)
 
@@ -201,6 +208,8 @@ def _run_plugin(args: argparse.Namespace) -> int:
         dmem_limits=DmemLimits(args.dmem_limits),
         hook_dir=args.hook_dir,
         cgroup_root=args.cgroup_root,
+        readiness_port=_readiness_port(args.readiness_port),
+        readiness_address=args.metrics_address,
     )
     config.validate()
     port = metrics_port(args.metrics_port)
@@ -232,6 +241,21 @@ def _run_plugin(args: argparse.Namespace) -> int:
         claims.close()
         publisher.close()
     return 0
+
+
+def _readiness_port(text: str) -> int | None:
+    from dra_driver.core.errors import ConfigError
+
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ConfigError(
+            f"--readiness-port (READINESS_PORT): {text!r} is not a port number (1-65535), "
+            "or 0 to turn /readyz off"
+        )
+    return port or None
 
 
 def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -> GpuBackend:

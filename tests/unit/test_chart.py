@@ -433,6 +433,29 @@ def test_probe_is_real_code_and_off_with_period_zero() -> None:
     assert "livenessProbe" not in off.stdout and "startupProbe" not in off.stdout
 
 
+def test_readiness_probe_is_the_plugins_readyz() -> None:
+    """Readiness asks the plugin whether it can work (plugin/readiness.py); liveness
+    stays the cheap socket check."""
+    plugin = container(find(render("fake"), "DaemonSet", "-kubelet-plugin"), "kubelet-plugin")
+    env = env_of(plugin)
+    probe = plugin["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/readyz", "port": int(env["READINESS_PORT"]["value"])}
+    assert probe["periodSeconds"] > 0
+    assert "exec" in plugin["livenessProbe"] and "exec" in plugin["startupProbe"]
+    off = _run_helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "kubeletPlugin.readinessProbe.port=0",
+    )
+    assert off.returncode == 0, off.stderr
+    assert "readinessProbe" not in off.stdout
+    assert "name: READINESS_PORT\n              value: \"0\"" in off.stdout
+
+
 # --- mps-agent, controller, classes ----------------------------------------------------
 
 
@@ -751,7 +774,8 @@ def test_slice_writes_limited_to_own_node() -> None:
 
 
 def _slice(node: str | None, driver: str | None = DRIVER) -> dict[str, Any]:
-    spec: dict[str, Any] = {"pool": {"name": node or "all", "generation": 1, "resourceSliceCount": 1}}
+    pool = {"name": node or "all", "generation": 1, "resourceSliceCount": 1}
+    spec: dict[str, Any] = {"pool": pool}
     if node is not None:
         spec["nodeName"] = node
     else:
