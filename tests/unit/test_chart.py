@@ -453,7 +453,7 @@ def test_readiness_probe_is_the_plugins_readyz() -> None:
     )
     assert off.returncode == 0, off.stderr
     assert "readinessProbe" not in off.stdout
-    assert "name: READINESS_PORT\n              value: \"0\"" in off.stdout
+    assert 'name: READINESS_PORT\n              value: "0"' in off.stdout
 
 
 # --- mps-agent, controller, classes ----------------------------------------------------
