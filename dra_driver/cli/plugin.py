@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import os
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dra_driver.cli.flags import (
@@ -165,23 +167,32 @@ def _plugin_parser(sub: Any) -> None:
         "ResourceSlices are published, 503 with why otherwise); 0 turns it off",
         default="0",
     )
+    add_flag(
+        plugin,
+        "--extended-resource-names",
+        "comma-separated extended resource names our DeviceClasses serve (KEP-5004, e.g. "
+        "nvidia.com/gpu); at start the plugin warns if this node's device plugin advertises one",
+        default="",
+    )
     _common(plugin)
     _metrics_flags(plugin)
 
 
 def _run_plugin(args: argparse.Namespace) -> int:
+    from dra_driver.core.extended_resources import parse_names
     from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
     from dra_driver.k8s.capabilities import probe_capabilities
     from dra_driver.k8s.claims import KubernetesClaimSource
     from dra_driver.k8s.client import make_api_client
+    from dra_driver.k8s.nodes import read_node
     from dra_driver.k8s.publisher import SlicePublisher
     from dra_driver.observability.metrics_server import MetricsServer, metrics_port, serve_metrics
     from dra_driver.observability.plugin_metrics import PluginMetrics
     from dra_driver.plugin.enforcement import DmemLimits
+    from dra_driver.plugin.extended_resources import check_extended_resources
     from dra_driver.plugin.runtime import (
         PluginConfig,
         SliceOptions,
-        run_until_signalled,
     )
 
     plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
@@ -234,7 +245,14 @@ def _run_plugin(args: argparse.Namespace) -> int:
         runtime = PluginRuntime(
             config, backend, claims, slices, reporting=reporting, metrics=metrics
         )
-        asyncio.run(run_until_signalled(runtime))
+        check = functools.partial(
+            check_extended_resources,
+            functools.partial(read_node, api_client, config.node_name),
+            node_name=config.node_name,
+            names=parse_names(args.extended_resource_names),
+            events=reporting.events,
+        )
+        asyncio.run(_run_with_startup_checks(runtime, check))
     finally:
         if server is not None:
             server.stop()
@@ -256,6 +274,23 @@ def _readiness_port(text: str) -> int | None:
             "or 0 to turn /readyz off"
         )
     return port or None
+
+
+async def _run_with_startup_checks(
+    runtime: PluginRuntime, check: Callable[[], Coroutine[Any, Any, object]]
+) -> None:
+    """The plugin until a signal, with the start-up checks beside it (they only warn,
+    so a slow API server never delays serving the kubelet)."""
+    from dra_driver.plugin.runtime import run_until_signalled
+
+    task = asyncio.create_task(check(), name="extended-resources-check")
+    try:
+        await run_until_signalled(runtime)
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -> GpuBackend:

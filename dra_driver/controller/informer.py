@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +26,12 @@ from typing import Any
 
 from dra_driver.core.errors import ApiError
 from dra_driver.k8s.rest import JsonObj
-from dra_driver.k8s.watch import WatchExpiredError, list_objects, watch_events
+from dra_driver.k8s.watch import (
+    WatchCanceller,
+    WatchExpiredError,
+    list_objects,
+    watch_events,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,7 @@ class Informer:
         self.synced = asyncio.Event()
         self.relists = 0
         self._version = ""
-        self._stop = threading.Event()
+        self._canceller = WatchCanceller()
 
     def get(self, uid: str) -> JsonObj | None:
         return self.objects.get(uid)
@@ -113,7 +117,7 @@ class Informer:
                     log.warning("%s: %s; retrying in %.1fs", self.kind.name, err, self._backoff_s)
                     await asyncio.sleep(self._backoff_s)
         finally:
-            self._stop.set()  # the watch returns at its next event or read timeout
+            self._canceller.cancel()  # the blocked watch returns now, not at its read timeout
             thread.shutdown(wait=False)
 
     async def _relist(self, thread: ThreadPoolExecutor) -> None:
@@ -135,7 +139,7 @@ class Informer:
                 try:
                     loop.call_soon_threadsafe(self._apply, etype, obj)
                 except RuntimeError:  # the loop closed under us: shutting down
-                    self._stop.set()
+                    self._canceller.cancel()
 
         watch_events(
             self._api,
@@ -143,7 +147,7 @@ class Informer:
             self._version,
             emit,
             read_timeout_s=self._read_timeout_s,
-            stopped=self._stop.is_set,
+            canceller=self._canceller,
         )
 
     def _apply(self, etype: str, obj: JsonObj) -> None:

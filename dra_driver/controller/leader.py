@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 from typing import Any, Literal
 
 from dra_driver.core.errors import ApiError, ApiNotFoundError
 from dra_driver.k8s.rest import JsonObj
-from dra_driver.k8s.watch import send_json
+from dra_driver.k8s.watch import MERGE_PATCH, send_json
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +115,24 @@ class LeaderElector:
             }
             await asyncio.to_thread(send_json, self._api, "POST", self._path, body)
         else:
-            body = {**lease, "spec": spec}
-            await asyncio.to_thread(send_json, self._api, "PUT", f"{self._path}/{self.name}", body)
+            await self._patch_spec(lease, spec)
         return True
+
+    async def _patch_spec(self, lease: JsonObj, spec: JsonObj) -> None:
+        """Write ``spec`` over the Lease as read: a merge patch guarded by its
+        resourceVersion, so two candidates cannot both take it (one gets 409)."""
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        patch = {"metadata": {"resourceVersion": version}, "spec": spec}
+        await asyncio.to_thread(
+            functools.partial(
+                send_json,
+                self._api,
+                "PATCH",
+                f"{self._path}/{self.name}",
+                patch,
+                content_type=MERGE_PATCH,
+            )
+        )
 
     async def run(self) -> None:
         """Campaign, then renew, until cancelled; releases the Lease when cancelled."""
@@ -163,12 +179,6 @@ class LeaderElector:
                 return
             spec["holderIdentity"] = ""
             spec["leaseDurationSeconds"] = 1
-            await asyncio.to_thread(
-                send_json,
-                self._api,
-                "PUT",
-                f"{self._path}/{self.name}",
-                {**lease, "spec": spec},
-            )
+            await self._patch_spec(lease, spec)
         except ApiError as err:
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, err)

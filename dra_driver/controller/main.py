@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
@@ -63,22 +64,22 @@ from dra_driver.controller.reconcile import (
     RecordRejected,
     Refuse,
     Wait,
+    allocation_patch,
+    deallocation_patch,
     decide,
     describe_allocation,
+    finalizer_patch,
+    finalizer_removal_patch,
     is_ours,
     now_rfc3339,
     placement_order,
     pod_uses,
-    with_allocation,
-    with_finalizer,
-    with_rejected,
-    without_allocation,
-    without_finalizer,
+    rejected_patch,
 )
 from dra_driver.core.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.rest import JsonObj
-from dra_driver.k8s.watch import send_json
+from dra_driver.k8s.watch import MERGE_PATCH, send_json
 from dra_driver.observability.metrics_server import serve_metrics
 
 log = logging.getLogger(__name__)
@@ -403,9 +404,17 @@ class Controller:
         self._assume(fresh)
         return fresh
 
-    async def _put(self, claim: JsonObj, *, status: bool = False) -> JsonObj:
+    async def _patch(self, claim: JsonObj, patch: JsonObj, *, status: bool = False) -> JsonObj:
+        """A JSON merge patch of the claim (or its ``/status``); the answer is assumed."""
         written = await asyncio.to_thread(
-            send_json, self._api, "PUT", _claim_path(claim, status), claim
+            functools.partial(
+                send_json,
+                self._api,
+                "PATCH",
+                _claim_path(claim, status),
+                patch,
+                content_type=MERGE_PATCH,
+            )
         )
         self.writes += 1
         self._assume(written)
@@ -444,16 +453,16 @@ class Controller:
                 await self.events.record(claim, "AllocationRefused", reason, "Warning")
                 return None
             case Allocate(allocation=allocation, node=node):
-                protected = with_finalizer(claim)
-                if protected is not None:
-                    claim = await self._put(protected)
-                body = with_allocation(claim, allocation, now_rfc3339(), keep_shares=True)
-                claim = await self._put(body, status=True)
+                protect = finalizer_patch(claim)
+                if protect is not None:
+                    claim = await self._patch(claim, protect)
+                body = allocation_patch(claim, allocation, now_rfc3339(), keep_shares=True)
+                claim = await self._patch(claim, body, status=True)
                 self.written[uid] = node or ""
                 await self.events.record(claim, "Allocated", describe_allocation(allocation))
                 return None
             case RecordRejected(node=node):
-                claim = await self._put(with_rejected(claim, node))
+                claim = await self._patch(claim, rejected_patch(claim, node))
                 self.written.pop(uid, None)
                 await self.events.record(
                     claim,
@@ -464,14 +473,14 @@ class Controller:
                 return claim
             case Deallocate(clear_status=clear_status):
                 if clear_status:
-                    claim = await self._put(without_allocation(claim), status=True)
+                    claim = await self._patch(claim, deallocation_patch(claim), status=True)
                     self.written.pop(uid, None)
                     await self.events.record(
                         claim, "Deallocated", "allocated but never reserved and no pod uses it"
                     )
-                unprotected = without_finalizer(claim)
-                if unprotected is not None:
-                    await self._put(unprotected)
+                unprotect = finalizer_removal_patch(claim)
+                if unprotect is not None:
+                    await self._patch(claim, unprotect)
                 self._enqueue_ours(pending_only=True)
                 return None
         return None

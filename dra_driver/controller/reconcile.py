@@ -6,10 +6,12 @@ assume cache laid over them) and returns one :class:`Decision`. Only claims
 whose requests use the controller-managed class are ours.
 
 :func:`apply` writes as the scheduler does: first the
-``resource.kubernetes.io/delete-protection`` finalizer (metadata PUT), then
-``status.allocation`` (status PUT), each with the resourceVersion it read
-(optimistic concurrency: a 409 surfaces as ``ApiConflictError`` and the caller
-re-reads and decides again).
+``resource.kubernetes.io/delete-protection`` finalizer, then ``status.allocation``
+(on ``/status``), each a JSON merge patch of only what changes, guarded by the
+resourceVersion it read (optimistic concurrency: a 409 surfaces as
+``ApiConflictError`` and the caller re-reads and decides again). Never a PUT:
+a PUT resends the spec, and the API server compares the spec's opaque
+parameters with the bytes the user sent.
 
 The VRAM quota of the claim's namespace (its ``<driver name>/vram-quota``
 annotation, :mod:`dra_driver.allocator.quota`) is handed to the allocator; a
@@ -340,51 +342,51 @@ def now_rfc3339(now: datetime.datetime | None = None) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def with_finalizer(claim: JsonObj) -> JsonObj | None:
-    """The claim with our finalizer added; ``None`` when it is already there."""
-    meta = dict(claim.get("metadata") or {})
-    finalizers = list(meta.get("finalizers") or [])
+def _guarded(claim: JsonObj, **metadata: Any) -> JsonObj:
+    """The metadata of a patch: ``metadata`` plus the resourceVersion the claim was read at,
+    so the write is refused (409) if anyone changed the claim since."""
+    version = (claim.get("metadata") or {}).get("resourceVersion")
+    return {**({"resourceVersion": version} if version else {}), **metadata}
+
+
+def finalizer_patch(claim: JsonObj) -> JsonObj | None:
+    """A merge patch adding our finalizer; ``None`` when it is already there.
+
+    A patch, never a PUT of the claim: a PUT resends the spec, whose opaque
+    parameters the API server compares byte for byte with what the user sent.
+    """
+    finalizers = list((claim.get("metadata") or {}).get("finalizers") or [])
     if FINALIZER in finalizers:
         return None
-    meta["finalizers"] = [*finalizers, FINALIZER]
-    return {**claim, "metadata": meta}
+    return {"metadata": _guarded(claim, finalizers=[*finalizers, FINALIZER])}
 
 
-def without_finalizer(claim: JsonObj) -> JsonObj | None:
-    meta = dict(claim.get("metadata") or {})
-    finalizers = list(meta.get("finalizers") or [])
+def finalizer_removal_patch(claim: JsonObj) -> JsonObj | None:
+    finalizers = list((claim.get("metadata") or {}).get("finalizers") or [])
     if FINALIZER not in finalizers:
         return None
-    meta["finalizers"] = [f for f in finalizers if f != FINALIZER]
-    return {**claim, "metadata": meta}
+    return {"metadata": _guarded(claim, finalizers=[f for f in finalizers if f != FINALIZER])}
 
 
-def with_rejected(claim: JsonObj, node: str) -> JsonObj:
-    meta = dict(claim.get("metadata") or {})
-    annotations = dict(meta.get("annotations") or {})
+def rejected_patch(claim: JsonObj, node: str) -> JsonObj:
     nodes = rejected_nodes(claim)
     if node not in nodes:
         nodes.append(node)
-    annotations[REJECTED_ANNOTATION] = ",".join(nodes)
-    meta["annotations"] = annotations
-    return {**claim, "metadata": meta}
+    return {"metadata": _guarded(claim, annotations={REJECTED_ANNOTATION: ",".join(nodes)})}
 
 
-def with_allocation(
+def allocation_patch(
     claim: JsonObj, allocation: Allocation, timestamp: str, *, keep_shares: bool
 ) -> JsonObj:
-    status = dict(claim.get("status") or {})
-    status["allocation"] = allocation.to_status(timestamp, keep_shares=keep_shares)
-    return {**claim, "status": status}
+    """A merge patch of ``/status`` writing ``status.allocation`` and nothing else."""
+    body = allocation.to_status(timestamp, keep_shares=keep_shares)
+    return {"metadata": _guarded(claim), "status": {"allocation": body}}
 
 
-def without_allocation(claim: JsonObj) -> JsonObj:
-    status = {
-        k: v
-        for k, v in (claim.get("status") or {}).items()
-        if k not in ("allocation", "devices", "reservedFor")
-    }
-    return {**claim, "status": status}
+def deallocation_patch(claim: JsonObj) -> JsonObj:
+    """A merge patch of ``/status`` clearing the allocation and what depends on it."""
+    cleared = {"allocation": None, "devices": None, "reservedFor": None}
+    return {"metadata": _guarded(claim), "status": cleared}
 
 
 def describe_allocation(allocation: Allocation) -> str:

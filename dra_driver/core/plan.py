@@ -152,6 +152,15 @@ class PlannedDevice:
     """MPS shares only."""
     mig: MigPlan | None = None
     """MIG devices only."""
+    grant_share_id: str | None = None
+    """A share without ``shareID`` (1.34/1.35 API servers drop it): the shareID of
+    the controller's ``GpuShareGrant`` for it, its stable identity on the node."""
+
+    @property
+    def share_key(self) -> str | None:
+        """What names this share on the node (its MPS namespace at the mps-agent):
+        the shareID, else the grant's."""
+        return self.share_id or self.grant_share_id
 
 
 @dataclass(frozen=True)
@@ -300,6 +309,11 @@ def plan_prepare(
                 cdi_device_ids=(f"{ctx.cdi_kind}={name}",),
                 limits=limits,
                 mig=_mig_plan(target) if target is not None else None,
+                grant_share_id=(
+                    _grant_share_id(claim, group, ctx)
+                    if share_id is None and mode in (Mode.MPS, Mode.SHARED)
+                    else None
+                ),
             )
         )
     if ctx.dmem is not None:
@@ -350,6 +364,18 @@ def _mode(
         f"the allocation holds a share of {gpu.device_name}, but this node does not share "
         f"it (sharing={sharing.value}); delete the claim so it is allocated again",
     )
+
+
+def _grant_share_id(
+    claim: ResourceClaim, group: Sequence[DeviceResult], ctx: NodeContext
+) -> str | None:
+    """The lowest shareID of the grants of ``group`` (results without shareID)."""
+    ids = [
+        grant.share_id
+        for result in group
+        if (grant := effective_config(result, claim.configs, ctx.driver_name).grant) is not None
+    ]
+    return min(ids) if ids else None
 
 
 def _has_grant(result: DeviceResult, claim: ResourceClaim, ctx: NodeContext) -> bool:

@@ -17,16 +17,15 @@ an ``ERROR`` event with a 410 Status (resourceVersion too old) is
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable
-from typing import Any, cast
 
 import urllib3
 from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.core.errors import ApiError
 from dra_driver.k8s.errors import translate_api_errors, truncate
-from dra_driver.k8s.rest import JsonObj, request_json
+from dra_driver.k8s.rest import JsonObj, api_exception, open_request, request_json
 
 DEFAULT_WATCH_TIMEOUT_S = 300
 """Server-side ``timeoutSeconds`` of one watch request."""
@@ -34,6 +33,40 @@ DEFAULT_WATCH_TIMEOUT_S = 300
 
 class WatchExpiredError(ApiError):
     """The watch's resourceVersion is older than the server keeps (410 Gone/Expired)."""
+
+
+class WatchCanceller:
+    """Ends a watch blocked in another thread at once (the stream's socket is shut down).
+
+    Without it a stopping process waits for the blocked read to time out (the
+    read timeout, 30 s by default): threads are joined at interpreter exit.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._response: urllib3.BaseHTTPResponse | None = None
+        self.cancelled = False
+
+    def attach(self, response: urllib3.BaseHTTPResponse | None) -> None:
+        """The stream now open (None: none is); one opened after :meth:`cancel` ends at once."""
+        with self._lock:
+            self._response = response
+            if self.cancelled and response is not None:
+                _shutdown(response)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._response is not None:
+                _shutdown(self._response)
+
+
+def _shutdown(response: urllib3.BaseHTTPResponse) -> None:
+    shutdown = getattr(response, "shutdown", None)  # urllib3 2.3+
+    if shutdown is not None:
+        shutdown()
+    else:
+        response.close()
 
 
 def list_objects(api_client: ApiClient, path: str) -> tuple[list[JsonObj], str]:
@@ -63,13 +96,13 @@ def watch_events(
     *,
     timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
     read_timeout_s: float = 30.0,
-    stopped: Callable[[], bool] = lambda: False,
+    canceller: WatchCanceller | None = None,
 ) -> None:
     """Watch ``path`` from ``resource_version``, calling ``emit(type, object)`` per event.
 
     Returns when the server ends the stream, when nothing arrived for
     ``read_timeout_s`` (the caller resumes from the last resourceVersion it
-    saw) or when ``stopped()`` turns true between events. Raises
+    saw) or when ``canceller`` is cancelled (at once, even while blocked). Raises
     :class:`WatchExpiredError` on a 410 ``ERROR`` event and :class:`ApiError`
     on other failures.
     """
@@ -80,12 +113,16 @@ def watch_events(
         ("allowWatchBookmarks", "true"),
     ]
     what = f"WATCH {path}"
+    canceller = canceller or WatchCanceller()
+    if canceller.cancelled:
+        return
     with translate_api_errors(what):
         response = _open_stream(api_client, path, query, read_timeout_s)
+    canceller.attach(response)
     try:
         with translate_api_errors(what):
             for line in _lines(response):
-                if stopped():
+                if canceller.cancelled:
                     return
                 if not line.strip():
                     continue
@@ -102,26 +139,30 @@ def watch_events(
                         raise WatchExpiredError(message, status=410)
                     raise ApiError(message, status=code if isinstance(code, int) else None)
                 emit(etype, obj)
+    except ApiError:
+        if canceller.cancelled:
+            return  # the cut stream of a cancelled watch, not a failure
+        raise
     finally:
+        canceller.attach(None)
         response.release_conn()
 
 
 def _open_stream(
     api_client: ApiClient, path: str, query: list[tuple[str, str]], read_timeout_s: float
 ) -> urllib3.BaseHTTPResponse:
-    client = cast(Any, api_client)
-    request = client.param_serialize(
-        method="GET",
-        resource_path=path,
-        query_params=query,
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
+    response = open_request(
+        api_client,
+        "GET",
+        path,
+        query=query,
+        timeout=urllib3.Timeout(connect=10.0, read=read_timeout_s),
     )
-    response = client.call_api(*request, _request_timeout=(10.0, read_timeout_s))
     if not 200 <= response.status <= 299:
-        response.read()
-        raise ApiException(http_resp=response)
-    return cast(urllib3.BaseHTTPResponse, response.response)
+        data = response.read()
+        response.release_conn()
+        raise api_exception(response.status, response.reason, data)
+    return response
 
 
 def _lines(response: urllib3.BaseHTTPResponse) -> Iterable[str]:
@@ -139,6 +180,9 @@ def _lines(response: urllib3.BaseHTTPResponse) -> Iterable[str]:
         yield pending.decode("utf-8", errors="replace")
 
 
+MERGE_PATCH = "application/merge-patch+json"
+
+
 def send_json(
     api_client: ApiClient,
     method: str,
@@ -146,7 +190,8 @@ def send_json(
     body: JsonObj | None = None,
     *,
     what: str | None = None,
+    content_type: str = "application/json",
 ) -> JsonObj:
     """One write or read, translated: ``ApiError`` (``ApiConflictError`` on 409...)."""
     with translate_api_errors(what or f"{method} {path}"):
-        return request_json(api_client, method, path, body=body)
+        return request_json(api_client, method, path, body=body, content_type=content_type)

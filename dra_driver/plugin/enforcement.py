@@ -112,15 +112,17 @@ def _mps_group(devices: Sequence[PlannedDevice], gpu_uuid: str) -> list[PlannedD
     return [d for d in devices if d.mode is Mode.MPS and d.gpu_uuid == gpu_uuid]
 
 
-def _share_key(group: Sequence[PlannedDevice]) -> str:
-    """The agent's key for a claim's namespace on a GPU: its lowest shareID."""
-    return min(d.share_id or "" for d in group)
+def _share_key(group: Sequence[PlannedDevice]) -> str | None:
+    """The agent's key for a claim's namespace on a GPU: its lowest share key (the
+    shareID, or the grant's for shares known by their grant); None: it has none."""
+    return min((k for d in group if (k := d.share_key)), default=None)
 
 
 def owned_shares(devices: Sequence[PlannedDevice]) -> list[tuple[str, str]]:
     """(GPU UUID, share key) of every namespace ``devices`` hold."""
     gpus = {d.gpu_uuid for d in devices if d.mode is Mode.MPS}
-    return [(gpu, _share_key(_mps_group(devices, gpu))) for gpu in sorted(gpus)]
+    keys = [(gpu, _share_key(_mps_group(devices, gpu))) for gpu in sorted(gpus)]
+    return [(gpu, key) for gpu, key in keys if key is not None]
 
 
 class Enforcer:
@@ -179,8 +181,9 @@ class Enforcer:
                 if device.mode is Mode.MPS:
                     if self.mps is not None and device.gpu_uuid not in released:
                         released.add(device.gpu_uuid)
-                        group = _mps_group(devices, device.gpu_uuid)
-                        await self.mps.release_share(device.gpu_uuid, _share_key(group))
+                        key = _share_key(_mps_group(devices, device.gpu_uuid))
+                        if key is not None:
+                            await self.mps.release_share(device.gpu_uuid, key)
                 else:
                     await self._release_one(device)
             except DriverError as err:
@@ -226,10 +229,16 @@ class Enforcer:
                 f"{first.device_name} is MPS-shared but this plugin has no mps-agent "
                 "(--mps-agent-socket); deploy the mps-agent DaemonSet on this node"
             )
+        key = _share_key(group)
+        if key is None:
+            raise InventoryError(
+                f"the MPS share of {first.device_name} has neither a shareID nor a "
+                "GpuShareGrant to name it; delete the claim so it is allocated again"
+            )
         percents = [d.limits.compute_percent for d in group if d.limits is not None]
         share = await self.mps.ensure_share(
             first.gpu_uuid,
-            _share_key(group),
+            key,
             claim_uid=claim.uid,
             memory_limit_bytes=mps_memory_on(group, first.gpu_uuid),
             active_thread_percentage=100 if 0 in percents else min(100, sum(percents)),

@@ -88,7 +88,9 @@ class Checkpoint:
 
 
 def _device_to_json(d: PlannedDevice) -> dict[str, Any]:
+    extra = {"grantShareID": d.grant_share_id} if d.grant_share_id else {}
     return {
+        **extra,
         "requestNames": list(d.request_names),
         "poolName": d.pool_name,
         "deviceName": d.device_name,
@@ -172,6 +174,7 @@ def _device_from_json(raw: Mapping[str, Any]) -> PlannedDevice:
             else None
         ),
         mig=_mig_from_json(mig) if (mig := raw.get("mig")) else None,
+        grant_share_id=raw.get("grantShareID"),
     )
 
 

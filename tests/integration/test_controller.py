@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
 from fractions import Fraction
 
 import pytest
@@ -24,6 +25,7 @@ from dra_driver.controller.reconcile import (
 )
 from dra_driver.core.quantity import parse_quantity
 from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.watch import MERGE_PATCH
 from tests.support import controller_env
 from tests.support.controller_env import (
     DRIVER,
@@ -101,9 +103,15 @@ def test_allocates_only_with_a_pod_and_writes_like_the_scheduler(fake_kube: Fake
     asyncio.run(scenario())
     claim = claim_of(fake_kube, "c1")
     assert FINALIZER in claim["metadata"]["finalizers"]
-    writes = [(m, p) for m, p in fake_kube.requests if m == "PUT" and "resourceclaims" in p]
-    assert writes[0][1].endswith("/resourceclaims/c1"), "finalizer first"
-    assert writes[1][1].endswith("/resourceclaims/c1/status"), "then the allocation"
+    writes = [r for r in fake_kube.request_log if r.method != "GET" and "resourceclaims" in r.path]
+    assert [(r.method, r.content_type) for r in writes] == [("PATCH", MERGE_PATCH)] * 2
+    assert writes[0].path.endswith("/resourceclaims/c1"), "finalizer first"
+    assert writes[1].path.endswith("/resourceclaims/c1/status"), "then the allocation"
+    # Only what changes, guarded by the resourceVersion read: never the spec.
+    for write in writes:
+        body = json.loads(write.body)
+        assert "spec" not in body and body["metadata"]["resourceVersion"]
+        assert write.body == json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     alloc = claim["status"]["allocation"]
     datetime.datetime.fromisoformat(alloc["allocationTimestamp"].replace("Z", "+00:00"))
     assert node_of(alloc) == "node-a"
@@ -194,8 +202,8 @@ def test_unreserved_claim_without_pod_is_deallocated(fake_kube: FakeKubeApi) -> 
 def test_conflicts_are_retried(fake_kube: FakeKubeApi) -> None:
     seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
     make_claim(fake_kube, "c1")
-    fake_kube.fail_next("PUT", "/resourceclaims/c1/status", 409)
-    fake_kube.fail_next("PUT", "/resourceclaims/c1", 409)
+    fake_kube.fail_next("PATCH", "/resourceclaims/c1/status", 409)
+    fake_kube.fail_next("PATCH", "/resourceclaims/c1", 409)
 
     async def scenario() -> None:
         async with running(fake_kube):
@@ -203,8 +211,8 @@ def test_conflicts_are_retried(fake_kube: FakeKubeApi) -> None:
             await eventually(lambda: allocation_of(fake_kube, "c1") is not None)
 
     asyncio.run(scenario())
-    status_puts = [p for m, p in fake_kube.requests if m == "PUT" and p.endswith("c1/status")]
-    assert len(status_puts) == 2
+    status_writes = [p for m, p in fake_kube.requests if m == "PATCH" and p.endswith("c1/status")]
+    assert len(status_writes) == 2
     assert FINALIZER in claim_of(fake_kube, "c1")["metadata"]["finalizers"]
 
 
@@ -424,9 +432,7 @@ def test_work_queue_coalesces() -> None:
 @pytest.mark.parametrize("memory", ["10Gi"])
 def test_claims_of_other_classes_are_left_alone(fake_kube: FakeKubeApi, memory: str) -> None:
     seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
-    claim = make_claim(fake_kube, "other", memory)
-    claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.fractional.dev"
-    fake_kube.update(claim)
+    controller_env.make_claim(fake_kube, "other", memory, device_class="gpu.fractional.dev")
 
     async def scenario() -> None:
         async with running(fake_kube) as controller:

@@ -43,7 +43,7 @@ def _status_writes(api: FakeKubeApi) -> list[str]:
     return [
         path.split("/")[-2]
         for method, path in api.requests
-        if method == "PUT" and path.endswith("/status") and "/resourceclaims/" in path
+        if method == "PATCH" and path.endswith("/status") and "/resourceclaims/" in path
     ]
 
 

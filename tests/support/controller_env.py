@@ -92,6 +92,8 @@ def make_claim(
     memory: str,
     namespace: str = "default",
     config: list[JsonObj] | None = None,
+    *,
+    device_class: str = CONTROLLER_CLASS,
 ) -> JsonObj:
     """A claim for ``memory`` of a share; ``config``: its ``spec.devices.config``."""
     devices: JsonObj = {
@@ -99,7 +101,7 @@ def make_claim(
             {
                 "name": "gpu",
                 "exactly": {
-                    "deviceClassName": CONTROLLER_CLASS,
+                    "deviceClassName": device_class,
                     "capacity": {"requests": {"memory": memory}},
                 },
             }

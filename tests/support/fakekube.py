@@ -142,7 +142,7 @@ class FakeKubeApi:
         ``drop_gated_fields``: drop the fields of the DRA gates that are off
         before 1.36; ``None`` decides by ``kube_minor``."""
         self.version = ServerVersion(kube_minor, drop_gated_fields)
-        self._store = Store(kinds, history_limit, self.version.prepare)
+        self._store = Store(kinds, history_limit, self.version.prepare, self.version.validate)
         self._lock = threading.Lock()  # requests, faults and connections
         self._request_log: list[RecordedRequest] = []
         self._faults: list[Fault] = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import sys
 import time
@@ -13,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tests.support.fakekube_raw import decode_body, encode_wire, raw_paths
 from tests.support.fakekube_selectors import parse_field_selector, parse_label_selector
 from tests.support.fakekube_store import Store, WatchFilter, without
 from tests.support.fakekube_types import (
@@ -33,6 +33,8 @@ class RecordedRequest:
     """Without the query string."""
     query: Mapping[str, list[str]]
     content_type: str | None
+    body: bytes = b""
+    """Exactly the bytes sent."""
 
 
 @dataclass
@@ -132,21 +134,20 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = self.headers.get("Content-Type")
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fault = self.server.record(
-            RecordedRequest(method, url.path, query, content_type), self.path
+            RecordedRequest(method, url.path, query, content_type, raw), self.path
         )
         if fault is not None:
             self._send_fault(fault)
-            return
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            self._send_json(400, bad_request("the request body is not valid JSON").status())
             return
         try:
             if method == "GET" and url.path.rstrip("/") == "/version":
                 self._send_json(200, self.server.version_info)
                 return
             route = route_for(store.kinds, url.path)
+            try:
+                body = decode_body(raw.decode(), raw_paths(route.kind)) if raw else None
+            except ValueError:
+                raise bad_request("the request body is not valid JSON") from None
 
             def param(name: str) -> str:
                 return query.get(name, [""])[-1]
@@ -164,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(code, obj)
 
     def _send_json(self, code: int, obj: JsonObj, headers: Mapping[str, str] | None = None) -> None:
-        data = json.dumps(obj).encode()
+        data = encode_wire(obj)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -246,7 +247,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
     def _write_event(self, event_type: str, obj: JsonObj) -> None:
-        line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+        line = encode_wire({"type": event_type, "object": obj}) + b"\n"
         self.wfile.write(b"%X\r\n%s\r\n" % (len(line), line))
 
 
@@ -277,14 +278,20 @@ def _handle(
                 "items": [without(i, "kind", "apiVersion") for i in items],
             }
         if method == "POST" and (namespace is not None or not kind.namespaced):
-            return 201, store.create(kind, namespace, body, dry_run=dry_run)
+            return 201, store.create(kind, namespace, body, dry_run=dry_run, checked=True)
     else:
         status_only = route.subresource == "status"
         if method == "GET":
             return 200, store.get(kind, namespace, name)
         if method == "PUT":
             return 200, store.replace(
-                kind, namespace, name, body, status_only=status_only, dry_run=dry_run
+                kind,
+                namespace,
+                name,
+                body,
+                status_only=status_only,
+                dry_run=dry_run,
+                checked=True,
             )
         if method == "PATCH":
             return 200, store.patch(
@@ -297,6 +304,7 @@ def _handle(
                 dry_run=dry_run,
                 field_manager=param("fieldManager"),
                 force=param("force") == "true",
+                checked=True,
             )
         if method == "DELETE" and not status_only:
             gone, obj = store.delete(kind, namespace, name, body, dry_run=dry_run)

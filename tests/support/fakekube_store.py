@@ -20,6 +20,14 @@ from typing import Any
 
 from tests.support.fakekube_apply import APPLY_MEDIA_TYPE, Owners, apply_claim_devices
 from tests.support.fakekube_patch import json_patch, merge_patch
+from tests.support.fakekube_raw import (
+    as_answered,
+    as_generic,
+    as_patched,
+    as_sent,
+    check_claim_update,
+    same_bytes,
+)
 from tests.support.fakekube_selectors import Predicate
 from tests.support.fakekube_types import (
     FakeApiError,
@@ -100,6 +108,15 @@ def _keep_all(kind: ResourceKind, obj: JsonObj) -> None:
     """The default :data:`Prepare`: store what was sent."""
 
 
+Validate = Callable[[ResourceKind, JsonObj], None]
+"""Called on every object a checked (HTTP) write is about to store: raises
+:class:`FakeApiError` when it does not match its kind's schema."""
+
+
+def _accept_all(kind: ResourceKind, obj: JsonObj) -> None:
+    """The default :data:`Validate`."""
+
+
 class Store:
     """All objects and the event history, guarded by one condition variable.
 
@@ -113,9 +130,11 @@ class Store:
         kinds: tuple[ResourceKind, ...],
         history_limit: int,
         prepare: Prepare = _keep_all,
+        validate: Validate = _accept_all,
     ) -> None:
         self.kinds = kinds
         self._prepare = prepare
+        self._validate = validate
         self._cond = threading.Condition()
         self._closing = False
         self._active_watches = 0
@@ -157,13 +176,15 @@ class Store:
         *,
         keep_uid: bool = False,
         dry_run: bool = False,
+        checked: bool = False,
     ) -> JsonObj:
         """POST. ``keep_uid`` keeps a given ``metadata.uid`` (seeding tests); the API never does.
+        ``checked``: validate against the kind's schema (HTTP writes).
 
         A dry run answers like the API server's: uid, creationTimestamp and
         generation are filled in, resourceVersion stays empty.
         """
-        obj = self._checked_body(kind, body)
+        obj = as_sent(self._checked_body(kind, body), kind)
         meta = obj["metadata"]
         if kind.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
@@ -195,6 +216,8 @@ class Store:
                 meta["uid"] = str(uuid.uuid4())
             meta.update(creationTimestamp=_now(), generation=1)
             self._prepare(kind, obj)
+            if checked:
+                self._validate(kind, obj)
             if not dry_run:
                 self._commit(kind, key, "ADDED", obj, None)
             return copy.deepcopy(obj)
@@ -208,11 +231,21 @@ class Store:
         *,
         status_only: bool = False,
         dry_run: bool = False,
+        checked: bool = False,
     ) -> JsonObj:
         """PUT, on the main resource or (``status_only``) the status subresource."""
-        new = self._checked_body(kind, body)
+        new = as_sent(self._checked_body(kind, body), kind)
         with self._cond:
-            return self._write(kind, namespace, name, new, status_only=status_only, dry_run=dry_run)
+            return self._write(
+                kind,
+                namespace,
+                name,
+                new,
+                status_only=status_only,
+                dry_run=dry_run,
+                checked=checked,
+                resent_status=False,
+            )
 
     def patch(
         self,
@@ -226,30 +259,52 @@ class Store:
         dry_run: bool = False,
         field_manager: str = "",
         force: bool = False,
+        checked: bool = False,
     ) -> JsonObj:
-        """``field_manager``/``force``: server-side apply (claims' status.devices only)."""
+        """``field_manager``/``force``: server-side apply (claims' status.devices only).
+
+        Opaque parameters are re-encoded as :mod:`fakekube_raw` describes: JSON
+        (merge) patches work on the object as answered, strategic merge patches
+        and apply on Go's generic form of it.
+        """
         media = content_type.split(";", 1)[0].strip().lower()
         with self._cond:
             current = self._get(kind, namespace, name)
             owners: Owners | None = None
-            if media in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
-                patched = merge_patch(current, patch)
+            if media == "application/merge-patch+json":
+                patched = as_patched(
+                    merge_patch(as_answered(copy.deepcopy(current), kind), patch), kind
+                )
+            elif media == "application/strategic-merge-patch+json":
+                patched = as_generic(
+                    merge_patch(as_generic(copy.deepcopy(current), kind), patch), kind
+                )
             elif media == "application/json-patch+json":
-                patched = json_patch(current, patch)
+                patched = as_patched(
+                    json_patch(as_answered(copy.deepcopy(current), kind), patch), kind
+                )
             elif media == APPLY_MEDIA_TYPE and kind.kind == "ResourceClaim" and status_only:
                 owner_key = (self._key(kind, namespace, name), str(current["metadata"]["uid"]))
                 patched, owners = apply_claim_devices(
-                    current,
+                    as_generic(copy.deepcopy(current), kind),
                     patch,
                     field_manager,
                     self._apply_owners.get(owner_key, {}),
                     force=force,
                 )
+                patched = as_generic(patched, kind)
             else:
                 raise FakeApiError(415, f"the body of the request was in an unknown format {media}")
             new = self._checked_body(kind, patched)
             written = self._write(
-                kind, namespace, name, new, status_only=status_only, dry_run=dry_run
+                kind,
+                namespace,
+                name,
+                new,
+                status_only=status_only,
+                dry_run=dry_run,
+                checked=checked,
+                resent_status=True,
             )
             if owners is not None and not dry_run:
                 self._apply_owners[owner_key] = owners
@@ -398,10 +453,22 @@ class Store:
         *,
         status_only: bool,
         dry_run: bool,
+        checked: bool,
+        resent_status: bool,
     ) -> JsonObj:
+        """``resent_status``: the write carries the whole object as the server re-encoded
+        it (a patch), so a main-resource write is checked against the stored status too."""
         if status_only and not kind.status_subresource:
             raise unknown_path()
         current = self._get(kind, namespace, name)
+        check_claim_update(
+            kind,
+            name,
+            current,
+            new,
+            spec=not status_only,
+            status=status_only or resent_status,
+        )
         cur_meta, new_meta = current["metadata"], new["metadata"]
         _check_identity(kind, namespace, name, new_meta)
         wanted_rv = new_meta.get("resourceVersion")
@@ -430,7 +497,9 @@ class Store:
             else:
                 meta.pop(attr, None)
         self._prepare(kind, obj)
-        if obj == current:
+        if checked:
+            self._validate(kind, obj)
+        if same_bytes(obj, current):
             return copy.deepcopy(current)  # a no-op write keeps its resourceVersion
         if without(obj, "metadata", "status") != without(current, "metadata", "status"):
             meta["generation"] = int(cur_meta.get("generation", 0)) + 1

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.support.fakekube_schema import check_schema
 from tests.support.fakekube_types import FakeApiError, JsonObj, ResourceKind
 
 _Path = tuple[str, ...]
@@ -133,6 +134,10 @@ class ServerVersion:
                     kind=kind,
                     name=name,
                 )
+
+    def validate(self, kind: ResourceKind, obj: JsonObj) -> None:
+        """The official schema of this release (:mod:`tests.support.fakekube_schema`)."""
+        check_schema(kind, obj, self.minor)
 
 
 def default_taint_times(obj: JsonObj) -> None:

@@ -99,6 +99,12 @@ VALUE_SETS: dict[str, list[str]] = {
         "--set",
         "controller.enabled=true",
     ],
+    "extended-resources": [
+        "--set",
+        "extendedResources.enabled=true",
+        "--set-json",
+        'extendedResources.mig.names={"1g.10gb": "example.com/small-gpu"}',
+    ],
     "no-metrics-no-dmem": [
         "--set",
         "metrics.enabled=false",
@@ -277,6 +283,43 @@ def test_values_schema_is_closed_and_covers_every_value() -> None:
                 "metrics.serviceMonitor.enabled=true",
             ],
             "metrics.serviceMonitor.enabled=false",
+        ),
+        (
+            [
+                "--namespace",
+                NAMESPACE,
+                "--set",
+                "extendedResources.enabled=true",
+                "--set",
+                "extendedResources.mig.namePrefix=nvidia.com/mig+",
+            ],
+            '"nvidia.com/mig+1g.5gb" is not an extended resource name',
+        ),
+        (
+            [
+                "--namespace",
+                NAMESPACE,
+                "--set",
+                "extendedResources.enabled=true",
+                "--set-json",
+                'extendedResources.mig.names={"1g.5gb": "nvidia.com/gpu"}',
+            ],
+            'two classes would serve "nvidia.com/gpu"',
+        ),
+        (
+            ["--namespace", NAMESPACE, "--set", "extendedResources.gpu.name=gpu"],
+            "/extendedResources/gpu/name': 'anyOf' failed",
+        ),
+        (
+            [
+                "--namespace",
+                NAMESPACE,
+                "--set",
+                "extendedResources.enabled=true",
+                "--set",
+                "extendedResources.gpu.name=example.kubernetes.io/gpu",
+            ],
+            "is in the kubernetes.io domain",
         ),
     ],
 )
@@ -938,3 +981,81 @@ def test_claim_status_policy_allows_only_own_node_and_own_entries() -> None:
     assert f"entries of driver {DRIVER}" in refused("node-a", old, _claim("node-a", []))
     unallocated = {"metadata": {"name": "c"}, "status": {}}
     assert "may only write" in refused("node-a", unallocated, unallocated)
+
+
+# --- DRA extended resources (KEP-5004) -------------------------------------------------
+
+
+def test_extended_resource_classes_only_when_enabled() -> None:
+    """Off by default: no class with extendedResourceName, no EXTENDED_RESOURCE_NAMES."""
+    for value_set in ("defaults", "fake"):
+        docs = render(value_set)
+        assert not [
+            d for d in docs if d["kind"] == "DeviceClass" and "extendedResourceName" in d["spec"]
+        ]
+        plugin = container(find(docs, "DaemonSet", "-kubelet-plugin"), "kubelet-plugin")
+        assert "EXTENDED_RESOURCE_NAMES" not in env_of(plugin)
+
+
+def test_extended_resource_classes_and_the_names_the_plugin_checks() -> None:
+    docs = render("extended-resources")
+    served = {
+        d["spec"]["extendedResourceName"]: d["metadata"]["name"]
+        for d in docs
+        if d["kind"] == "DeviceClass" and "extendedResourceName" in d["spec"]
+    }
+    assert served["nvidia.com/gpu"] == "whole.gpu.fractional.dev"
+    assert served["nvidia.com/mig-3g.40gb"] == "mig-3g.40gb.gpu.fractional.dev"
+    assert served["example.com/small-gpu"] == "mig-1g.10gb.gpu.fractional.dev"  # overridden
+    assert "nvidia.com/mig-1g.10gb" not in served
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert len(served) == 1 + len(values["extendedResources"]["mig"]["profiles"])
+    plugin = container(find(docs, "DaemonSet", "-kubelet-plugin"), "kubelet-plugin")
+    names = env_of(plugin)["EXTENDED_RESOURCE_NAMES"]["value"].split(",")
+    assert sorted(names) == sorted(served)
+    # The normal classes are still there and unchanged.
+    classes = {d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"}
+    assert {"gpu.fractional.dev", "mig.gpu.fractional.dev", "share.gpu.fractional.dev"} <= classes
+
+
+def test_extended_resources_gpu_class_can_be_renamed_or_left_out() -> None:
+    done = _run_helm(
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--set", "extendedResources.enabled=true",
+        "--set", "extendedResources.gpu.name=example.com/gpu",
+        "--set", "extendedResources.gpu.className=gpu-ext.example.com",
+        "--set-json", "extendedResources.mig.profiles=[]",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    served = {
+        d["metadata"]["name"]: d["spec"]["extendedResourceName"]
+        for d in docs
+        if d["kind"] == "DeviceClass" and "extendedResourceName" in d["spec"]
+    }
+    assert served == {"gpu-ext.example.com": "example.com/gpu"}
+    done = _run_helm(
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--set", "extendedResources.enabled=true", "--set", "extendedResources.gpu.name=",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    names = [
+        d["spec"]["extendedResourceName"]
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "DeviceClass" and "extendedResourceName" in d["spec"]
+    ]
+    assert names and "nvidia.com/gpu" not in names
+
+
+def test_extended_resources_notes_warn_about_the_device_plugin() -> None:
+    done = _run_helm(
+        "install", RELEASE, str(CHART), "--dry-run", "--namespace", NAMESPACE,
+        "--set", "extendedResources.enabled=true",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert "do not run the NVIDIA device plugin" in notes
+    assert "alpha and OFF in 1.34/1.35" in notes
+    assert "ExtendedResourceConflict" in notes
+    done = _run_helm("install", RELEASE, str(CHART), "--dry-run", "--namespace", NAMESPACE)
+    assert "device plugin" not in done.stdout.split("NOTES:", 1)[1]

@@ -32,7 +32,11 @@ EXPECTED = {
     "mig-1g-by-cel",
     "shared-claim-two-pods",
     "count-two-distinct",
+    "device-plugin-pod",
 }
+EXTENDED_RESOURCE_EXAMPLES = {"device-plugin-pod": "nvidia.com/gpu"}
+"""Examples written for a device plugin: no claims, an extended resource in the limits
+(served by the chart's extendedResources classes, KEP-5004)."""
 SCHEMA_VERSIONS = ("1.34.0", "1.36.0")
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 
@@ -87,7 +91,16 @@ def test_example_is_one_namespace_with_claims_and_pods(name: str) -> None:
         assert obj["metadata"].get("namespace") == namespace, obj["metadata"]
     kinds = {obj["kind"] for obj in docs}
     assert "Pod" in kinds
-    assert kinds & set(CLAIM_KINDS)
+    if name not in EXTENDED_RESOURCE_EXAMPLES:
+        assert kinds & set(CLAIM_KINDS)
+        return
+    # Unchanged device-plugin style: no DRA object or field, the extended resource asked.
+    assert not kinds & set(CLAIM_KINDS), kinds
+    for pod in (obj for obj in docs if obj["kind"] == "Pod"):
+        assert "resourceClaims" not in pod["spec"]
+        for ctr in pod["spec"]["containers"]:
+            assert "claims" not in ctr["resources"]
+            assert ctr["resources"]["limits"] == {EXTENDED_RESOURCE_EXAMPLES[name]: 1}
 
 
 @examples
@@ -144,13 +157,13 @@ def test_claim_references_resolve(name: str) -> None:
     names = {(obj["kind"], obj["metadata"]["name"]) for obj in docs}
     for pod in (obj for obj in docs if obj["kind"] == "Pod"):
         spec = pod["spec"]
-        declared = {c["name"] for c in spec["resourceClaims"]}
-        for entry in spec["resourceClaims"]:
+        declared = {c["name"] for c in spec.get("resourceClaims", [])}
+        for entry in spec.get("resourceClaims", []):
             if "resourceClaimTemplateName" in entry:
                 assert ("ResourceClaimTemplate", entry["resourceClaimTemplateName"]) in names
             else:
                 assert ("ResourceClaim", entry["resourceClaimName"]) in names
-        used = {c["name"] for ctr in spec["containers"] for c in ctr["resources"]["claims"]}
+        used = {c["name"] for ctr in spec["containers"] for c in ctr["resources"].get("claims", [])}
         assert used == declared, pod["metadata"]["name"]
 
 

@@ -166,14 +166,14 @@ def test_list_shape_and_cluster_wide_list(fake_kube: FakeKubeApi) -> None:
 
 
 def test_update_conflicts_on_stale_resource_version(fake_kube: FakeKubeApi) -> None:
-    created = fake_kube.create(resource_claim("default", "c1"))
+    created = fake_kube.create(node_object("n1"))
     changed = json.loads(json.dumps(created))
-    changed["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
-    code, updated = call(fake_kube, "PUT", f"{CLAIMS}/c1", changed)
+    changed["spec"] = {"unschedulable": True}
+    code, updated = call(fake_kube, "PUT", f"{NODES}/n1", changed)
     assert code == 200
     assert int(updated["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
     assert updated["metadata"]["generation"] == 2
-    code, status = call(fake_kube, "PUT", f"{CLAIMS}/c1", changed)  # the old resourceVersion
+    code, status = call(fake_kube, "PUT", f"{NODES}/n1", changed)  # the old resourceVersion
     assert (code, status["reason"]) == (409, "Conflict")
     assert "the object has been modified" in status["message"]
 
@@ -199,10 +199,11 @@ def test_main_resource_writes_keep_status_and_status_writes_keep_the_rest(
     assert updated["status"] == {"allocation": None}
     assert updated["metadata"]["generation"] == 1  # status writes never bump generation
 
-    patch = {"status": {"allocation": None, "reservedFor": [{"resource": "pods", "name": "p"}]}}
+    pod = {"resource": "pods", "name": "p", "uid": "u-1"}
+    patch = {"status": {"allocation": None, "reservedFor": [pod]}}
     code, patched = call(fake_kube, "PATCH", f"{CLAIMS}/c1/status", patch, MERGE)
     assert code == 200
-    assert patched["status"] == {"reservedFor": [{"resource": "pods", "name": "p"}]}
+    assert patched["status"] == {"reservedFor": [pod]}
 
 
 @pytest.mark.parametrize(

@@ -224,3 +224,28 @@ spec:
           action: replace
       {{- end }}
 {{- end -}}
+
+{{/* DRA extended resources (KEP-5004) -------------------------------------------- */}}
+
+{{/* "fgd.migResourceName" (list $ "1g.10gb"): the extended resource name of a MIG profile. */}}
+{{- define "fgd.migResourceName" -}}
+{{- $ctx := index . 0 -}}
+{{- $profile := index . 1 -}}
+{{- $mig := $ctx.Values.extendedResources.mig -}}
+{{- default (printf "%s%s" $mig.namePrefix $profile) (get $mig.names $profile) -}}
+{{- end -}}
+
+{{/* Every extended resource name the chart's classes serve, comma-separated
+(EXTENDED_RESOURCE_NAMES, NOTES); empty when extendedResources.enabled=false. */}}
+{{- define "fgd.extendedResourceNames" -}}
+{{- $names := list -}}
+{{- if .Values.extendedResources.enabled -}}
+{{- if .Values.extendedResources.gpu.name -}}
+{{- $names = append $names .Values.extendedResources.gpu.name -}}
+{{- end -}}
+{{- range .Values.extendedResources.mig.profiles -}}
+{{- $names = append $names (include "fgd.migResourceName" (list $ .)) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
