@@ -19,6 +19,7 @@ from typing import Any
 from dra_driver.allocator.capacity import effective_capacity
 from dra_driver.allocator.cel import SelectorCache
 from dra_driver.allocator.device_index import _Group, _Match, _MatchKey, _memory_floor
+from dra_driver.allocator.explain import unfit_reason
 from dra_driver.allocator.ledger import build_ledger
 from dra_driver.allocator.model import (
     AllocatedResult,
@@ -220,12 +221,8 @@ class AllocatorState(_NodeSearch):
         if best is None:
             if budget is not None and budget.blocked is not None:
                 return self._over_quota(claim, budget)
-            checked = sum(1 for d in self.devices if usable(d))
             return AllocationOutcome(
-                reason=f"cannot allocate claim {claim.namespace}/{claim.name}: no node has"
-                f" controller-managed devices that match and fit every request"
-                f" ({checked} candidate device(s) checked)",
-                failure="unfit",
+                reason=self._unfit(claim, matches, usable, single=simple), failure="unfit"
             )
         allocation = _build(
             claim=claim,
@@ -259,6 +256,25 @@ class AllocatorState(_NodeSearch):
                         return AllocationOutcome(reason=str(error), failure="selector-error")
                 matches.append((alt, match))
         return matches
+
+    def _unfit(
+        self,
+        claim: Claim,
+        matches: list[tuple[ExactRequest, _Match]],
+        usable: Callable[[Device], bool],
+        *,
+        single: bool,
+    ) -> str:
+        alt = matches[0][0]
+        return unfit_reason(
+            claim,
+            driver=self.driver_name,
+            devices=self.devices,
+            ledger=self.ledger,
+            usable=usable,
+            matching=sorted({i for _, match in matches for i in match.devices}),
+            requested=_requested(alt, claim, self.driver_name) if single else None,
+        )
 
     def record_claim(self, claim_obj: Mapping[str, Any]) -> None:
         """Add a claim allocated elsewhere (its ``status.allocation``) to the ledger."""

@@ -239,11 +239,17 @@ def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any
 
 def node_fits_pod(node: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
     """The pod's nodeSelector, required node affinity and tolerations allow ``node``."""
+    return why_node_unfit(node, pod) is None
+
+
+def why_node_unfit(node: Mapping[str, Any], pod: Mapping[str, Any]) -> str | None:
+    """What keeps ``pod`` off ``node`` (its selector, affinity, an untolerated taint), or None."""
     spec = pod.get("spec") or {}
+    pod_name = (pod.get("metadata") or {}).get("name", "")
     labels = (node.get("metadata") or {}).get("labels") or {}
     for key, value in (spec.get("nodeSelector") or {}).items():
         if labels.get(key) != value:
-            return False
+            return f"pod {pod_name}'s nodeSelector {key}={value} does not match"
     required = (
         ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
             "requiredDuringSchedulingIgnoredDuringExecution"
@@ -251,15 +257,18 @@ def node_fits_pod(node: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
         or {}
     ).get("nodeSelectorTerms")
     if required is not None and not any(_term_matches(t, node) for t in required):
-        return False
+        return f"pod {pod_name}'s required node affinity does not match"
     tolerations = spec.get("tolerations") or []
     taints = list((node.get("spec") or {}).get("taints") or [])
     if (node.get("spec") or {}).get("unschedulable"):
         taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
-    return all(
-        t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerates(tolerations, t)
-        for t in taints
-    )
+    for t in taints:
+        if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, t):
+            value = f"={t['value']}" if t.get("value") else ""
+            return (
+                f"taint {t.get('key')}{value}:{t.get('effect')} is not tolerated by pod {pod_name}"
+            )
+    return None
 
 
 # --- decide (pure) ---------------------------------------------------------------------
@@ -305,14 +314,20 @@ def decide(  # noqa: PLR0911 (one return per decision)
     except InvalidQuotaError as err:
         return Wait(f"claim not allocated: {err}", event=True, cause="invalid-quota")
     rejected = set(rejected_nodes(claim))
+    excluded: dict[str, str] = {}
 
     def node_filter(name: str) -> bool:
         node = nodes.get(name)
-        return (
-            node is not None
-            and name not in rejected
-            and all(node_fits_pod(node, p) for p in pending)
+        why = (
+            "no such Node"
+            if node is None
+            else "rejected by the scheduler"
+            if name in rejected
+            else next((w for p in pending if (w := why_node_unfit(node, p))), None)
         )
+        if why is not None:
+            excluded[name] = why
+        return why is None
 
     outcome = allocate(
         claim,
@@ -328,8 +343,12 @@ def decide(  # noqa: PLR0911 (one return per decision)
     )
     if outcome.allocation is None:
         why = outcome.reason or "nothing fits"
-        if rejected:
-            why += f" (nodes rejected by the scheduler: {', '.join(sorted(rejected))})"
+        if excluded:
+            why += (
+                " (nodes left out: "
+                + "; ".join(f"{name}: {reason}" for name, reason in sorted(excluded.items()))
+                + ")"
+            )
         return Wait(why, event=True, cause=outcome.failure or "unfit")
     return Allocate(outcome.allocation, outcome.allocation.node_name)
 

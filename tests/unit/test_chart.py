@@ -534,6 +534,18 @@ def test_controller_only_when_enabled() -> None:
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def test_allocator_auto_follows_the_controller() -> None:
+    """The default: GPUs are published for the controller exactly when it runs."""
+
+    def allocator(value_set: str) -> str:
+        plugin = find(render(value_set), "DaemonSet", "-kubelet-plugin")
+        return str(env_of(container(plugin, "kubelet-plugin"))["ALLOCATOR"]["value"])
+
+    assert allocator("defaults") == "scheduler"
+    assert allocator("no-metrics-no-dmem") == "controller"  # controller.enabled, allocator auto
+    assert allocator("controller") == "controller"
+
+
 def test_device_classes_and_sentinel() -> None:
     classes = {
         d["metadata"]["name"]: [s["cel"]["expression"] for s in d["spec"]["selectors"]]

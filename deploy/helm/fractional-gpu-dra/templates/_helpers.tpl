@@ -249,3 +249,15 @@ spec:
 {{- end -}}
 {{- join "," $names -}}
 {{- end -}}
+
+{{/*
+The allocator the node default resolves to: "auto" is the controller when it runs.
+*/}}
+{{- define "fgd.allocator" -}}
+{{- $allocator := .Values.nodeSettings.defaults.allocator -}}
+{{- if eq $allocator "auto" -}}
+{{- ternary "controller" "scheduler" (.Values.controller.enabled | default false) -}}
+{{- else -}}
+{{- $allocator -}}
+{{- end -}}
+{{- end }}
