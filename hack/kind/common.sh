@@ -31,8 +31,10 @@
 #   NODE_LABEL_VALUE      its value (default: true)
 #   GPU_NODE_SELECTOR     label selector of the nodes to opt in
 #                         (default: !node-role.kubernetes.io/control-plane, the workers)
-#   ALLOCATOR             who allocates the GPUs by default: scheduler | controller
-#                         (default: scheduler, the native path)
+#   ALLOCATOR             which allocator the nodes' GPUs are published for by default:
+#                         scheduler | controller | auto (the chart's nodeSettings.defaults;
+#                         default here: scheduler, so that only CONTROLLER_GPU is the
+#                         controller's and the native tests keep their shareable GPUs)
 #   CONTROLLER_ENABLED    run the controller Deployment (default: true)
 #   CONTROLLER_GPU        index of the GPU that the controller allocates on each
 #                         opted-in node (allocator: controller, a per-node setting), so
