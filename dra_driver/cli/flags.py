@@ -77,7 +77,12 @@ def _metrics_flags(parser: argparse.ArgumentParser) -> None:
         "serve Prometheus metrics at :PORT/metrics; 0 turns them off",
         default="0",
     )
-    add_flag(parser, "--metrics-address", "address the metrics server binds", default="0.0.0.0")
+    add_flag(
+        parser,
+        "--metrics-address",
+        "address the metrics server (and the kubelet plugin's /readyz) binds",
+        default="0.0.0.0",
+    )
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:

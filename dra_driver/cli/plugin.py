@@ -162,6 +162,13 @@ def _plugin_parser(sub: Any) -> None:
     _claim_reporting_flags(plugin)
     add_flag(
         plugin,
+        "--readiness-port",
+        "serve GET /readyz at :PORT (200 once registered with the kubelet and the "
+        "ResourceSlices are published, 503 with why otherwise); 0 turns it off",
+        default="0",
+    )
+    add_flag(
+        plugin,
         "--extended-resource-names",
         "comma-separated extended resource names our DeviceClasses serve (KEP-5004, e.g. "
         "nvidia.com/gpu); at start the plugin warns if this node's device plugin advertises one",
@@ -212,6 +219,8 @@ def _run_plugin(args: argparse.Namespace) -> int:
         dmem_limits=DmemLimits(args.dmem_limits),
         hook_dir=args.hook_dir,
         cgroup_root=args.cgroup_root,
+        readiness_port=_readiness_port(args.readiness_port),
+        readiness_address=args.metrics_address,
     )
     config.validate()
     port = metrics_port(args.metrics_port)
@@ -250,6 +259,21 @@ def _run_plugin(args: argparse.Namespace) -> int:
         claims.close()
         publisher.close()
     return 0
+
+
+def _readiness_port(text: str) -> int | None:
+    from dra_driver.core.errors import ConfigError
+
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ConfigError(
+            f"--readiness-port (READINESS_PORT): {text!r} is not a port number (1-65535), "
+            "or 0 to turn /readyz off"
+        )
+    return port or None
 
 
 async def _run_with_startup_checks(

@@ -214,6 +214,7 @@ class SlicePublisher:
         desired_fn: DesiredFn,
         *,
         on_publish: Callable[[PublishResult], object] | None = None,
+        on_failure: Callable[[Exception, int], object] | None = None,
     ) -> NoReturn:
         """Publish now, then whenever requested, until cancelled.
 
@@ -222,7 +223,8 @@ class SlicePublisher:
         them). When a publish still fails after :meth:`publish`'s own retries,
         or ``desired_fn`` raises, the error is logged and the publish is
         retried after a growing backoff, or at once on the next request.
-        ``on_publish`` is called with every successful result.
+        ``on_publish`` is called with every successful result, ``on_failure``
+        with every failed attempt's error and the failures in a row.
         """
         self._requested.set()
         failures = 0
@@ -244,6 +246,8 @@ class SlicePublisher:
                     err,
                     exc_info=not isinstance(err, ApiError),
                 )
+                if on_failure is not None:
+                    on_failure(err, failures)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._requested.wait(), timeout=delay)
                 self._requested.set()

@@ -73,6 +73,9 @@ class SlicePublishing:
         self.taints = taints
         self.capabilities: Capabilities | None = None
         self.last_result: PublishResult | None = None
+        """The last successful publish."""
+        self.failing: str | None = None
+        """Why the publishes since the last success failed (None: the last one succeeded)."""
         self._reprobe = True
 
     def on_registered(self) -> None:
@@ -107,6 +110,7 @@ class SlicePublishing:
 
     def _published(self, result: PublishResult) -> None:
         self.last_result = result
+        self.failing = None
         if result.changed:
             log.info(
                 "published ResourceSlices generation %d: %d created, %d updated, %d deleted",
@@ -116,5 +120,8 @@ class SlicePublishing:
                 len(result.deleted),
             )
 
+    def _failed(self, err: Exception, failures: int) -> None:
+        self.failing = f"{failures} publish(es) in a row failed, the last with: {err}"
+
     async def run(self) -> NoReturn:
-        await self.publisher.run(self.desired, on_publish=self._published)
+        await self.publisher.run(self.desired, on_publish=self._published, on_failure=self._failed)

@@ -47,6 +47,7 @@ from dra_driver.plugin.enforcement import DmemLimits, Enforcer, dmem_hook_settin
 from dra_driver.plugin.health_monitor import HealthListener, HealthMonitor
 from dra_driver.plugin.mps_watch import MpsUidWatch
 from dra_driver.plugin.publishing import ProbeFn, SlicePublishing
+from dra_driver.plugin.readiness import Readiness, ReadinessServer, check_readiness
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState, read_boot_id
 from dra_driver.state.locks import NodeLock
 
@@ -95,6 +96,10 @@ class PluginConfig:
     """Host directory the dmem hook script is installed into (hostPath, same path)."""
     cgroup_root: str = DEFAULT_CGROUP_ROOT
     """The host's cgroup v2 root as the plugin sees it (dmem detection)."""
+    readiness_port: int | None = None
+    """Serve ``/readyz`` on this port (plugin/readiness.py); None: not served, 0: any
+    free port (tests)."""
+    readiness_address: str = "0.0.0.0"
 
     def validate(self) -> None:
         if not self.node_name:
@@ -153,9 +158,29 @@ class PluginRuntime:
         self.driver: Driver | None = None
         self.server: PluginServer | None = None
         self.reconcile_report: ReconcileReport | None = None
+        self.readiness_server: ReadinessServer | None = None
+        self._started = False
+
+    def readiness(self) -> Readiness:
+        """Registered with the kubelet and, when it publishes, the last publish succeeded."""
+        server, publishing = self.server, self.publishing
+        registration = server.registration if server is not None else None
+        last = publishing.last_result if publishing is not None else None
+        return check_readiness(
+            started=self._started and registration is not None,
+            registered=registration is not None and registration.registered,
+            registration_error=registration.error if registration is not None else None,
+            publishes=self.slice_options is not None,
+            published_generation=last.generation if last is not None else None,
+            publish_failing=publishing.failing if publishing is not None else None,
+        )
 
     async def start(self) -> None:
         cfg = self.config
+        if cfg.readiness_port is not None:
+            # First, so the probe hears "starting" rather than nothing.
+            self.readiness_server = ReadinessServer(self.readiness)
+            await self.readiness_server.start(cfg.readiness_port, cfg.readiness_address)
         os.makedirs(cfg.plugin_dir, exist_ok=True)
         inventory = self.inventory = await self.backend.inventory()
         fake = self.backend.name == "fake"
@@ -229,6 +254,7 @@ class PluginRuntime:
         if cfg.inventory_interval > 0:
             self._spawn(self._watch_inventory(cfg.inventory_interval), "inventory-watch")
         await self.server.start()
+        self._started = True
         log.info(
             "kubelet plugin for %s on node %s serving %d GPU(s) from the %s backend",
             cfg.driver_name,
@@ -247,6 +273,10 @@ class PluginRuntime:
         if self.reporting is not None:
             self.driver.observers.append(self.reporting)
             health.listeners.append(self.reporting.devices_health_changed)
+            # The monitor tells listeners of changes only: give the reporter every
+            # device's state now (healthy unless a fault says otherwise), or claims
+            # on a device that never changed would show DeviceHealthy Unknown.
+            self.reporting.devices_health_changed(health.devices())
             if self.config.mps_agent_socket:
                 # Legacy MPS clients waiting on another UID's server: Events (not health).
                 uid_watch = MpsUidWatch(
@@ -351,6 +381,10 @@ class PluginRuntime:
             self.publishing.request_publish()
 
     async def stop(self) -> None:
+        self._started = False
+        if self.readiness_server is not None:
+            await self.readiness_server.close()
+            self.readiness_server = None
         # Background tasks first. The publisher is cancelled, never told to
         # unpublish: see plugin/publishing.py.
         for task in self._tasks:

@@ -24,15 +24,22 @@
 #   DRIVER_NAMESPACE      namespace of the chart (default: fractional-gpu-dra)
 #   HELM_RELEASE          release name (default: fractional-gpu-dra)
 #   CHART_DIR             the chart (default: deploy/helm/fractional-gpu-dra)
-#   FAKE_GPUS             fake GPUs on every opted-in node (default: two shared H100s
-#                         and one with MIG on: h100-80gb:2,h100-80gb:1:mig)
+#   FAKE_GPUS             fake GPUs on every opted-in node (default: three shared H100s
+#                         and one with MIG on: h100-80gb:3,h100-80gb:1:mig; gpu-0 and
+#                         gpu-1 for the scheduler, gpu-2 for the controller, gpu-3 MIG)
 #   NODE_LABEL_KEY        the chart's opt-in node label (default: gpu.fractional.dev/enabled)
 #   NODE_LABEL_VALUE      its value (default: true)
 #   GPU_NODE_SELECTOR     label selector of the nodes to opt in
 #                         (default: !node-role.kubernetes.io/control-plane, the workers)
-#   ALLOCATOR             who allocates the GPUs: scheduler | controller (default:
-#                         scheduler; the controller is not written yet, see issue 5)
-#   CONTROLLER_ENABLED    run the controller Deployment (default: false, same reason)
+#   ALLOCATOR             which allocator the nodes' GPUs are published for by default:
+#                         scheduler | controller | auto (the chart's nodeSettings.defaults;
+#                         default here: scheduler, so that only CONTROLLER_GPU is the
+#                         controller's and the native tests keep their shareable GPUs)
+#   CONTROLLER_ENABLED    run the controller Deployment (default: true)
+#   CONTROLLER_GPU        index of the GPU that the controller allocates on each
+#                         opted-in node (allocator: controller, a per-node setting), so
+#                         both paths are tested on one cluster (default: 2; empty:
+#                         none; ignored with CONTROLLER_ENABLED=false)
 #   ARTIFACTS_DIR         where collect-diagnostics.sh and the e2e tests write
 #                         (default: ${TMPDIR:-/tmp}/fractional-gpu-dra-e2e/<cluster>)
 #   VENV, PYTHON          see hack/common.sh
@@ -77,12 +84,13 @@ _version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "${ROOT}/pyproject.toml" | head
 : "${DRIVER_NAMESPACE:=fractional-gpu-dra}"
 : "${HELM_RELEASE:=fractional-gpu-dra}"
 : "${CHART_DIR:=${ROOT}/deploy/helm/fractional-gpu-dra}"
-: "${FAKE_GPUS:=h100-80gb:2,h100-80gb:1:mig}"
+: "${FAKE_GPUS:=h100-80gb:3,h100-80gb:1:mig}"
 : "${NODE_LABEL_KEY:=gpu.fractional.dev/enabled}"
 : "${NODE_LABEL_VALUE:=true}"
 : "${GPU_NODE_SELECTOR:=!node-role.kubernetes.io/control-plane}"
 : "${ALLOCATOR:=scheduler}"
-: "${CONTROLLER_ENABLED:=false}"
+: "${CONTROLLER_ENABLED:=true}"
+: "${CONTROLLER_GPU=2}"
 : "${ARTIFACTS_DIR:=${TMPDIR:-/tmp}/fractional-gpu-dra-e2e/${KIND_CLUSTER_NAME}}"
 
 # require TOOL...: fail with a hint when a tool is missing.

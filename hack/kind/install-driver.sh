@@ -10,6 +10,11 @@
 # This is the one place that spells out the chart install for e2e: adjust the
 # values here (or pass more with arguments / HELM_EXTRA_ARGS). The liveness probe
 # runs every 5 s instead of 30 s: the health e2e sees a GPU reset after two probes.
+# With the controller on (CONTROLLER_ENABLED), GPU CONTROLLER_GPU of every opted-in
+# node is allocated by the controller (nodeSettings.perNode, one entry per node),
+# the others by the scheduler, so the e2e tests cover both paths. helm --wait
+# waits for the kubelet plugins to be ready: registered with the kubelet and their
+# ResourceSlices published.
 #
 # Usage:       hack/kind/install-driver.sh [EXTRA_HELM_ARGS...]
 #                e.g. hack/kind/install-driver.sh --set kubeletPlugin.logLevel=DEBUG
@@ -17,7 +22,8 @@
 #              loaded (load-image.sh).
 # Environment: IMAGE_NAME, IMAGE_TAG, DRIVER_NAME, DRIVER_NAMESPACE, HELM_RELEASE,
 #              CHART_DIR, FAKE_GPUS, NODE_LABEL_KEY, NODE_LABEL_VALUE,
-#              GPU_NODE_SELECTOR, ALLOCATOR, CONTROLLER_ENABLED, KIND_KUBECONFIG
+#              GPU_NODE_SELECTOR, ALLOCATOR, CONTROLLER_ENABLED, CONTROLLER_GPU,
+#              KIND_KUBECONFIG
 #              (see hack/kind/common.sh);
 #              HELM_EXTRA_ARGS  more helm arguments, split on blanks (default: none)
 #              INSTALL_TIMEOUT  helm --wait timeout (default: 5m)
@@ -40,6 +46,23 @@ if [[ -n "${HELM_EXTRA_ARGS}" ]]; then
   read -r -a extra <<<"${HELM_EXTRA_ARGS}"
 fi
 
+# One GPU per opted-in node for the controller: a values file, since node names
+# are map keys (helm --set would split them on dots).
+per_node="$(mktemp)"
+trap 'rm -f "${per_node}"' EXIT
+echo "nodeSettings: {perNode: {}}" >"${per_node}"
+if [[ "${CONTROLLER_ENABLED}" == "true" && -n "${CONTROLLER_GPU}" ]]; then
+  {
+    echo "nodeSettings:"
+    echo "  perNode:"
+    for node in $(kube get nodes --selector "${GPU_NODE_SELECTOR}" \
+      -o jsonpath='{.items[*].metadata.name}'); do
+      echo "    \"${node}\": {gpus: {\"${CONTROLLER_GPU}\": {allocator: controller}}}"
+    done
+  } >"${per_node}"
+  cat "${per_node}"
+fi
+
 "${HELM}" upgrade --install "${HELM_RELEASE}" "${CHART_DIR}" \
   --kubeconfig "${KIND_KUBECONFIG}" \
   --namespace "${DRIVER_NAMESPACE}" --create-namespace \
@@ -55,6 +78,7 @@ fi
   --set controller.enabled="${CONTROLLER_ENABLED}" \
   --set-string kubeletPlugin.cdiHookPath="" \
   --set kubeletPlugin.health.probeInterval=5 \
+  --values "${per_node}" \
   --wait --timeout "${INSTALL_TIMEOUT}" \
   ${extra[@]+"${extra[@]}"} "$@"
 

@@ -12,9 +12,13 @@
 #                e.g. hack/kind/run-e2e.sh -k vram_share
 # Required:    python3 3.11+ (the venv is created on first use); the cluster with
 #              the driver installed (install-driver.sh).
-# Environment: KIND_KUBECONFIG, DRIVER_NAME, DRIVER_NAMESPACE, ARTIFACTS_DIR
-#              (see hack/kind/common.sh);
+# Environment: KIND_KUBECONFIG, DRIVER_NAME, DRIVER_NAMESPACE, ARTIFACTS_DIR,
+#              CONTROLLER_ENABLED, CONTROLLER_GPU, ALLOCATOR (see hack/kind/common.sh:
+#              the controller-path tests run when install-driver.sh gave the controller
+#              GPUs, E2E_CONTROLLER_PATH=1);
 #              E2E_TIMEOUT  seconds to wait for the pods of one example (default: 180)
+#              E2E_IMAGE    image for the example pods, never pulled (default: as
+#                           written in the examples; kind nodes pull them)
 set -o errexit -o nounset -o pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,6 +29,9 @@ ensure_venv test
 export KUBECONFIG="${KIND_KUBECONFIG}"
 export DRIVER_NAME DRIVER_NAMESPACE
 export E2E_REQUIRE_CLUSTER=1
+if [[ "${CONTROLLER_ENABLED}" == "true" && ( -n "${CONTROLLER_GPU}" || "${ALLOCATOR}" == "controller" ) ]]; then
+  export E2E_CONTROLLER_PATH=1
+fi
 export E2E_ARTIFACTS_DIR="${ARTIFACTS_DIR}/e2e"
 mkdir -p "${E2E_ARTIFACTS_DIR}"
 

@@ -25,7 +25,11 @@ Environment: ``KUBECONFIG``; ``DRIVER_NAME`` (default ``gpu.fractional.dev``);
 ``DRIVER_NAMESPACE`` (the chart's namespace, for plugin logs in diagnostics;
 default ``fractional-gpu-dra``); ``E2E_TIMEOUT`` (seconds for an example's pods,
 default 180); ``E2E_DELETE_TIMEOUT`` (seconds for its namespace to go, default
-120); ``E2E_ARTIFACTS_DIR`` (diagnostics of failed tests are also written there).
+120); ``E2E_ARTIFACTS_DIR`` (diagnostics of failed tests are also written there);
+``E2E_IMAGE`` (every mode: replaces the image of the pods the tests create and sets
+``imagePullPolicy: Never``, for clusters without a registry); ``E2E_CONTROLLER_PATH=1``
+(run the controller-path tests: needs the controller and GPUs with ``allocator:
+controller``, as ``hack/kind/install-driver.sh`` installs them).
 """
 
 from __future__ import annotations
@@ -214,6 +218,20 @@ def render_example(name: str, driver: str) -> list[Obj]:
                 " tests/e2e/conftest.py:_substitute_claim that place"
             )
     return docs
+
+
+def pod_image(obj: Obj) -> Obj:
+    """A Pod with ``E2E_IMAGE`` (when set) as every container's image, never pulled:
+    clusters without a registry get the image imported into their nodes instead.
+    Other objects are returned as they are."""
+    image = os.environ.get("E2E_IMAGE")
+    if not image or obj.get("kind", "Pod") != "Pod":
+        return obj
+    spec = obj["spec"]
+    for ctr in [*spec.get("initContainers", []), *spec["containers"]]:
+        ctr["image"] = image
+        ctr["imagePullPolicy"] = "Never"
+    return obj
 
 
 # --- an applied example ---------------------------------------------------------------
@@ -457,7 +475,7 @@ def example(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Callab
     applied: list[Example] = []
 
     def apply(name: str) -> Example:
-        objects = render_example(name, cluster.driver)
+        objects = [pod_image(o) for o in render_example(name, cluster.driver)]
         namespace = next(o["metadata"]["name"] for o in objects if o["kind"] == "Namespace")
         assert _delete_namespace(cluster, namespace), f"{namespace}: left over and stuck"
         ex = Example(name=name, namespace=namespace, objects=objects, cluster=cluster)

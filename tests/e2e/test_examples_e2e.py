@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from dra_driver.core.quantity import parse_whole
-from tests.e2e.conftest import Cluster, Example, Obj
+from tests.e2e.conftest import Cluster, Example, Obj, pod_image
 
 pytestmark = pytest.mark.e2e
 
@@ -57,11 +57,38 @@ def published_devices(cluster: Cluster) -> dict[DeviceKey, Obj]:
 
 
 def shareable_gpus_per_node(cluster: Cluster) -> dict[str, list[Obj]]:
+    """GPUs the kube-scheduler shares (native path), per node: not the controller's."""
     nodes: dict[str, list[Obj]] = {}
     for device in published_devices(cluster).values():
-        if attribute(device, "type") == "gpu" and device.get("allowMultipleAllocations"):
+        if (
+            attribute(device, "type") == "gpu"
+            and device.get("allowMultipleAllocations")
+            and attribute(device, "allocator") != "controller"
+        ):
             nodes.setdefault(str(device["_node"]), []).append(device)
     return nodes
+
+
+CONTROLLER_SETUP = (
+    "the controller deployed (chart value controller.enabled=true) and at least one GPU"
+    " with allocator: controller (nodeSettings.perNode.<node>.gpus.<index>.allocator;"
+    " hack/kind/install-driver.sh sets both, see CONTROLLER_GPU in hack/kind/common.sh)"
+)
+
+
+def require_controller_path(cluster: Cluster) -> None:
+    """Skip unless E2E_CONTROLLER_PATH=1; then the cluster must have controller GPUs."""
+    if os.environ.get("E2E_CONTROLLER_PATH") != "1":
+        pytest.skip(
+            f"controller path: set E2E_CONTROLLER_PATH=1 on a cluster with {CONTROLLER_SETUP};"
+            " without them nothing allocates share.gpu.fractional.dev claims"
+        )
+    devices = published_devices(cluster).values()
+    if not any(attribute(d, "allocator") == "controller" for d in devices):
+        pytest.fail(
+            f"E2E_CONTROLLER_PATH=1 but no published device has allocator: controller; the"
+            f" controller path needs {CONTROLLER_SETUP}"
+        )
 
 
 def require_native(cluster: Cluster) -> None:
@@ -190,17 +217,13 @@ def test_two_pods_different_limits(cluster: Cluster, example: ApplyExample) -> N
 
 
 def test_controller_path_share(cluster: Cluster, example: ApplyExample) -> None:
-    if os.environ.get("E2E_CONTROLLER_PATH") != "1":
-        pytest.skip(
-            "controller path: set E2E_CONTROLLER_PATH=1 when the controller is deployed"
-            " (chart value controller.enabled=true); without it nothing allocates"
-            " share.gpu.fractional.dev claims and the pod would stay Pending"
-        )
+    require_controller_path(cluster)
     ex = example("controller-path-share")
     ex.wait_running()
     (result,) = results(ex.claim_of("pod0", "gpu"), cluster)
     device = device_of(result, published_devices(cluster))
     assert attribute(device, "type") == "gpu"
+    assert attribute(device, "allocator") == "controller", device
     if cluster.version >= NATIVE:  # the API keeps shareID only with consumable capacity
         assert result.get("shareID"), f"a share has a shareID: {result}"
     assert_share_env(ex, "pod0", device)
@@ -258,8 +281,7 @@ def test_count_two_distinct(cluster: Cluster, example: ApplyExample) -> None:
 def test_oversized_share_stays_pending_with_our_event(cluster: Cluster) -> None:
     """A share no GPU can hold: the claim stays unallocated, the pod Pending, and our
     controller says why in an Event on the claim."""
-    if os.environ.get("E2E_CONTROLLER_PATH") != "1":
-        pytest.skip("controller path: set E2E_CONTROLLER_PATH=1 when the controller is deployed")
+    require_controller_path(cluster)
     namespace = "fgd-oversized"
     claims = cluster.resource("resource.k8s.io/v1", "ResourceClaim")
     cluster.core.create_namespace({"metadata": {"name": namespace}})
@@ -297,15 +319,17 @@ def test_oversized_share_stays_pending_with_our_event(cluster: Cluster) -> None:
         )
         cluster.core.create_namespaced_pod(
             namespace,
-            {
-                "metadata": {"name": "pod0"},
-                "spec": {
-                    "containers": [
-                        {"name": "main", "image": "busybox", "command": ["sleep", "3600"]}
-                    ],
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "too-big"}],
+            pod_image(
+                {
+                    "metadata": {"name": "pod0"},
+                    "spec": {
+                        "containers": [
+                            {"name": "main", "image": "busybox", "command": ["sleep", "3600"]}
+                        ],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimName": "too-big"}],
+                    },
                 },
-            },
+            ),
         )
         deadline = time.monotonic() + cluster.timeout_s
         reasons: list[str] = []

@@ -15,6 +15,7 @@ from kubernetes.client import ApiClient
 from dra_driver.core.claim_status import check_entry
 from dra_driver.core.health import DeviceHealth, Status
 from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.core.model import HealthEvent
 from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
@@ -110,6 +111,31 @@ async def plugin_with(
         await kubelet.close()
         await runtime.stop()
         await observer.close()
+        claims.close()
+
+
+@contextlib.asynccontextmanager
+async def plugin_reporting_to(
+    dirs: NodeDirs, api: ApiClient, reporting: ClaimReporter
+) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin]]:
+    """A plugin wired as ``dra-driver kubelet-plugin`` wires it: ``reporting`` given to
+    the runtime, so it hears the health monitor as well as the driver."""
+    config = dataclasses.replace(
+        dirs.config(), settings=NodeSettings(default=GpuSettings(Sharing.MPS))
+    )
+    claims = KubernetesClaimSource(api, request_timeout_s=5)
+    runtime = PluginRuntime(
+        config, FakeGpuBackend("h100-80gb:2", NODE), claims, reporting=reporting
+    )
+    await runtime.start()
+    assert runtime.driver is not None
+    runtime.driver.enforcer = None
+    kubelet = FakeKubelet(dirs.registry, KUBELET_DRA_SERVICES)
+    try:
+        yield runtime, await kubelet.wait_for_plugin(DRIVER)
+    finally:
+        await kubelet.close()
+        await runtime.stop()  # closes the reporter too
         claims.close()
 
 
@@ -325,6 +351,40 @@ def test_health_change_events_on_node_and_claims_and_conditions(
     claim_events = events_on(fake_kube, "ResourceClaim", "a")
     assert sorted(e["reason"] for e in claim_events) == ["DeviceHealthy", "DeviceUnhealthy"]
     assert not events_on(fake_kube, "ResourceClaim", "b")
+
+
+def test_device_healthy_is_known_from_the_first_prepare(
+    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+) -> None:
+    """Devices are healthy unless a fault says otherwise, without waiting for a change.
+
+    gpu-0 never had a problem: its claim's DeviceHealthy is True at once (not
+    Unknown/NotReported); gpu-1 had an XID before the prepare: False. No Event
+    for the healthy device (nothing happened to it).
+    """
+    fine = fake_kube.create(resource_claim("default", "fine", devices=[share("gpu-0")]))
+    sick = fake_kube.create(resource_claim("default", "sick", devices=[Allocated("gpu-1")]))
+    observer = reporter(api, Clock())
+
+    async def scenario() -> None:
+        async with plugin_reporting_to(node_dirs, api, observer) as (runtime, plugin):
+            assert runtime.inventory is not None and runtime.health_monitor is not None
+            gpu1 = runtime.inventory.gpus[1].uuid
+            await runtime.health_monitor.handle_event(HealthEvent(gpu1, 79, "fell off the bus"))
+            results = await plugin.prepare([claim_ref(fine), claim_ref(sick)])
+            assert not any(r.error for r in results.values()), results
+            assert await observer.flush()
+            (entry,) = devices_of(fake_kube, "fine")
+            health = conditions(entry)["DeviceHealthy"]
+            assert (health["status"], health["reason"]) == ("True", "Healthy")
+            assert check_entry(entry) == []
+            (other,) = devices_of(fake_kube, "sick")
+            health = conditions(other)["DeviceHealthy"]
+            assert (health["status"], health["reason"]) == ("False", "Xid79")
+
+    run_checked(scenario())
+    assert [e["reason"] for e in events_on(fake_kube, "Node", NODE)] == ["DeviceUnhealthy"]
+    assert not events_on(fake_kube, "ResourceClaim", "fine")
 
 
 def test_health_change_for_claims_prepared_before_a_restart(

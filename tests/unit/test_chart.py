@@ -476,6 +476,29 @@ def test_probe_is_real_code_and_off_with_period_zero() -> None:
     assert "livenessProbe" not in off.stdout and "startupProbe" not in off.stdout
 
 
+def test_readiness_probe_is_the_plugins_readyz() -> None:
+    """Readiness asks the plugin whether it can work (plugin/readiness.py); liveness
+    stays the cheap socket check."""
+    plugin = container(find(render("fake"), "DaemonSet", "-kubelet-plugin"), "kubelet-plugin")
+    env = env_of(plugin)
+    probe = plugin["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/readyz", "port": int(env["READINESS_PORT"]["value"])}
+    assert probe["periodSeconds"] > 0
+    assert "exec" in plugin["livenessProbe"] and "exec" in plugin["startupProbe"]
+    off = _run_helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "kubeletPlugin.readinessProbe.port=0",
+    )
+    assert off.returncode == 0, off.stderr
+    assert "readinessProbe" not in off.stdout
+    assert 'name: READINESS_PORT\n              value: "0"' in off.stdout
+
+
 # --- mps-agent, controller, classes ----------------------------------------------------
 
 
@@ -796,12 +819,66 @@ def test_slice_writes_limited_to_own_node() -> None:
     assert f"system:serviceaccount:{NAMESPACE}:{sa}" in condition["expression"]
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert "authentication.kubernetes.io/node-name" in variables["userNodeName"]
-    assert "spec.?nodeName" in variables["objectNodeName"]
+    assert "spec.nodeName" in variables["objectNodeName"]
+    assert "spec.driver" in variables["objectDriver"]
     binding = find(docs, "ValidatingAdmissionPolicyBinding", "-resourceslices-own-node")
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
         "validationActions": ["Deny"],
     }
+
+
+def _slice(node: str | None, driver: str | None = DRIVER) -> dict[str, Any]:
+    pool = {"name": node or "all", "generation": 1, "resourceSliceCount": 1}
+    spec: dict[str, Any] = {"pool": pool}
+    if node is not None:
+        spec["nodeName"] = node
+    else:
+        spec["allNodes"] = True
+    if driver is not None:
+        spec["driver"] = driver
+    return {"metadata": {"name": "s"}, "spec": spec}
+
+
+def test_slice_policy_allows_only_own_node_and_own_driver() -> None:
+    """The policy's CEL run as the API server would, for each operation."""
+    policy = find(render("defaults"), "ValidatingAdmissionPolicy", "-resourceslices-own-node")
+    ours = _slice("node-a")
+
+    def verdict(
+        operation: str, node: str | None, old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> list[str] | None:
+        return _admit(policy, PLUGIN_USER, node, old, new, operation=operation)
+
+    assert verdict("CREATE", "node-a", None, ours) == []
+    assert verdict("UPDATE", "node-a", ours, ours) == []
+    assert verdict("DELETE", "node-a", ours, None) == []
+    other_user = "system:serviceaccount:kube-system:x"
+    assert _admit(policy, other_user, None, None, _slice("node-b", OTHER_DRIVER)) is None
+
+    def refused(
+        operation: str, node: str | None, old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> str:
+        failed = verdict(operation, node, old, new)
+        assert failed, "allowed"
+        return " | ".join(failed)
+
+    assert "no node association" in refused("CREATE", None, None, ours)
+    assert "on node node-b may not modify ResourceSlices of node node-a" in refused(
+        "CREATE", "node-b", None, ours
+    )
+    assert "ResourceSlices without a node" in refused("CREATE", "node-a", None, _slice(None))
+    theirs = _slice("node-a", OTHER_DRIVER)
+    says = f"the kubelet plugin of driver {DRIVER} may not modify ResourceSlices of driver "
+    for operation, old, new in [
+        ("CREATE", None, theirs),
+        ("UPDATE", theirs, theirs),
+        ("DELETE", theirs, None),
+    ]:
+        assert refused(operation, "node-a", old, new) == says + OTHER_DRIVER, operation
+    assert refused("CREATE", "node-a", None, _slice("node-a", None)).endswith("of no driver")
+    # Another node's slice of another driver: both rules say why.
+    assert len(verdict("CREATE", "node-a", None, _slice("node-b", OTHER_DRIVER)) or []) == 2
 
 
 # --- status.devices: the claim status policy -------------------------------------------
@@ -853,14 +930,21 @@ def _entry(driver: str, device: str = "gpu-0", note: str = "") -> dict[str, Any]
 
 
 def _admit(
-    policy: dict[str, Any], user: str, node: str | None, old: dict[str, Any], new: dict[str, Any]
+    policy: dict[str, Any],
+    user: str,
+    node: str | None,
+    old: dict[str, Any] | None,
+    new: dict[str, Any] | None,
+    *,
+    operation: str = "UPDATE",
 ) -> list[str] | None:
     """The policy's verdict as the API server reaches it: None when it does not match,
-    else the messages of the failed validations (empty: allowed)."""
+    else the messages of the failed validations (empty: allowed). ``old``/``new``
+    None: no such object (a CREATE has no oldObject, a DELETE no object; CEL null)."""
     cel = pytest.importorskip("cel", reason="common-expression-language is not installed")
     extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
     env: dict[str, Any] = {
-        "request": {"userInfo": {"username": user, "extra": extra}},
+        "request": {"userInfo": {"username": user, "extra": extra}, "operation": operation},
         "object": new,
         "oldObject": old,
         "variables": {},

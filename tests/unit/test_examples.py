@@ -206,3 +206,30 @@ def test_e2e_substitution_fails_when_the_placeholder_survives(
     with pytest.raises(pytest.fail.Exception, match="survives"):
         conftest.render_example("odd", "gpu.example.org")
     assert conftest.render_example("odd", DRIVER)  # the default name needs no substitution
+
+
+@examples
+def test_e2e_image_replaces_every_container_image(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E2E_IMAGE reaches every container of every example pod (chart mode too), pulled
+    never; without it the examples are applied as written."""
+    from tests.e2e.conftest import pod_image, render_example
+
+    monkeypatch.delenv("E2E_IMAGE", raising=False)
+    as_written = render_example(name, DRIVER)
+    assert [pod_image(o) for o in render_example(name, DRIVER)] == as_written
+    monkeypatch.setenv("E2E_IMAGE", "localhost/e2e:1")
+    docs = [pod_image(o) for o in render_example(name, DRIVER)]
+    containers = [
+        c
+        for d in docs
+        if d["kind"] == "Pod"
+        for c in [*d["spec"].get("initContainers", []), *d["spec"]["containers"]]
+    ]
+    assert containers
+    assert {(c["image"], c["imagePullPolicy"]) for c in containers} == {
+        ("localhost/e2e:1", "Never")
+    }
+    others = [d for d in docs if d["kind"] != "Pod"]
+    assert others == [d for d in as_written if d["kind"] != "Pod"]

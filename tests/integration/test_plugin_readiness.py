@@ -1,0 +1,253 @@
+"""The kubelet plugin's readiness (``/readyz``): registered with the kubelet AND its
+ResourceSlices published; real HTTP, real sockets, the real process for the outage."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.k8s.backoff import Backoff
+from dra_driver.k8s.capabilities import probe_capabilities
+from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.publisher import SlicePublisher
+from dra_driver.plugin.readiness import check_readiness
+from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
+from dra_driver.testing.kubelet import FakeKubelet
+from dra_driver.testing.memory_claims import InMemoryClaimSource
+from dra_driver.testing.objects import node_object
+from tests.support.fakekube import FakeKubeApi
+from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+
+def readyz(port: int, path: str = "/readyz", method: str = "GET") -> tuple[int, str]:
+    """What the kubelet's httpGet probe sees: (status, body); (0, why) if nothing answers."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    except OSError as err:
+        return 0, str(err)
+    finally:
+        conn.close()
+
+
+async def aready(port: int) -> tuple[int, str]:
+    return await asyncio.to_thread(readyz, port)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def closed_api_url() -> str:
+    """An API server address where nothing listens (connection refused)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.mark.parametrize(
+    ("state", "ready", "says"),
+    [
+        ({"started": False}, False, "starting"),
+        ({"registered": False}, False, "not registered with the kubelet yet"),
+        ({"registered": False, "registration_error": "no"}, False, "rejected the registration"),
+        ({"published_generation": None}, False, "ResourceSlices not published yet"),
+        ({"publish_failing": "boom"}, False, "cannot be published: boom"),
+        ({"published_generation": 3, "publish_failing": "boom"}, False, "boom"),
+        ({}, True, "published (pool generation 3)"),
+        ({"publishes": False, "published_generation": None}, True, "registered"),
+    ],
+    ids=["starting", "unregistered", "rejected", "unpublished", "failing",
+         "failing-after-success", "ready", "ready-without-slices"],
+)  # fmt: skip
+def test_readiness_rules(state: dict[str, object], ready: bool, says: str) -> None:
+    args: dict[str, object] = {
+        "started": True,
+        "registered": True,
+        "registration_error": None,
+        "publishes": True,
+        "published_generation": 3,
+        "publish_failing": None,
+        **state,
+    }
+    verdict = check_readiness(**args)  # type: ignore[arg-type]
+    assert verdict.ready is ready
+    assert says in verdict.reason
+
+
+def test_unready_until_registered_and_published_and_while_publishes_fail(
+    node_dirs: NodeDirs,
+) -> None:
+    with FakeKubeApi() as api, make_api_client(None, host=api.url) as client:
+        api.create(node_object(NODE))
+        publisher = SlicePublisher(
+            client,
+            driver_name=DRIVER,
+            node_name=NODE,
+            backoff=Backoff(initial_s=0.05, max_s=0.2),
+            max_attempts=1,
+        )
+        config = dataclasses.replace(node_dirs.config(), readiness_port=0)
+        runtime = PluginRuntime(
+            config,
+            FakeGpuBackend("h100-80gb:1", NODE),
+            InMemoryClaimSource(),
+            SliceOptions(publisher, functools.partial(probe_capabilities, client, DRIVER, NODE)),
+        )
+
+        async def scenario() -> None:
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                assert runtime.readiness_server is not None
+                port = runtime.readiness_server.port
+                assert runtime.publishing is not None
+                publishing = runtime.publishing
+                await wait_until(lambda: publishing.last_result is not None, "the first publish")
+                # Slices published, but the kubelet has not registered us.
+                status, body = await aready(port)
+                assert (status, body) == (503, "not ready: not registered with the kubelet yet\n")
+                await kubelet.wait_for_plugin(DRIVER)
+                status, body = await aready(port)
+                assert status == 200, body
+                assert "ResourceSlices published (pool generation 1)" in body
+
+                # The kubelet restarts (registers us again) while every slice write
+                # is refused: the republish fails and the plugin is unready.
+                api.fail_next("*", "resourceslices", 403, times=1_000_000, message="denied")
+                reg = os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock")
+                await kubelet.register_socket(reg, DRIVER)
+                await wait_until(lambda: publishing.failing is not None, "a failed publish")
+                status, body = await aready(port)
+                assert status == 503 and "ResourceSlices cannot be published" in body, body
+                assert "denied" in body
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+                publisher.close()
+            assert (await aready(port))[0] == 0  # closed with the plugin
+
+        run_checked(scenario())
+
+
+def test_only_readyz_is_served(node_dirs: NodeDirs) -> None:
+    config = dataclasses.replace(node_dirs.config(), readiness_port=0)
+    runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), InMemoryClaimSource())
+
+    async def scenario() -> None:
+        await runtime.start()
+        try:
+            assert runtime.readiness_server is not None
+            port = runtime.readiness_server.port
+            assert (await asyncio.to_thread(readyz, port, "/metrics"))[0] == 404
+            assert (await asyncio.to_thread(readyz, port, "/readyz", "POST"))[0] == 405
+            head = await asyncio.to_thread(readyz, port, "/readyz?verbose", "HEAD")
+            assert head == (503, "")
+            # No slices to publish (no API): registered is enough.
+            kubelet = FakeKubelet(node_dirs.registry)
+            await kubelet.wait_for_plugin(DRIVER)
+            assert await aready(port) == (200, "ok: registered with the kubelet\n")
+            await kubelet.close()
+        finally:
+            await runtime.stop()
+
+    run_checked(scenario())
+
+
+async def wait_until(check: Callable[[], object], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+# --- the real process, the API server unreachable ----------------------------------------
+
+
+def write_kubeconfig(dirs: NodeDirs, url: str) -> str:
+    path = os.path.join(dirs.root, "kubeconfig")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: c, cluster: {{server: '{url}'}}}}]\n"
+            "users: [{name: u, user: {}}]\n"
+            "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+            "current-context: x\n"
+        )
+    return path
+
+
+@pytest.fixture
+def plugin_without_api(node_dirs: NodeDirs) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``dra-driver kubelet-plugin`` as the chart runs it, its API server unreachable."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "dra_driver", "kubelet-plugin",
+        "--node-name", NODE,
+        "--registry-dir", node_dirs.registry,
+        "--plugin-dir", node_dirs.plugin,
+        "--cdi-root", node_dirs.cdi,
+        "--fake-gpus", "h100-80gb:1",
+        "--kubeconfig", write_kubeconfig(node_dirs, closed_api_url()),
+        "--boot-id-file", node_dirs.boot_id_file,
+        "--sharing", "timeslicing",
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    env = {**os.environ, "READINESS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1"}
+    with open(os.path.join(node_dirs.root, "plugin.log"), "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield proc, port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_plugin_stays_unready_while_the_api_server_is_unreachable(
+    node_dirs: NodeDirs, plugin_without_api: tuple[subprocess.Popen[bytes], int]
+) -> None:
+    """Registered with the kubelet, sockets answering, no slices: never ready."""
+    proc, port = plugin_without_api
+
+    async def scenario() -> None:
+        kubelet = FakeKubelet(node_dirs.registry)
+        try:
+            await kubelet.wait_for_plugin(DRIVER, timeout=30)  # the sockets answer
+            deadline = time.monotonic() + 30
+            status, body = await aready(port)
+            while "cannot be published" not in body:
+                assert proc.poll() is None, f"plugin exited with {proc.returncode}"
+                assert time.monotonic() < deadline, f"no publish failure seen: {status} {body}"
+                await asyncio.sleep(0.1)
+                status, body = await aready(port)
+            assert status == 503, body
+            # And it stays so while the API server stays away (the publisher retries).
+            for _ in range(10):
+                await asyncio.sleep(0.2)
+                status, body = await aready(port)
+                assert status == 503, body
+        finally:
+            await kubelet.close()
+
+    run_checked(scenario())
+    with open(os.path.join(node_dirs.root, "plugin.log"), encoding="utf-8") as log:
+        assert "publishing ResourceSlices failed" in log.read()
