@@ -72,6 +72,20 @@ def probe_name(driver_name: str, node_name: str, suffix: str = "") -> str:
     return dns_subdomain(f"{driver_name}-capability-probe-{node_name}{suffix}")
 
 
+def minor_in_effect(info: Mapping[str, Any]) -> int:
+    """The minor release the API server behaves as: ``emulationMinor`` when it runs with
+    ``--emulated-version`` (a 1.36 binary emulating 1.34 says ``minor: "36"`` and
+    ``emulationMinor: "34"``), else ``minor``."""
+    emulated = str(info.get("emulationMinor") or "")
+    minor = parse_minor(str(info.get("minor", "")))
+    if not emulated:
+        return minor
+    in_effect = parse_minor(emulated)
+    if in_effect != minor:
+        log.info("the API server (1.%d binary) emulates Kubernetes 1.%d", minor, in_effect)
+    return in_effect
+
+
 def probe_slices(driver_name: str, node_name: str, minor: int | None) -> list[JsonObj]:
     """The ResourceSlices to dry-run: ``[devices]`` before 1.35, ``[devices, counters]`` after.
 
@@ -147,7 +161,7 @@ async def read_server_minor(
             )
             info = json_object("GET /version", read_raw(raw))
         try:
-            return parse_minor(str(info.get("minor", "")))
+            return minor_in_effect(info)
         except ValueError as err:
             raise ApiError(f"GET /version: {err}") from err
 

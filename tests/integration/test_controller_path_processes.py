@@ -242,7 +242,8 @@ def check_later_writes(api: FakeKubeApi, writer: str) -> None:
 def test_a_users_share_is_allocated_prepared_and_reported(
     node_dirs: NodeDirs, processes: Processes, minor: int, writer: str
 ) -> None:
-    with FakeKubeApi(kube_minor=minor) as api:
+    # 1.34 as observed: a 1.36 binary with --emulated-version=1.34 and default gates.
+    with FakeKubeApi(kube_minor=minor, binary_minor=36 if minor < 36 else None) as api:
         api.create(node_object(NODE))
         api.create(share_class())
         agent_socket = start_driver(api, node_dirs, processes)

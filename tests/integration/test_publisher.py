@@ -232,6 +232,18 @@ def test_server_minor(api_client: ApiClient) -> None:
     assert asyncio.run(read_server_minor(api_client)) == 36
 
 
+def test_an_emulated_version_is_the_one_in_effect(caplog: pytest.LogCaptureFixture) -> None:
+    """kube-apiserver 1.36 with --emulated-version=1.34 behaves as 1.34 (fact sheet 5.3)."""
+    with FakeKubeApi(kube_minor=34, binary_minor=36) as api:
+        info = json.loads(urllib.request.urlopen(api.url + "/version", timeout=5).read())
+        assert (info["minor"], info["emulationMinor"]) == ("36", "34")
+        with make_api_client(None, host=api.url) as client, caplog.at_level(logging.INFO):
+            caps = asyncio.run(probe_capabilities(client, DRIVER, NODE))
+    assert not caps.consumable_capacity
+    assert "API server 1.34 keeps" in caplog.text
+    assert "the API server (1.36 binary) emulates Kubernetes 1.34" in caplog.text
+
+
 @pytest.mark.parametrize(("raw", "minor"), [("36", 36), ("36+", 36), ("7", 7), (" 35.x", 35)])
 def test_parse_minor(raw: str, minor: int) -> None:
     assert parse_minor(raw) == minor

@@ -137,11 +137,13 @@ class FakeKubeApi:
         history_limit: int = 1000,
         kube_minor: int = 36,
         drop_gated_fields: bool | None = None,
+        binary_minor: int | None = None,
     ) -> None:
         """``kube_minor``: the release it plays (``/version``, 1.35+ validation);
         ``drop_gated_fields``: drop the fields of the DRA gates that are off
-        before 1.36; ``None`` decides by ``kube_minor``."""
-        self.version = ServerVersion(kube_minor, drop_gated_fields)
+        before 1.36; ``None`` decides by ``kube_minor``; ``binary_minor``: a newer
+        binary emulating ``kube_minor`` (``/version`` shows both)."""
+        self.version = ServerVersion(kube_minor, drop_gated_fields, binary_minor)
         self._store = Store(kinds, history_limit, self.version.prepare, self.version.validate)
         self._lock = threading.Lock()  # requests, faults and connections
         self._request_log: list[RecordedRequest] = []

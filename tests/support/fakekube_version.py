@@ -90,6 +90,9 @@ class ServerVersion:
     """Kubernetes ``1.<minor>``, served at ``/version``."""
     drop_gated_fields: bool | None = None
     """Drop the fields in :data:`GATED_FIELDS`; ``None``: below 1.36, as the default gates do."""
+    binary_minor: int | None = None
+    """A newer binary emulating 1.<minor> (``--emulated-version``): ``/version`` says
+    ``minor`` of the binary and ``emulationMinor`` of ``minor``, as a real one does."""
 
     @property
     def drops_gated_fields(self) -> bool:
@@ -99,10 +102,17 @@ class ServerVersion:
 
     def version_info(self) -> JsonObj:
         """The ``/version`` body (``version.Info``)."""
+        binary = self.binary_minor or self.minor
+        emulation = (
+            {"emulationMajor": "1", "emulationMinor": str(self.minor)}
+            if self.binary_minor is not None
+            else {}
+        )
         return {
+            **emulation,
             "major": "1",
-            "minor": str(self.minor),
-            "gitVersion": f"v1.{self.minor}.0",
+            "minor": str(binary),
+            "gitVersion": f"v1.{binary}.0",
             "gitCommit": "0" * 40,
             "gitTreeState": "clean",
             "buildDate": "2026-01-01T00:00:00Z",
