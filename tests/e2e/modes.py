@@ -124,10 +124,15 @@ def require_case(case: Case, cluster: Cluster) -> None:
             f"{case.name}: no MIG-enabled fake GPU in E2E_FAKE_GPUS={fake_gpus()!r}"
             " (add one, e.g. h100-80gb:2,h100-80gb:1:mig)"
         )
-    if case.name == "controller-path-share" and os.environ.get("E2E_CONTROLLER_PATH") != "1":
+    if (
+        case.name == "controller-path-share"
+        and selected_mode() == "chart"
+        and os.environ.get("E2E_CONTROLLER_PATH") != "1"
+    ):
         pytest.skip(
-            "controller path: needs our controller running against the cluster (issue 5);"
-            " set E2E_CONTROLLER_PATH=1 once it is"
+            "controller path in chart mode: install the chart with controller.enabled=true"
+            " (hack/kind/install-driver.sh does) and set E2E_CONTROLLER_PATH=1; the local"
+            " modes run the controller themselves"
         )
 
 
@@ -294,7 +299,7 @@ def check_spec(
     for result in results:
         key = (result["pool"], result["device"])
         assert key in devices, f"allocated {key} is not one of node {node}'s devices"
-        if case.share:
+        if case.share and not granted(claim, cluster.driver, result):
             assert result.get("shareID"), f"{case.name}: a share without shareID: {result}"
             if attribute(devices[key], "sharing") == "mps":
                 env = spec_env(spec)
@@ -317,10 +322,55 @@ def check_prepared(
         assert device.cdi_device_ids, f"{case.name}: no CDI device for {device}"
         assert set(device.cdi_device_ids) <= names, (device.cdi_device_ids, names)
     if case.share:
-        wanted = sorted(str(r["shareID"]) for r in results)
-        assert sorted(str(d.share_id) for d in got.devices) == wanted, (
+        wanted = sorted(str(r.get("shareID") or "") for r in results)
+        assert sorted(str(d.share_id or "") for d in got.devices) == wanted, (
             f"{case.name}: shareIDs {[d.share_id for d in got.devices]} != allocation {wanted}"
         )
+
+
+def granted(claim: Obj, driver: str, result: Obj) -> bool:
+    """A share of the controller known by its GpuShareGrant (1.34/1.35 drop shareID)."""
+    for config in claim["status"]["allocation"]["devices"].get("config") or []:
+        opaque = config.get("opaque") or {}
+        params = opaque.get("parameters") or {}
+        if (
+            opaque.get("driver") == driver
+            and params.get("kind") == "GpuShareGrant"
+            and params.get("device") == result["device"]
+            and result["request"] in (config.get("requests") or [result["request"]])
+        ):
+            return True
+    return False
+
+
+def wait_status_devices(example: Example, claim: Obj, driver: str, timeout_s: float = 30) -> None:
+    """The plugin wrote a Ready ``status.devices`` entry for each of our results (both
+    paths): on the scheduler's claims and on the controller's alike."""
+    name, namespace = claim["metadata"]["name"], claim["metadata"]["namespace"]
+    wanted = {(r["pool"], r["device"], r.get("shareID") or "") for r in ours(claim, driver)}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = example.cluster.resource("resource.k8s.io/v1", "ResourceClaim").get(
+            name=name, namespace=namespace
+        )
+        entries = ((current.to_dict().get("status") or {}).get("devices")) or []
+        ready = {
+            (e["pool"], e["device"], e.get("shareID") or "")
+            for e in entries
+            if e.get("driver") == driver
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in e.get("conditions") or []
+            )
+        }
+        if wanted <= ready:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"claim {namespace}/{name}: no Ready status.devices entry of {driver} for"
+                f" {sorted(wanted - ready)} after {timeout_s:.0f}s: {entries}"
+            )
+        time.sleep(POLL_S)
 
 
 def check_case_specifics(case: Case, claims: list[Obj], driver: str) -> None:
@@ -376,8 +426,20 @@ class LocalDriver:
                 start_new_session=True,  # a Ctrl-C of pytest does not kill it mid-cleanup
             )
 
-    def start(self, kubeconfig: str, mps_state_dir: str, extra: Sequence[str] = ()) -> None:
+    def start(
+        self,
+        kubeconfig: str,
+        mps_state_dir: str,
+        extra: Sequence[str] = (),
+        *,
+        controller: bool = False,
+    ) -> None:
+        """The mps-agent and the plugin; with ``controller`` also our controller, and the
+        plugin publishes its GPUs for it (``--allocator controller``: the scheduler may
+        still allocate them, so the native examples run beside the controller's)."""
         common = ["--driver-name", self.driver, "--plugin-dir", self.plugin_dir]
+        if controller:
+            extra = ["--allocator", "controller", *extra]
         self._start(
             "mps-agent",
             ["mps-agent", *common, "--mps-control", "fake", "--mps-protocol", "v3",
@@ -390,10 +452,16 @@ class LocalDriver:
              "--backend", "fake", "--fake-gpus", fake_gpus(), "--kubeconfig", kubeconfig,
              "--cdi-hook-path", "", *extra],
         )  # fmt: skip
+        if controller:
+            self._start(
+                "controller",
+                ["controller", "--driver-name", self.driver, "--kubeconfig", kubeconfig,
+                 "--lease-namespace", "default", "--lease-name", "fgd-e2e-controller"],
+            )  # fmt: skip
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s; the plugin first (it uses the agent)."""
-        for name in ("kubelet-plugin", "mps-agent"):
+        for name in ("controller", "kubelet-plugin", "mps-agent"):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue

@@ -214,6 +214,7 @@ def test_two_pods_different_limits(cluster: Cluster, example: ApplyExample) -> N
     assert attribute(device, "index") == 0
     for pod in ("pod-small", "pod-large"):
         assert_share_env(ex, pod, device)
+        assert_device_status(ex, pod, "gpu")
 
 
 def test_controller_path_share(cluster: Cluster, example: ApplyExample) -> None:
@@ -227,6 +228,7 @@ def test_controller_path_share(cluster: Cluster, example: ApplyExample) -> None:
     if cluster.version >= NATIVE:  # the API keeps shareID only with consumable capacity
         assert result.get("shareID"), f"a share has a shareID: {result}"
     assert_share_env(ex, "pod0", device)
+    assert_device_status(ex, "pod0", "gpu")
 
 
 def test_mig_1g_by_cel(cluster: Cluster, example: ApplyExample) -> None:

@@ -8,8 +8,11 @@ CDI root the container runtime reads (``E2E_CDI_ROOT``, default
 really start (kept on ``E2E_NODE_NAME``, or on the cluster's only node). The
 assertions read the claims' CDI spec files while the pods run, the pods' logs
 (``CUDA_MPS_PIPE_DIRECTORY`` for MPS shares, a ``/dev/nvidiaN`` node for every
-GPU), and, once the namespace is gone, that the kubelet's unprepare removed
-the specs. Run as a user who may write those directories (usually root); the
+GPU), the plugin's ``status.devices`` entry on every claim, and, once the
+namespace is gone, that the kubelet's unprepare removed the specs. Our controller
+runs here too (``dra-driver controller``, Lease ``default/fgd-e2e-controller``)
+and the plugin publishes its GPUs for it, so the controller-path example runs by
+default beside the native ones. Run as a user who may write those directories (usually root); the
 chart's plugin must not serve this node at the same time.
 """
 
@@ -45,6 +48,7 @@ from tests.e2e.modes import (
     slice_devices,
     spec_path,
     wait_allocated,
+    wait_status_devices,
 )
 
 pytestmark = pytest.mark.e2e
@@ -118,7 +122,7 @@ def host_driver(cluster: Cluster) -> Iterator[LocalDriver]:
     classes: list[str] = []
     try:
         classes = ensure_device_classes(cluster)
-        driver.start(kubeconfig, mps_state)
+        driver.start(kubeconfig, mps_state, controller=True)
         driver.wait_registration_socket()
         driver.wait_slices(cluster)
         yield driver
@@ -155,6 +159,8 @@ def test_example_runs_with_the_local_plugin(
         pods = example.wait_running()
         claims = [wait_allocated(example, pod, entry) for pod, entry in case.claims]
         check_case_specifics(case, claims, cluster.driver)
+        for claim in claims:
+            wait_status_devices(example, claim, cluster.driver)
         devices = slice_devices(cluster, host_driver.node)
         mps = False
         for claim in claims:
