@@ -38,6 +38,7 @@ from dra_driver.k8s.publisher import (
 )
 from dra_driver.testing.objects import node_object, resource_claim
 from tests.support.fakekube import FakeKubeApi, JsonObj
+from tests.support.http import send_json
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
@@ -121,15 +122,7 @@ def generations(fake: FakeKubeApi) -> dict[str, int]:
 
 
 def http(fake: FakeKubeApi, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(fake.url + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return err.code, json.loads(err.read())
+    return send_json(fake, method, path, body)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from dra_driver.testing.objects import node_object, resource_claim
 from tests.support.fakekube import DEFAULT_KINDS, FakeApiError, FakeKubeApi, ResourceKind
 from tests.support.fakekube_patch import json_patch, merge_patch
 from tests.support.fakekube_selectors import parse_label_selector
+from tests.support.http import send_json
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
@@ -34,15 +35,7 @@ def call(
     content_type: str = "application/json",
 ) -> tuple[int, Any]:
     """One request; returns (status, parsed JSON body) for successes and errors alike."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(fake.url + path, data=data, method=method)
-    request.add_header("Content-Type", content_type)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return err.code, json.loads(err.read())
+    return send_json(fake, method, path, body, content_type)
 
 
 def watch_lines(fake: FakeKubeApi, path: str, count: int) -> list[dict[str, Any]]:

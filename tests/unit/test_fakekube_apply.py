@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 
 from dra_driver.testing.objects import Allocated, resource_claim
 from tests.support.fakekube import FakeKubeApi
+from tests.support.http import send_json
 
 APPLY = "application/apply-patch+yaml"
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"
@@ -21,16 +19,7 @@ B = "net.example.com"
 def call(
     fake: FakeKubeApi, path: str, body: Any, *, content_type: str = APPLY, query: str = ""
 ) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        fake.url + path + query, data=json.dumps(body).encode(), method="PATCH"
-    )
-    request.add_header("Content-Type", content_type)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return err.code, json.loads(err.read())
+    return send_json(fake, "PATCH", path + query, body, content_type)
 
 
 def entry(driver: str, device: str, share: str | None = None, note: str = "") -> dict[str, Any]:

@@ -22,6 +22,7 @@ from tests.support.fakekube_raw import (
     raw_paths,
 )
 from tests.support.fakekube_types import DEFAULT_KINDS
+from tests.support.http import send
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 MERGE = "application/merge-patch+json"
@@ -29,20 +30,6 @@ APPLY = "application/apply-patch+yaml"
 PARAMS = {"kind": "GpuShare", "apiVersion": "gpu.fractional.dev/v1alpha1", "memory": "10Gi"}
 """Keys not in sorted order, as a writer's own struct or dict may hold them."""
 CLAIM_KIND = next(k for k in DEFAULT_KINDS if k.kind == "ResourceClaim")
-
-
-def send(
-    fake: FakeKubeApi, method: str, path: str, data: bytes, content_type: str = "application/json"
-) -> tuple[int, Any]:
-    """One request with ``data`` sent byte for byte."""
-    request = urllib.request.Request(fake.url + path, data=data, method=method)
-    request.add_header("Content-Type", content_type)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return err.code, json.loads(err.read())
 
 
 def raw_get(fake: FakeKubeApi, path: str) -> bytes:
