@@ -173,6 +173,8 @@ def start_driver(api: FakeKubeApi, dirs: NodeDirs, processes: Processes) -> str:
         "mps-agent", "mps-agent", *common, "--mps-control", "fake", "--mps-protocol", "v3",
         "--state-dir", os.path.join(dirs.root, "mps"),
     )  # fmt: skip
+    # A prepare before the agent listens fails (the kubelet would retry): wait for it.
+    processes.wait("the mps-agent's socket", lambda: os.path.exists(agent_socket))
     processes.start(
         "kubelet-plugin", "kubelet-plugin", *common, "--node-name", NODE,
         "--registry-dir", dirs.registry, "--cdi-root", dirs.cdi,
