@@ -221,7 +221,12 @@ def test_a_uid_wait_is_a_warning_on_node_and_claims_until_it_clears(
 
     run_checked(scenario())
     # Device health is left alone: the GPU works, the client waits.
-    assert not [e for e in fake_kube.objects("Event") if e["reason"].startswith("Device")]
+    health = [
+        (e["reason"], e["message"])
+        for e in fake_kube.objects("Event")
+        if e["reason"].startswith("Device")
+    ]
+    assert not health, health
 
 
 # -- the watch, with a stand-in share list ---------------------------------------------

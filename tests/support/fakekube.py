@@ -23,7 +23,8 @@ exact field list, and what is not emulated, is in
 :mod:`tests.support.fakekube_version`.
 
 Layout: ``fakekube_types`` (kinds, Status errors), ``fakekube_selectors``,
-``fakekube_patch`` and ``fakekube_version`` (pure), ``fakekube_store``
+``fakekube_patch``, ``fakekube_raw``, ``fakekube_schema`` and ``fakekube_version``
+(pure), ``fakekube_store``
 (objects, resourceVersion, watch history under one lock), ``fakekube_http``
 (routing, verbs, watch streams) and this module (lifecycle, test-side API,
 fault injection). Each connection gets
@@ -73,9 +74,16 @@ Implemented, per kind, namespaced or cluster-scoped:
 * errors as real ``Status`` objects (NotFound, AlreadyExists, Conflict,
   Expired, BadRequest, MethodNotAllowed, Invalid, UnsupportedMediaType).
 
+* opaque ``parameters`` and ``status.devices[].data`` kept as the bytes sent,
+  a ResourceClaim's spec and (once set) ``status.allocation`` immutable as the
+  real server compares them (byte for byte), the re-encoding of patches and
+  apply (:mod:`tests.support.fakekube_raw`);
+* every HTTP write checked against the release's official OpenAPI schema
+  (strict: unknown fields refused; :mod:`tests.support.fakekube_schema`).
+
 NOT implemented: authentication and authorization, admission (mutating or
-validating, including ValidatingAdmissionPolicy), defaulting, field and schema
-validation (any JSON object is stored), server-side apply of anything but
+validating, including ValidatingAdmissionPolicy), defaulting, validation
+beyond the schema and the rules above, server-side apply of anything but
 claims' ``status.devices`` (``application/apply-patch+yaml`` gets 415) and
 managedFields, strategic-merge
 semantics (list merge keys, ``$patch`` directives), which fields a kind allows
