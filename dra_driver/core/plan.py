@@ -285,7 +285,7 @@ def plan_prepare(
         # The strongest use wins when two results name one device.
         mode = max((_mode(r, gpu, target, ctx, claim) for r in group), key=_MODE_STRENGTH.index)
         limits, soft = _limits(claim, group, gpu, ctx) if mode is Mode.MPS else (None, None)
-        if limits is not None and _takes_whole_gpu(limits, gpu, ctx.settings):
+        if limits is not None and _takes_whole_gpu(claim, group, limits, gpu, ctx):
             # No other share can fit beside it (the scheduler gives a claim that asks no
             # amount the request policy's default: all the memory): the whole GPU, no
             # MPS client with a limit that changes nothing.
@@ -342,11 +342,24 @@ def plan_prepare(
     return PreparePlan(claim_uid=claim.ref.uid, devices=tuple(planned), cdi_spec=spec)
 
 
-def _takes_whole_gpu(limits: ShareLimits, gpu: GpuInfo, settings: NodeSettings) -> bool:
-    """A share of all the GPU's usable memory (less than one step left) and no SM cap."""
-    usable = gpu.memory_bytes - settings.memory_reserve_bytes
+def _takes_whole_gpu(
+    claim: ResourceClaim,
+    group: Sequence[DeviceResult],
+    limits: ShareLimits,
+    gpu: GpuInfo,
+    ctx: NodeContext,
+) -> bool:
+    """A share granted all of the GPU's usable memory (less than one step left: no other
+    share fits) and no SM cap. Only what the allocation says counts: a share that
+    records no memory (no consumedCapacity, no grant) stays a share."""
+    granted = any(
+        "memory" in r.consumed_capacity
+        or effective_config(r, claim.configs, ctx.driver_name).grant is not None
+        for r in group
+    )
+    usable = gpu.memory_bytes - ctx.settings.memory_reserve_bytes
     left = usable - limits.memory_bytes
-    return left < settings.memory_step_bytes and limits.compute_percent in (0, 100)
+    return granted and left < ctx.settings.memory_step_bytes and limits.compute_percent in (0, 100)
 
 
 def _whole_gpus(inventory: Inventory) -> list[str]:
