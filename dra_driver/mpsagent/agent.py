@@ -71,6 +71,8 @@ class AgentConfig:
     (:func:`.commands.in_private_shm`); None: the agent's own /dev/shm (fake only)."""
     uid_check_interval_s: float = 10.0
     """Legacy MPS: seconds between checks for a client waiting on another UID (0: none)."""
+    control_channel: bool = True
+    """Commands over one persistent control shell per daemon (False: a process each)."""
 
 
 class AgentRequestError(Exception):
@@ -159,6 +161,7 @@ class MpsAgent:
                 command_timeout=self.config.command_timeout_s,
                 shm_namespace=self.config.shm_namespace,
                 uid_check_interval=self.config.uid_check_interval_s,
+                control_channel=self.config.control_channel,
             )
             self._daemons[gpu_uuid] = daemon
         return daemon
