@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from dra_driver.cli.flags import _common, _metrics_flags, add_flag
-from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR
+from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR
 
 
 def _agent_parser(sub: Any) -> None:

@@ -19,7 +19,7 @@ from dra_driver.cli.flags import (
     add_flag,
 )
 from dra_driver.core.errors import ConfigError
-from dra_driver.plugin.runtime import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR
+from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR
 
 
 def _render_parser(sub: Any) -> None:

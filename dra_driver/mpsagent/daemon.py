@@ -145,12 +145,14 @@ class MpsDaemon:
         shm_namespace: Sequence[str] | None = None,
         uid_check_interval: float = 10.0,
         control_channel: bool = True,
+        channel_probe_timeout: float = CHANNEL_PROBE_TIMEOUT_S,
     ) -> None:
         """``shm_namespace``: the ``unshare`` command that gives the daemon a private
         mount namespace with the GPU's shm directory on ``/dev/shm`` (None: the
         agent's own ``/dev/shm``). ``uid_check_interval``: seconds between legacy
         UID checks (0: none). ``control_channel``: commands over one persistent shell
-        (False: one process per command)."""
+        (False: one process per command); ``channel_probe_timeout``: how long a
+        readiness probe waits for the channel before it tries a process."""
         self.gpu_uuid = gpu_uuid
         self.dirs = DaemonDirs.for_gpu(state_dir, gpu_uuid)
         self.control_binary = control_binary
@@ -176,6 +178,7 @@ class MpsDaemon:
         self._adopted_pid: int | None = None
         self._server_exists = False
         self._namespaces: set[str] = set()
+        self.channel_probe_timeout = channel_probe_timeout
         self.channel_usable = control_channel
         """False once the shell did not frame answers (then: a process per command)."""
         self.channel = ControlChannel(
@@ -410,7 +413,7 @@ class MpsDaemon:
         if not self.channel_usable:
             await self._run_process(probe)
             return
-        timeout = min(self.command_timeout, CHANNEL_PROBE_TIMEOUT_S)
+        timeout = min(self.command_timeout, self.channel_probe_timeout)
         try:
             await self._run_on_channel(probe, timeout)
             return

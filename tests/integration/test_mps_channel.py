@@ -126,7 +126,7 @@ def test_a_shell_that_does_not_frame_answers_falls_back_to_processes(state_dir: 
     os.chmod(script, os.stat(script).st_mode | stat.S_IXUSR)
 
     async def scenario() -> None:
-        d = daemon(state_dir, binary=script, command_timeout=0.3)
+        d = daemon(state_dir, binary=script, channel_probe_timeout=0.3)
         await d.start()
         try:
             assert not d.channel_usable
