@@ -109,7 +109,7 @@ class MpsAgent:
             "protocol": self.protocol,
             "shares": [wire.share_to_json(s) for _, s in sorted(self._shares.items())],
         }
-        atomic_write(self.state_path, json.dumps(doc, indent=1).encode())
+        atomic_write(self.state_path, json.dumps(doc, separators=(",", ":")).encode())
 
     def _load(self) -> None:
         """Lenient: what we wrote ourselves, maybe by a newer or older agent."""

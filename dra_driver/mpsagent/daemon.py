@@ -75,6 +75,8 @@ PREVIOUS_MODE_FILE = "compute-mode.previous"
 SHM_MODE = 0o1777
 """Like /dev/shm: clients of any UID create their shared memory there."""
 LOG_TAIL_BYTES = 1 << 20
+PID_FILE_WAIT_S = 1.0
+PID_FILE_POLL_S = 0.005
 CHANNEL_PROBE_TIMEOUT_S = 2.0
 """How long a readiness probe waits on the channel before trying a process instead."""
 
@@ -301,10 +303,24 @@ class MpsDaemon:
             self.protocol,
         )
 
+    async def _wait_for_pid_file(self, limit: float) -> None:
+        """Until the new daemon has written its pid file (it does once it listens,
+        dra-facts 10; gpu-unverified for ``-f``), at most ``limit`` seconds: then
+        the first probe finds it up instead of costing a failed shell and retries."""
+        assert self._proc is not None
+        path = os.path.join(self.dirs.pipe, PID_FILE)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while self._proc.returncode is None and loop.time() < deadline:
+            if _read_pid(path) == self._proc.pid:
+                return
+            await asyncio.sleep(PID_FILE_POLL_S)
+
     async def _wait_ready(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ready_timeout
         last = ""
+        await self._wait_for_pid_file(min(PID_FILE_WAIT_S, self.ready_timeout))
         while True:
             if self._proc is not None and self._proc.returncode is not None:
                 raise DaemonError(

@@ -119,7 +119,7 @@ def _write_state(pipe: str, state: dict[str, Any]) -> None:
     path = os.path.join(pipe, STATE_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(state, f, indent=1, sort_keys=True)
+        json.dump(state, f, separators=(",", ":"))
     os.replace(tmp, path)
 
 
