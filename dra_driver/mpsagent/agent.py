@@ -109,7 +109,11 @@ class MpsAgent:
             "protocol": self.protocol,
             "shares": [wire.share_to_json(s) for _, s in sorted(self._shares.items())],
         }
-        atomic_write(self.state_path, json.dumps(doc, separators=(",", ":")).encode())
+        # Atomic, not fsynced: a killed agent loses nothing (the page cache outlives
+        # it), and after an OS crash nothing here matters: the state directory is a
+        # tmpfs (the daemons and their namespaces are gone too). An fsync here would
+        # stall every GPU's requests, since this runs on the event loop.
+        atomic_write(self.state_path, json.dumps(doc, separators=(",", ":")).encode(), fsync=False)
 
     def _load(self) -> None:
         """Lenient: what we wrote ourselves, maybe by a newer or older agent."""
