@@ -56,11 +56,9 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.mpsagent.procs import alive
@@ -207,6 +205,8 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
 
 def spawn_background(argv: list[str]) -> int:
     """``-d``: run ourselves with ``-f`` in a new session and wait for the pid file."""
+    import subprocess  # noqa: PLC0415 (only -d needs it; every start pays for imports)
+
     pipe, _ = _dirs()
     fg = ["-f" if a in ("-d", "--daemon") else a for a in argv]
     proc = subprocess.Popen(
@@ -244,14 +244,14 @@ def _new_pid(state: dict[str, Any]) -> int:
 # -- MPS v3 commands ------------------------------------------------------------------
 
 
-@dataclass
 class _Args:
     """``[positional] [--key=value | key=value] [--flag]`` (docs:mpsv3-interface)."""
 
-    positional: list[str] = field(default_factory=list)
-    options: dict[str, str] = field(default_factory=dict)
-    flags: set[str] = field(default_factory=set)
-    fmt: str = "table"
+    def __init__(self) -> None:
+        self.positional: list[str] = []
+        self.options: dict[str, str] = {}
+        self.flags: set[str] = set()
+        self.fmt = "table"
 
     @classmethod
     def split(cls, args: list[str]) -> _Args:
