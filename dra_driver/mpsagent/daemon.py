@@ -1,8 +1,8 @@
 """One MPS control daemon per GPU (I/O; what to send comes from :mod:`.commands`).
 
 Directories: ``<state dir>/<gpu uuid>/{pipe,log,shm}``. The daemon runs with only
-its GPU visible and its own pipe and log directories; every command is a run of
-the control binary with the same environment, so it reaches this GPU's daemon.
+its GPU visible and its own pipe and log directories; its control shell (and any
+command run as a process) gets the same environment, so it reaches this GPU's daemon.
 
 The shm directory: MPS clients and their server share POSIX shared memory in
 ``/dev/shm``, a path the MPS tools do not let us change (no environment
