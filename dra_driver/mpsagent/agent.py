@@ -384,14 +384,17 @@ class MpsAgent:
                 return False
             remaining = [s for s in self._gpu_shares(req.gpu_uuid) if s.share_id != req.share_id]
             daemon = self._daemons.get(req.gpu_uuid)
+            # Out of the status first: a daemon stopping after its last share is not a
+            # daemon down (the plugin's health monitor would taint the GPU meanwhile).
+            del self._shares[key]
             try:
                 if not remaining:
                     await self._stop_daemon(req.gpu_uuid)
                 elif daemon is not None and daemon.running:
                     await daemon.remove(_limits(share), [_limits(s) for s in remaining])
             except DaemonError as err:
+                self._shares[key] = share
                 raise AgentRequestError("daemon_failed", str(err)) from err
-            del self._shares[key]
             self._save()
             log.info("share %s on GPU %s released", req.share_id, req.gpu_uuid)
             return True
