@@ -70,6 +70,16 @@ RECORD_FILE = "fake-mps-commands.jsonl"
 DELAY_ENV = "FAKE_MPS_COMMAND_DELAY_S"
 """Fake only: seconds each accepted command takes (a slow daemon, for tests)."""
 V3_MODULES = ("server", "namespace", "client")
+LEGACY_COMMANDS = frozenset(
+    {
+        "get_server_list", "start_server", "get_server_status", "get_client_list",
+        "get_device_client_list", "ps", "set_default_active_thread_percentage",
+        "get_default_active_thread_percentage", "set_default_device_pinned_mem_limit",
+        "get_default_device_pinned_mem_limit", "set_active_thread_percentage",
+        "set_device_pinned_mem_limit",
+    }
+)  # fmt: skip
+"""What the legacy shell knows; a word neither protocol knows is refused at once."""
 
 _NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 _V3_MEM = re.compile(r"^\d+[KMG]$")
@@ -608,6 +618,13 @@ def _execute(state: dict[str, Any], pipe: str, argv: list[str], line: str | None
 def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) -> tuple[bool, str]:
     """Run one command under the state lock, record it; (worked, reply)."""
     entry: dict[str, Any] = {"argv": argv} if line is None else {"stdin": line}
+    word = line.split()[0] if line is not None else ""
+    if line is not None and word not in LEGACY_COMMANDS and word not in ("quit", *V3_MODULES):
+        # The shell itself refuses it: no daemon state involved.
+        reply = f"Error: unknown command {line.strip()!r}\n"
+        entry.update(ok=False, reply=reply)
+        _record(logs, entry)
+        return False, reply
     try:
         with _locked(pipe):
             state = _running_state(pipe)
