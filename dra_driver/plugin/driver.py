@@ -252,7 +252,8 @@ class Driver:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            self._pending = [w for w in self._pending if w not in ready]
+            taken = {id(w) for w in ready}
+            self._pending = [w for w in self._pending if id(w) not in taken]
             await self._decide_batch(ready)
 
     async def _decide_batch(self, batch: list[_Work]) -> None:

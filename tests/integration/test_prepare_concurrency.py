@@ -103,3 +103,42 @@ def test_ten_claims_on_ten_gpus_are_enforced_at_once(node_dirs: NodeDirs, calls:
                 await runtime.stop()
 
     run_checked(scenario())
+
+
+def test_an_unprepare_waits_for_the_prepare_in_flight(node_dirs: NodeDirs) -> None:
+    """The kubelet gives up on a slow prepare and unprepares: the unprepare is decided
+    after the prepare's side effects finish, so it releases the share they made."""
+    agent = slow_agent(node_dirs)
+    resident = resource_claim("r", "resident", devices=[share("gpu-0")])
+    claim = resource_claim("b", "slow", devices=[share("gpu-0")])
+    source = InMemoryClaimSource([resident, claim])
+    config = dataclasses.replace(
+        node_dirs.config(), settings=NodeSettings(), mps_agent_socket=agent.socket_path
+    )
+
+    async def scenario() -> None:
+        async with agent_running(agent):
+            runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                plugin = await kubelet.wait_for_plugin(DRIVER)
+                assert not (await plugin.prepare([claim_ref(resident)]))[resident_uid].error
+                ref = claim_ref(claim)
+                prepare = asyncio.create_task(plugin.prepare([ref]))
+                await asyncio.sleep(COMMAND_S / 2)  # its namespace is being made
+                assert not prepare.done()
+                errors = await plugin.unprepare([ref])
+                assert errors[ref.uid] == ""
+                assert prepare.done()  # answered before the unprepare was
+                shares = await MpsAgentClient(agent.socket_path).list_shares()
+                assert [s.claim_uid for s in shares] == [resident_uid]
+                assert not os.path.exists(
+                    os.path.join(node_dirs.cdi, f"k8s.gpu.fractional.dev-claim_{ref.uid}.json")
+                )
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+
+    resident_uid = claim_ref(resident).uid
+    run_checked(scenario())
