@@ -318,7 +318,7 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
 
 
 async def kubelet_rounds(
-    registry: str, refs: list[Any], resident: list[Any], burst: int, *, keep: bool
+    registry: str, refs: list[Any], resident: list[Any], burst: int, *, keep: bool, gap: float
 ) -> tuple[list[float], list[float], list[float]]:
     """Prepare ``resident`` (and unprepare them at the end unless ``keep``) around
     rounds of ``burst`` concurrent one-claim calls; returns prepare and unprepare
@@ -352,8 +352,12 @@ async def kubelet_rounds(
             group = refs[start : start + burst]
             t0 = time.perf_counter()
             await asyncio.gather(*(prepare(r) for r in group))
+            wave = time.perf_counter() - t0
+            await asyncio.sleep(gap)  # the pods run; their status writes land
+            t0 = time.perf_counter()
             await asyncio.gather(*(unprepare(r) for r in group))
-            rounds_ms.append((time.perf_counter() - t0) * 1000)
+            rounds_ms.append((wave + time.perf_counter() - t0) * 1000)
+            await asyncio.sleep(gap)
         if not keep:
             await asyncio.gather(*(plugin.unprepare([r]) for r in resident))
     finally:
@@ -362,7 +366,7 @@ async def kubelet_rounds(
 
 
 def run_kubelet_mode(
-    mode: str, rounds: int, burst: int, warmup: int, profile: str | None
+    mode: str, rounds: int, burst: int, warmup: int, *, profile: str | None, gap: float
 ) -> dict[str, Any]:
     from dra_driver.testing.objects import claim_ref, node_object, resource_claim, share
     from tests.support.fakekube import FakeKubeApi
@@ -396,12 +400,19 @@ def run_kubelet_mode(
             wait_for_socket(os.path.join(root, "reg", f"{DRIVER}-reg.sock"), plugin)
             rss_start = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
             warm = refs[: warmup * burst]
-            asyncio.run(kubelet_rounds(os.path.join(root, "reg"), warm, resident, burst, keep=True))
+            asyncio.run(
+                kubelet_rounds(os.path.join(root, "reg"), warm, resident, burst, keep=True, gap=gap)
+            )
             time.sleep(0.5)  # the status writes after the last answers
             cpu_before = cpu_now(plugin.pid, agent.pid if agent else None)
             prepare_ms, unprepare_ms, rounds_ms = asyncio.run(
                 kubelet_rounds(
-                    os.path.join(root, "reg"), refs[len(warm) :], resident, burst, keep=True
+                    os.path.join(root, "reg"),
+                    refs[len(warm) :],
+                    resident,
+                    burst,
+                    keep=True,
+                    gap=gap,
                 )
             )
             time.sleep(0.5)  # the status writes after the last answers
@@ -509,7 +520,8 @@ def mark(value: float | None, target: float) -> str:
 
 def report(rows: list[dict[str, Any]], burst: int) -> None:
     print(f"\n{burst} concurrent NodePrepareResources calls of one claim each, then {burst} "
-          f"unprepares, {os.cpu_count()} CPUs (ms; * = after the answer)")  # fmt: skip
+          f"unprepares, {os.cpu_count()} CPUs (ms; * = after the answer; round: both "
+          "waves, without the gaps)")  # fmt: skip
     header = "mode        claims  prepare p50/p99   unprepare p50/p99  round p50"
     print(header)
     print("-" * len(header))
@@ -556,6 +568,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30, help="measured rounds per mode")
     parser.add_argument("--warmup", type=int, default=2, help="rounds before measuring")
     parser.add_argument("--burst", type=int, default=10, help="concurrent calls per round")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.2,
+        help="seconds between a round's prepares and its unprepares, and between rounds "
+        "(the pods run meanwhile; 0: back to back)",
+    )
     parser.add_argument("--claims", type=int, default=500, help="engine: claims per level")
     parser.add_argument("--concurrency", default="1,8,32", help="engine: caller counts")
     parser.add_argument("--profile", help="write the plugin's cProfile stats to PROFILE.<mode>")
@@ -573,7 +592,9 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown mode(s) {sorted(unknown)}")
     rows = [
-        run_kubelet_mode(m, args.rounds, args.burst, args.warmup, args.profile)
+        run_kubelet_mode(
+            m, args.rounds, args.burst, args.warmup, profile=args.profile, gap=args.gap
+        )
         for m in modes
         if m != "engine"
     ]
