@@ -90,32 +90,47 @@ class ControlChannel:
 
     async def call(self, line: str, timeout: float | None = None) -> str:
         """Send one command line; return its answer (the lines before the sentinel's)."""
+        (answer,) = await self.call_many([line], timeout)
+        return answer
+
+    async def call_many(self, lines: Sequence[str], timeout: float | None = None) -> list[str]:
+        """Send ``lines`` at once (each with its sentinel) and read their answers in
+        order: one round trip for all. ``timeout`` is per command."""
         async with self._lock:
             proc = await self._ensure()
             assert proc.stdin is not None and proc.stdout is not None
-            self._seq += 1
-            sentinel = f"{SENTINEL_PREFIX}{self._seq}"
+            sentinels = []
+            for _ in lines:
+                self._seq += 1
+                sentinels.append(f"{SENTINEL_PREFIX}{self._seq}")
+            shown = "; ".join(line.strip() for line in lines)
+            limit = (timeout or self.timeout) * len(lines)
             try:
-                proc.stdin.write(f"{line.strip()}\n{sentinel}\n".encode())
-                await proc.stdin.drain()
-                answer = await asyncio.wait_for(
-                    self._read_until(proc.stdout, sentinel), timeout or self.timeout
+                proc.stdin.write(
+                    "".join(
+                        f"{ln.strip()}\n{s}\n" for ln, s in zip(lines, sentinels, strict=True)
+                    ).encode()
                 )
+                await proc.stdin.drain()
+                return await asyncio.wait_for(self._read_all(proc.stdout, sentinels), limit)
             except TimeoutError:
                 await self._discard()
                 raise ChannelError(
-                    f"{self.label}: no answer to `{line.strip()}` within "
-                    f"{timeout or self.timeout:g}s on the control channel",
+                    f"{self.label}: no answer to `{shown}` within {limit:g}s on the control "
+                    "channel",
                     exited=False,
                 ) from None
             except (ConnectionError, EOFError) as err:
                 code = await self._discard()
                 raise ChannelError(
                     f"{self.label}: the control shell exited (status {code}) "
-                    f"during `{line.strip()}`{': ' + str(err) if str(err) else ''}",
+                    f"during `{shown}`{': ' + str(err) if str(err) else ''}",
                     exited=True,
                 ) from None
-            return answer
+
+    @classmethod
+    async def _read_all(cls, stream: asyncio.StreamReader, sentinels: Sequence[str]) -> list[str]:
+        return [await cls._read_until(stream, sentinel) for sentinel in sentinels]
 
     @staticmethod
     async def _read_until(stream: asyncio.StreamReader, sentinel: str) -> str:

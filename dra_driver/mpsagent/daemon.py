@@ -407,6 +407,22 @@ class MpsDaemon:
         except ChannelError as err:
             raise DaemonError(f"GPU {self.gpu_uuid}: {err}") from err
 
+    async def run_all(self, calls: Sequence[ControlCall]) -> list[str]:
+        """Send ``calls`` in order; on the channel all in one round trip. The first
+        that fails raises (on the channel the later ones have run as well)."""
+        if len(calls) < 2 or not all(self._on_channel(c) for c in calls):
+            return [await self.run(call) for call in calls]
+        lines = [c.stdin.strip() if c.stdin is not None else " ".join(c.args) for c in calls]
+        try:
+            answers = await self.channel.call_many(lines)
+        except ChannelError as err:
+            raise DaemonError(f"GPU {self.gpu_uuid}: {err}") from err
+        for call, answer in zip(calls, answers, strict=True):
+            problem = cmd.reply_error(0, answer, "")
+            if problem is not None:
+                raise DaemonError(f"GPU {self.gpu_uuid}: `{call}` failed: {problem}")
+        return answers
+
     def _on_channel(self, call: ControlCall) -> bool:
         if not self.channel_usable:
             return False
@@ -492,8 +508,7 @@ class MpsDaemon:
     async def restore(self, shares: Sequence[ShareLimits]) -> None:
         """Make the daemon hold exactly ``shares`` (after a start, restart or adoption)."""
         if self.protocol == "v3":
-            for call in cmd.render_v3_restore(shares, self._namespaces, self._server_exists):
-                await self.run(call)
+            await self.run_all(cmd.render_v3_restore(shares, self._namespaces, self._server_exists))
             self._server_exists = True
             self._namespaces = {s.namespace for s in shares}
             for share in shares:
@@ -512,10 +527,8 @@ class MpsDaemon:
                 await self.run(cmd.v3_server_create())
                 self._server_exists = True
         exists = share.namespace in self._namespaces
-        calls = cmd.render_v3_apply(share, exists)
         try:
-            for call in calls:
-                await self.run(call)
+            await self.run_all(cmd.render_v3_apply(share, exists))
         except DaemonError:
             # Our view may be stale (a half-done earlier attempt): look, then retry once.
             await self._refresh()
@@ -540,8 +553,7 @@ class MpsDaemon:
 
     async def _apply_legacy(self, shares: Sequence[ShareLimits]) -> None:
         pids = cmd.parse_legacy_server_list(await self.run(ControlCall(stdin="get_server_list\n")))
-        for call in cmd.render_legacy_apply(self.gpu_uuid, shares, pids):
-            await self.run(call)
+        await self.run_all(cmd.render_legacy_apply(self.gpu_uuid, shares, pids))
 
     # -- legacy MPS: one UID at a time ----------------------------------------------
 

@@ -138,3 +138,27 @@ def test_a_shell_that_does_not_frame_answers_falls_back_to_processes(state_dir: 
             await d.stop()
 
     asyncio.run(scenario())
+
+
+def test_pipelined_commands_answer_in_order_and_the_first_failure_raises(state_dir: str) -> None:
+    async def scenario() -> None:
+        d = daemon(state_dir)
+        await d.start()
+        try:
+            await d.run(cmd.v3_server_create())
+            good, bad = ShareLimits("share-a", GIB, 50), ShareLimits("share-b", GIB, 0)
+            answers = await d.run_all(
+                [*cmd.render_v3_apply(good, False), cmd.v3_namespace_list(), cmd.v3_server_list()]
+            )
+            assert answers[:2] == ["", ""]
+            assert good.namespace in {r.name for r in cmd.parse_v3_namespace_list(answers[2])}
+            assert cmd.parse_v3_server_names(answers[3]) == [cmd.SERVER_NAME]
+            # create runs, set is refused (0 %): the error names the command that failed.
+            with pytest.raises(DaemonError, match=r"namespace set s_share_b.*1-100"):
+                await d.run_all(cmd.render_v3_apply(bad, False))
+            rows = cmd.parse_v3_namespace_list(await d.run(cmd.v3_namespace_list()))
+            assert bad.namespace in {r.name for r in rows}
+        finally:
+            await d.stop()
+
+    asyncio.run(scenario())
