@@ -18,6 +18,10 @@ page documents that syntax on the command line only: docs-unverified). When an
 assumption fails, the daemon falls back to one process per command
 (:class:`.daemon.MpsDaemon`), which the docs do cover.
 
+Several commands (a share's namespace create and set) can go at once
+(:meth:`ControlChannel.call_many`): written together, answered in order, one
+round trip.
+
 A command that gets no framed answer within the timeout, or a shell that exits
 (it does when its daemon goes away), ends the channel: the process is killed
 and the command fails; the next command starts a new shell.
