@@ -137,6 +137,11 @@ class DisruptionGuard:
             self._want(op.ref, "release")
 
     @property
+    def synced(self) -> bool:
+        """The first pass over the node's pods, with the checkpoint, is done."""
+        return self._synced
+
+    @property
     def guarded_pods(self) -> int:
         return sum(1 for claims in self._pods.values() if claims)
 

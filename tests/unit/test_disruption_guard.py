@@ -48,7 +48,7 @@ def test_keys() -> None:
         (GuardMode.ALL, "false", False, False),
         (GuardMode.ALL, "nope", True, True),
     ],
-    ids=lambda v: repr(v),
+    ids=repr,
 )
 def test_which_claims_guard(mode: GuardMode, value: str | None, wanted: bool, warns: bool) -> None:
     annotations = {} if value is None else {OPT_IN: value}
