@@ -209,10 +209,14 @@ class DisruptionGuard:
                 if attempt == CONFLICT_ATTEMPTS:
                     raise
                 try:
-                    pod = await asyncio.to_thread(self.pods.get, namespace, name)
+                    fresh = await asyncio.to_thread(self.pods.get, namespace, name)
                 except ApiNotFoundError:
                     self._pods.pop(_pod_key(pod), None)
                     return
+                if _pod_key(fresh) != _pod_key(pod):  # replaced: not the pod we decided on
+                    self._pods.pop(_pod_key(pod), None)
+                    return
+                pod = fresh
                 continue
             log.info(
                 "disruption guard: pod %s on node %s %s (claims %s)",
