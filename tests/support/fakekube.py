@@ -107,7 +107,7 @@ from types import TracebackType
 from typing import Self
 
 from tests.support.fakekube_http import Fault, RecordedRequest, Server
-from tests.support.fakekube_store import Store
+from tests.support.fakekube_store import Store, accept_all
 from tests.support.fakekube_types import (
     DEFAULT_KINDS,
     FakeApiError,
@@ -146,13 +146,17 @@ class FakeKubeApi:
         kube_minor: int = 36,
         drop_gated_fields: bool | None = None,
         binary_minor: int | None = None,
+        validate_schema: bool = True,
     ) -> None:
         """``kube_minor``: the release it plays (``/version``, 1.35+ validation);
         ``drop_gated_fields``: drop the fields of the DRA gates that are off
         before 1.36; ``None`` decides by ``kube_minor``; ``binary_minor``: a newer
-        binary emulating ``kube_minor`` (``/version`` shows both)."""
+        binary emulating ``kube_minor`` (``/version`` shows both); ``validate_schema``
+        False skips the schema check of HTTP writes (benchmarks: a real API server's
+        CPU is not the node's)."""
         self.version = ServerVersion(kube_minor, drop_gated_fields, binary_minor)
-        self._store = Store(kinds, history_limit, self.version.prepare, self.version.validate)
+        validate = self.version.validate if validate_schema else accept_all
+        self._store = Store(kinds, history_limit, self.version.prepare, validate)
         self._lock = threading.Lock()  # requests, faults and connections
         self._request_log: list[RecordedRequest] = []
         self._faults: list[Fault] = []

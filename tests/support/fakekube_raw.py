@@ -127,8 +127,8 @@ def decode_body(text: str, paths: frozenset[_Path]) -> Any:
     Raises ``ValueError`` for invalid JSON.
     """
     value = json.loads(text)  # validity (and its error message) first
-    if not paths or not isinstance(value, dict):
-        return value
+    if not isinstance(value, dict) or not any(f'"{p[-1]}"' in text for p in paths):
+        return value  # no field that could hold one: nothing to keep
     return _parse(text, 0, (), paths)[0]
 
 

@@ -113,7 +113,7 @@ Validate = Callable[[ResourceKind, JsonObj], None]
 :class:`FakeApiError` when it does not match its kind's schema."""
 
 
-def _accept_all(kind: ResourceKind, obj: JsonObj) -> None:
+def accept_all(kind: ResourceKind, obj: JsonObj) -> None:
     """The default :data:`Validate`."""
 
 
@@ -130,7 +130,7 @@ class Store:
         kinds: tuple[ResourceKind, ...],
         history_limit: int,
         prepare: Prepare = _keep_all,
-        validate: Validate = _accept_all,
+        validate: Validate = accept_all,
     ) -> None:
         self.kinds = kinds
         self._prepare = prepare
