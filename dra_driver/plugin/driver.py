@@ -41,6 +41,7 @@ from dra_driver.state.checkpoint import (
     ClaimState,
 )
 from dra_driver.state.locks import NodeLock
+from dra_driver.state.mig_shares import hand_over
 
 log = logging.getLogger(__name__)
 # Each claim's outcome is logged once, by observability/claim_log.py (an observer);
@@ -302,7 +303,10 @@ class Driver:
                 plan.to_write = [x for x in plan.to_write if x[1].ref.uid != ref.uid]
                 recorded = plan.checkpoint.claims.get(ref.uid)
                 if recorded is not None:
-                    plan.checkpoint = plan.checkpoint.without(ref.uid)
+                    # A MIG instance other claims still share passes to them (mig_shares).
+                    recorded, plan.checkpoint = hand_over(
+                        recorded, plan.checkpoint.without(ref.uid)
+                    )
                     if recorded.cdi_spec_file:
                         plan.to_remove[ref.uid] = recorded.cdi_spec_file
                     plan.to_release.append((work, recorded))
@@ -412,6 +416,10 @@ class Driver:
                 checkpoint = checkpoint.with_claim(replace(entry, cdi_spec_file=path))
                 rewritten.append(uid)
                 log.warning("rewrote missing CDI spec %s for claim %s", path, entry.ref)
+        # A MIG instance a rolled-back share made (or joined) that kept claims still
+        # share passes to them instead of being destroyed (mig_shares).
+        for i, entry in enumerate(rolled_back_entries):
+            rolled_back_entries[i], checkpoint = hand_over(entry, checkpoint)
         orphans: list[str] = []
         for uid, path in sorted(self.cdi.list_claim_uids().items()):
             if uid not in checkpoint.claims:
