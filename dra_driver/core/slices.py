@@ -324,6 +324,7 @@ def _partitioned_gpu(
             profile_name=profile.name,
             profile=profile,
             policy=_mig_policy(gpu, gpu_settings, profile, None, settings, capabilities),
+            placement_start=placement.start,
         )
         device["consumesCounters"] = [_consumption(set_name, profile, placement)]
         devices.append(((profile.id, placement.start), device))
@@ -409,6 +410,7 @@ def _static_mig_devices(
             profile=profile,
             existing=existing,
             policy=_mig_policy(gpu, gpu_settings, profile, existing, settings, capabilities),
+            placement_start=existing.placement.start,
         )
         if set_name is not None:
             device["consumesCounters"] = [_consumption(set_name, profile, existing.placement)]
@@ -431,6 +433,7 @@ def _mig_device(
     profile: MigProfile | None,
     existing: MigDevice | None = None,
     policy: SharePolicy | None = None,
+    placement_start: int = 0,
 ) -> dict[str, Any]:
     """A MIG device: exclusive, or (``policy``) an MPS-shared one (see :func:`mig_share_policy`)."""
     attributes: dict[str, Any] = {
@@ -452,6 +455,9 @@ def _mig_device(
         # Every capacity of a shareable device is consumed by each share, all of it
         # when the share names none and there is no default (dra-facts 6): so the
         # engine counts are attributes here, and the capacities are the share's.
+        # Where the instance sits (memory slice it starts at), so claims meant to share
+        # one instance can select the same one.
+        attributes["placementStart"] = {"int": placement_start}
         if profile is not None:
             attributes["multiprocessors"] = {"int": profile.multiprocessors}
             for _, attr, capacity_name in _MIG_COUNTERS:

@@ -77,6 +77,7 @@ def test_partitions_and_instances_are_shareable_with_the_instance_memory(minor: 
     assert parse_quantity(static["capacity"]["memory"]["value"]) == 40192 * MIB
     assert static["attributes"]["static"] == {"bool": True}
     assert partition["attributes"]["static"] == {"bool": False}
+    assert partition["attributes"]["placementStart"] == {"int": 4}
     # clients: 48 lowered in proportion to the compute slices (3 of 7, 1 of 7).
     assert static["capacity"]["clients"]["value"] == "20"
     assert partition["capacity"]["clients"]["value"] == "6"
