@@ -78,6 +78,14 @@ def _assert_instance_and_namespace(dirs: NodeDirs, uid: str, pipe_dir: str) -> N
     assert mounts["/tmp/nvidia-mps"] == pipe_dir
 
 
+def _daemon_visible_devices(agent: AgentConfig, uuid: str) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` the daemon for ``uuid`` started with (the fake records it)."""
+    path = os.path.join(agent.state_dir, uuid, "pipe", "fake-mps-state.json")
+    with open(path) as handle:
+        visible: str | None = json.load(handle)["visible_devices"]
+    return visible
+
+
 def _checkpoint(dirs: NodeDirs) -> CheckpointStore:
     return CheckpointStore(os.path.join(dirs.plugin, "checkpoint.json"), "boot-1")
 
@@ -128,6 +136,7 @@ def test_two_claims_share_an_instance_made_on_demand(node_dirs: NodeDirs, togeth
                 # compute mode was touched (that is the parent GPU's).
                 (daemon,) = (await client.status()).daemons
                 assert daemon.gpu_uuid == instance.uuid
+                assert _daemon_visible_devices(agent, instance.uuid) == instance.uuid
                 assert compute_mode.modes == {}
                 for ref in refs[:2]:
                     _assert_instance_and_namespace(node_dirs, ref.uid, shares[ref.uid].pipe_dir)
