@@ -20,6 +20,7 @@ from dra_driver.core.plan import DeviceUse, MigPlan, Mode, NodeContext, PrepareP
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import build_inventory
 from dra_driver.k8s.convert import claim_from_dict
+from dra_driver.plugin.enforcement import owned_shares
 from dra_driver.testing.objects import Allocated, resource_claim, share
 
 DRIVER = "gpu.fractional.dev"
@@ -143,3 +144,10 @@ def test_two_shares_of_one_claim_on_one_instance_are_two_devices() -> None:
         (f"{KIND}={UID}-{STATIC}-s1",),
         (f"{KIND}={UID}-{STATIC}-s2",),
     ]
+
+
+def test_owned_shares_name_a_mig_share_by_its_instance() -> None:
+    """Start-up reconciliation keeps the agent's shares prepared claims own: a share
+    inside a MIG instance lives at the instance's daemon, named by the MIG UUID."""
+    plan = _plan(share(STATIC, memory="4Gi", share_id="s1"))
+    assert owned_shares(plan.devices) == [(EXISTING.uuid, "s1")]
