@@ -37,8 +37,9 @@ from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
+from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME
 from dra_driver.plugin.health_monitor import HealthMonitor
-from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, PluginConfig, PluginRuntime
+from dra_driver.plugin.runtime import PluginConfig, PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim
 from dra_driver.testing.kubelet import (
     FakeKubelet,

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from dra_driver.cli.flags import _common, _metrics_flags, _seconds, add_flag
-from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME
+from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME
 
 
 def _controller_parser(sub: Any) -> None:

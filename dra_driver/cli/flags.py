@@ -12,7 +12,7 @@ from dra_driver.core.errors import ConfigError
 from dra_driver.core.ports import GpuBackend
 from dra_driver.core.settings import NodeSettings
 from dra_driver.observability.logs import LOG_FORMATS
-from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME
+from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME
 
 _N = TypeVar("_N", int, float)
 

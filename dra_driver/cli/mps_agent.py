@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from dra_driver.cli.flags import _common, _metrics_flags, add_flag
-from dra_driver.plugin.runtime import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR
+from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR
 
 
 def _agent_parser(sub: Any) -> None:
@@ -51,6 +51,15 @@ def _agent_parser(sub: Any) -> None:
         default="auto",
         choices=["auto", "private", "agent"],
     )
+    add_flag(
+        agent,
+        "--mps-control-channel",
+        "how commands reach each daemon: persistent (one control shell per daemon, "
+        "falling back to process when the shell does not answer as expected) or process "
+        "(one run of the control binary per command)",
+        default="persistent",
+        choices=["persistent", "process"],
+    )
     _common(agent)
     _metrics_flags(agent)
 
@@ -74,6 +83,7 @@ def _run_mps_agent(args: argparse.Namespace) -> int:
         driver_version=args.driver_version or None,
         # The fake launcher runs ${PYTHON}: this interpreter has the package.
         daemon_env={**os.environ, "PYTHON": sys.executable} if fake else None,
+        control_channel=args.mps_control_channel == "persistent",
         shm_namespace=(
             UNSHARE_PRIVATE_MOUNT
             if args.daemon_shm == "private" or (args.daemon_shm == "auto" and not fake)

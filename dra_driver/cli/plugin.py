@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.cli.flags import (
     _backend,
@@ -23,13 +23,11 @@ from dra_driver.cli.flags import (
 from dra_driver.core.ports import GpuBackend
 from dra_driver.dmemhook import DEFAULT_HOOK_DIR
 from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
-from dra_driver.plugin.claim_reporting import ClaimReporter
-from dra_driver.plugin.runtime import (
-    DEFAULT_CDI_ROOT,
-    DEFAULT_PLUGINS_DIR,
-    DEFAULT_REGISTRY_DIR,
-    PluginRuntime,
-)
+from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
+
+if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every subcommand
+    from dra_driver.plugin.claim_reporting import ClaimReporter
+    from dra_driver.plugin.runtime import PluginRuntime
 
 
 def _health_flags(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +190,7 @@ def _run_plugin(args: argparse.Namespace) -> int:
     from dra_driver.plugin.extended_resources import check_extended_resources
     from dra_driver.plugin.runtime import (
         PluginConfig,
+        PluginRuntime,
         SliceOptions,
     )
 
@@ -310,7 +309,7 @@ def claim_reporting(
     """The plugin's claim status writer and Event recorder, from its flags."""
     from dra_driver.k8s.claim_status import ClaimStatusWriter
     from dra_driver.k8s.events import EventRecorder
-    from dra_driver.plugin.claim_reporting import COMPONENT
+    from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 
     events = EventRecorder(
         api_client,

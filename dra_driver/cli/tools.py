@@ -19,7 +19,7 @@ from dra_driver.cli.flags import (
     add_flag,
 )
 from dra_driver.core.errors import ConfigError
-from dra_driver.plugin.runtime import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR
+from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR
 
 
 def _render_parser(sub: Any) -> None:
@@ -98,8 +98,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _simulate_parser(simulate: argparse.ArgumentParser) -> None:
-    from dra_driver.allocator.simulate import INFERENCE_MIX
-
+    # Nothing heavy here: every subcommand (the mps-agent's too) builds all parsers.
     add_flag(simulate, "--nodes", "nodes in the simulated cluster", default="100")
     add_flag(simulate, "--gpus", "fake GPUs of each node: MODEL[:COUNT]", default="h100-80gb:8")
     add_flag(
@@ -109,7 +108,12 @@ def _simulate_parser(simulate: argparse.ArgumentParser) -> None:
         default="1000",
     )
     add_flag(simulate, "--seed", "seed of the workload generator", default="1")
-    add_flag(simulate, "--mix", "model sizes to draw: MEMORY:WEIGHT,...", default=INFERENCE_MIX)
+    add_flag(
+        simulate,
+        "--mix",
+        "model sizes to draw: MEMORY:WEIGHT,... (default: the inference mix, "
+        "allocator/simulate.py INFERENCE_MIX)",
+    )
     add_flag(
         simulate,
         "--policy",
@@ -134,7 +138,11 @@ def _run_simulate(args: argparse.Namespace) -> int:
         return _non_negative(text, flag, int, "a whole number")
 
     if args.claims.isdigit():
-        memory = sim.generate(whole(args.claims, "--claims"), whole(args.seed, "--seed"), args.mix)
+        memory = sim.generate(
+            whole(args.claims, "--claims"),
+            whole(args.seed, "--seed"),
+            args.mix or sim.INFERENCE_MIX,
+        )
     else:
         try:
             with open(args.claims, encoding="utf-8") as handle:

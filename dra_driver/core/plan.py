@@ -291,7 +291,7 @@ def plan_prepare(
         mode = max((_mode(r, gpu, target, ctx, claim) for r in group), key=_MODE_STRENGTH.index)
         usable = _usable(gpu, target, ctx.settings)
         limits, soft = _limits(claim, group, usable, ctx) if mode is Mode.MPS else (None, None)
-        if limits is not None and _takes_all(limits, usable, ctx.settings):
+        if limits is not None and _takes_all(claim, group, limits, usable, ctx):
             # No other share can fit beside it (the scheduler gives a claim that asks no
             # amount the request policy's default: all the memory): the whole GPU (or
             # MIG instance), no MPS client with a limit that changes nothing.
@@ -350,10 +350,24 @@ def plan_prepare(
     return PreparePlan(claim_uid=claim.ref.uid, devices=tuple(planned), cdi_spec=spec)
 
 
-def _takes_all(limits: ShareLimits, usable: int, settings: NodeSettings) -> bool:
-    """A share of all the usable memory (less than one step left) and no SM cap."""
+def _takes_all(
+    claim: ResourceClaim,
+    group: Sequence[DeviceResult],
+    limits: ShareLimits,
+    usable: int,
+    ctx: NodeContext,
+) -> bool:
+    """A share granted all of the device's usable memory (a GPU's, or a MIG instance's;
+    less than one step left: no other share fits) and no SM cap. Only what the
+    allocation says counts: a share that records no memory (no consumedCapacity, no
+    grant) stays a share."""
+    granted = any(
+        "memory" in r.consumed_capacity
+        or effective_config(r, claim.configs, ctx.driver_name).grant is not None
+        for r in group
+    )
     left = usable - limits.memory_bytes
-    return left < settings.memory_step_bytes and limits.compute_percent in (0, 100)
+    return granted and left < ctx.settings.memory_step_bytes and limits.compute_percent in (0, 100)
 
 
 def _usable(gpu: GpuInfo, target: MigTarget | None, settings: NodeSettings) -> int:

@@ -71,6 +71,8 @@ class AgentConfig:
     (:func:`.commands.in_private_shm`); None: the agent's own /dev/shm (fake only)."""
     uid_check_interval_s: float = 10.0
     """Legacy MPS: seconds between checks for a client waiting on another UID (0: none)."""
+    control_channel: bool = True
+    """Commands over one persistent control shell per daemon (False: a process each)."""
 
 
 class AgentRequestError(Exception):
@@ -107,7 +109,11 @@ class MpsAgent:
             "protocol": self.protocol,
             "shares": [wire.share_to_json(s) for _, s in sorted(self._shares.items())],
         }
-        atomic_write(self.state_path, json.dumps(doc, indent=1).encode())
+        # Atomic, not fsynced: a killed agent loses nothing (the page cache outlives
+        # it), and after an OS crash nothing here matters: the state directory is a
+        # tmpfs (the daemons and their namespaces are gone too). An fsync here would
+        # stall every GPU's requests, since this runs on the event loop.
+        atomic_write(self.state_path, json.dumps(doc, separators=(",", ":")).encode(), fsync=False)
 
     def _load(self) -> None:
         """Lenient: what we wrote ourselves, maybe by a newer or older agent."""
@@ -159,6 +165,7 @@ class MpsAgent:
                 command_timeout=self.config.command_timeout_s,
                 shm_namespace=self.config.shm_namespace,
                 uid_check_interval=self.config.uid_check_interval_s,
+                control_channel=self.config.control_channel,
             )
             self._daemons[gpu_uuid] = daemon
         return daemon
@@ -377,14 +384,17 @@ class MpsAgent:
                 return False
             remaining = [s for s in self._gpu_shares(req.gpu_uuid) if s.share_id != req.share_id]
             daemon = self._daemons.get(req.gpu_uuid)
+            # Out of the status first: a daemon stopping after its last share is not a
+            # daemon down (the plugin's health monitor would taint the GPU meanwhile).
+            del self._shares[key]
             try:
                 if not remaining:
                     await self._stop_daemon(req.gpu_uuid)
                 elif daemon is not None and daemon.running:
                     await daemon.remove(_limits(share), [_limits(s) for s in remaining])
             except DaemonError as err:
+                self._shares[key] = share
                 raise AgentRequestError("daemon_failed", str(err)) from err
-            del self._shares[key]
             self._save()
             log.info("share %s on GPU %s released", req.share_id, req.gpu_uuid)
             return True

@@ -1,8 +1,8 @@
 """One MPS control daemon per GPU (I/O; what to send comes from :mod:`.commands`).
 
 Directories: ``<state dir>/<gpu uuid>/{pipe,log,shm}``. The daemon runs with only
-its GPU visible and its own pipe and log directories; every command is a run of
-the control binary with the same environment, so it reaches this GPU's daemon.
+its GPU visible and its own pipe and log directories; its control shell (and any
+command run as a process) gets the same environment, so it reaches this GPU's daemon.
 
 The shm directory: MPS clients and their server share POSIX shared memory in
 ``/dev/shm``, a path the MPS tools do not let us change (no environment
@@ -38,6 +38,13 @@ polling, since it is no longer a child.
 
 A dead daemon takes its servers, namespaces and limits with it (they live only
 in the daemon); :meth:`MpsDaemon.restore` re-creates them for the live shares.
+
+Commands go over a persistent control channel (:mod:`.channel`): one control
+shell per daemon, opened when the daemon first answers, reopened after it dies
+or times out. ``quit`` (``-q``) still runs as its own process. Where the shell
+does not frame answers as the channel expects (gpu-unverified), the daemon
+answers a command run as a process but not the channel: the daemon then falls
+back to one process per command for its life, with a warning.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent.channel import ChannelError, ControlChannel
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits, UidWait
 from dra_driver.mpsagent.compute_mode import ComputeMode, ComputeModeError, Mode, parse_mode
 from dra_driver.mpsagent.procs import alive
@@ -67,6 +75,10 @@ PREVIOUS_MODE_FILE = "compute-mode.previous"
 SHM_MODE = 0o1777
 """Like /dev/shm: clients of any UID create their shared memory there."""
 LOG_TAIL_BYTES = 1 << 20
+PID_FILE_WAIT_S = 1.0
+PID_FILE_POLL_S = 0.005
+CHANNEL_PROBE_TIMEOUT_S = 2.0
+"""How long a readiness probe waits on the channel before trying a process instead."""
 
 
 class DaemonError(RuntimeError):
@@ -139,11 +151,15 @@ class MpsDaemon:
         adopted_poll_interval: float = 0.5,
         shm_namespace: Sequence[str] | None = None,
         uid_check_interval: float = 10.0,
+        control_channel: bool = True,
+        channel_probe_timeout: float = CHANNEL_PROBE_TIMEOUT_S,
     ) -> None:
         """``shm_namespace``: the ``unshare`` command that gives the daemon a private
         mount namespace with the GPU's shm directory on ``/dev/shm`` (None: the
         agent's own ``/dev/shm``). ``uid_check_interval``: seconds between legacy
-        UID checks (0: none)."""
+        UID checks (0: none). ``control_channel``: commands over one persistent shell
+        (False: one process per command); ``channel_probe_timeout``: how long a
+        readiness probe waits for the channel before it tries a process."""
         self.gpu_uuid = gpu_uuid
         self.dirs = DaemonDirs.for_gpu(state_dir, gpu_uuid)
         self.control_binary = control_binary
@@ -169,6 +185,12 @@ class MpsDaemon:
         self._adopted_pid: int | None = None
         self._server_exists = False
         self._namespaces: set[str] = set()
+        self.channel_probe_timeout = channel_probe_timeout
+        self.channel_usable = control_channel
+        """False once the shell did not frame answers (then: a process per command)."""
+        self.channel = ControlChannel(
+            self._argv([]), self.env, timeout=command_timeout, label=f"GPU {gpu_uuid}"
+        )
 
     # -- state ----------------------------------------------------------------------
 
@@ -254,6 +276,7 @@ class MpsDaemon:
         self._namespaces = set()
         self._adopted_pid = None
         self.uid_wait = None
+        await self.channel.close()  # a dead daemon's shell
         self.dirs.create()
         try:
             await self._enter_exclusive_process()
@@ -293,10 +316,24 @@ class MpsDaemon:
             self.protocol,
         )
 
+    async def _wait_for_pid_file(self, limit: float) -> None:
+        """Until the new daemon has written its pid file (it does once it listens,
+        dra-facts 10; gpu-unverified for ``-f``), at most ``limit`` seconds: then
+        the first probe finds it up instead of costing a failed shell and retries."""
+        assert self._proc is not None
+        path = os.path.join(self.dirs.pipe, PID_FILE)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while self._proc.returncode is None and loop.time() < deadline:
+            if _read_pid(path) == self._proc.pid:
+                return
+            await asyncio.sleep(PID_FILE_POLL_S)
+
     async def _wait_ready(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ready_timeout
         last = ""
+        await self._wait_for_pid_file(min(PID_FILE_WAIT_S, self.ready_timeout))
         while True:
             if self._proc is not None and self._proc.returncode is not None:
                 raise DaemonError(
@@ -304,7 +341,7 @@ class MpsDaemon:
                     f"{self._proc.returncode} while starting; see {self.dirs.log}"
                 )
             try:
-                await self.run(cmd.probe_call(self.protocol))
+                await self._probe()
                 return
             except DaemonError as err:
                 last = str(err)
@@ -324,7 +361,7 @@ class MpsDaemon:
         self._adopted_pid = pid
         self.stopping = False
         try:
-            await self.run(cmd.probe_call(self.protocol))
+            await self._probe()
             await self._refresh()
         except DaemonError as err:
             log.warning("cannot adopt MPS daemon pid %s for GPU %s: %s", pid, self.gpu_uuid, err)
@@ -347,6 +384,7 @@ class MpsDaemon:
         """``quit`` the daemon, wait for it, and give the GPU back its previous mode."""
         self.stopping = True
         await self.stop_monitoring()
+        await self.channel.close()  # quit runs as a process of its own
         if self.running:
             try:
                 await self.run(cmd.quit_call(self.protocol))
@@ -362,6 +400,7 @@ class MpsDaemon:
         log.info("MPS control daemon for GPU %s stopped", self.gpu_uuid)
 
     async def _kill(self) -> None:
+        await self.channel.close(grace=0)
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
@@ -373,6 +412,74 @@ class MpsDaemon:
     # -- commands -------------------------------------------------------------------
 
     async def run(self, call: ControlCall) -> str:
+        """Send ``call`` to the daemon: on the channel, or as a process of its own."""
+        if not self._on_channel(call):
+            return await self._run_process(call)
+        try:
+            return await self._run_on_channel(call)
+        except ChannelError as err:
+            raise DaemonError(f"GPU {self.gpu_uuid}: {err}") from err
+
+    async def run_all(self, calls: Sequence[ControlCall]) -> list[str]:
+        """Send ``calls`` in order; on the channel all in one round trip. The first
+        that fails raises (on the channel the later ones have run as well)."""
+        if len(calls) < 2 or not all(self._on_channel(c) for c in calls):
+            return [await self.run(call) for call in calls]
+        lines = [c.stdin.strip() if c.stdin is not None else " ".join(c.args) for c in calls]
+        try:
+            answers = await self.channel.call_many(lines)
+        except ChannelError as err:
+            raise DaemonError(f"GPU {self.gpu_uuid}: {err}") from err
+        for call, answer in zip(calls, answers, strict=True):
+            problem = cmd.reply_error(0, answer, "")
+            if problem is not None:
+                raise DaemonError(f"GPU {self.gpu_uuid}: `{call}` failed: {problem}")
+        return answers
+
+    def _on_channel(self, call: ControlCall) -> bool:
+        if not self.channel_usable:
+            return False
+        if call.stdin is not None:
+            return call.stdin.strip() not in ("", "quit")
+        # -q and the other top-level options are the command line's, not the shell's.
+        return bool(call.args) and not call.args[0].startswith("-")
+
+    async def _run_on_channel(self, call: ControlCall, timeout: float | None = None) -> str:
+        line = call.stdin.strip() if call.stdin is not None else " ".join(call.args)
+        answer = await self.channel.call(line, timeout)
+        problem = cmd.reply_error(0, answer, "")
+        if problem is not None:
+            raise DaemonError(f"GPU {self.gpu_uuid}: `{call}` failed: {problem}")
+        return answer
+
+    async def _probe(self) -> None:
+        """Does the daemon answer? On the channel if it can; falls back (see above)."""
+        probe = cmd.probe_call(self.protocol)
+        if not self.channel_usable:
+            await self._run_process(probe)
+            return
+        timeout = min(self.command_timeout, self.channel_probe_timeout)
+        try:
+            await self._run_on_channel(probe, timeout)
+            return
+        except ChannelError as err:
+            first = err
+        await self._run_process(probe)  # DaemonError: not up yet (or gone)
+        try:  # up now: maybe it only just came up, so the channel gets one more try
+            await self._run_on_channel(probe, timeout)
+            return
+        except ChannelError as err:
+            self.channel_usable = False
+            log.warning(
+                "GPU %s: the MPS daemon answers `%s` run as a process but not on a "
+                "persistent control shell (%s; before: %s); one process per command from now on",
+                self.gpu_uuid,
+                probe,
+                err,
+                first,
+            )
+
+    async def _run_process(self, call: ControlCall) -> str:
         """Run the control binary with ``call`` in the daemon's environment."""
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -414,8 +521,7 @@ class MpsDaemon:
     async def restore(self, shares: Sequence[ShareLimits]) -> None:
         """Make the daemon hold exactly ``shares`` (after a start, restart or adoption)."""
         if self.protocol == "v3":
-            for call in cmd.render_v3_restore(shares, self._namespaces, self._server_exists):
-                await self.run(call)
+            await self.run_all(cmd.render_v3_restore(shares, self._namespaces, self._server_exists))
             self._server_exists = True
             self._namespaces = {s.namespace for s in shares}
             for share in shares:
@@ -434,10 +540,8 @@ class MpsDaemon:
                 await self.run(cmd.v3_server_create())
                 self._server_exists = True
         exists = share.namespace in self._namespaces
-        calls = cmd.render_v3_apply(share, exists)
         try:
-            for call in calls:
-                await self.run(call)
+            await self.run_all(cmd.render_v3_apply(share, exists))
         except DaemonError:
             # Our view may be stale (a half-done earlier attempt): look, then retry once.
             await self._refresh()
@@ -462,8 +566,7 @@ class MpsDaemon:
 
     async def _apply_legacy(self, shares: Sequence[ShareLimits]) -> None:
         pids = cmd.parse_legacy_server_list(await self.run(ControlCall(stdin="get_server_list\n")))
-        for call in cmd.render_legacy_apply(self.gpu_uuid, shares, pids):
-            await self.run(call)
+        await self.run_all(cmd.render_legacy_apply(self.gpu_uuid, shares, pids))
 
     # -- legacy MPS: one UID at a time ----------------------------------------------
 

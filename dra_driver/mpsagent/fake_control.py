@@ -13,8 +13,17 @@ protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
   daemon that starts finds no state from a dead predecessor: like the real one,
   what it held dies with it.
 * without ``-d``/``-f``: a command. v3: ``<module> <verb> [args]`` on the command
-  line, ``-q`` to quit. Legacy: commands on stdin, one per line. Like the real
-  tool, an invocation follows the running daemon's protocol.
+  line, ``-q`` to quit. Without arguments: the interactive shell, which reads
+  commands from stdin one line at a time and answers each (flushed) before it
+  reads the next, until stdin closes (``echo quit | nvidia-cuda-mps-control``,
+  docs:appendix-tools-and-interface-reference). One shell can serve many
+  commands; it exits when the daemon is gone. Under v3 the shell takes
+  ``<module> <verb> ...`` lines (docs-unverified: the v3 page shows the module
+  verb syntax on the command line only). Like the real tool, an invocation
+  follows the running daemon's protocol. An unknown command is answered
+  ``Error: unknown command '<the line>'``.
+* ``FAKE_MPS_COMMAND_DELAY_S`` (fake only): each accepted command takes that many
+  seconds, standing in for a slow daemon in tests; refusals stay instant.
 
 Every invocation is recorded as a JSON line in ``fake-mps-commands.jsonl`` in the
 log directory (``CUDA_MPS_LOG_DIRECTORY``). Error texts and exit statuses are
@@ -47,11 +56,9 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.mpsagent.procs import alive
@@ -60,6 +67,19 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 STATE_FILE = "fake-mps-state.json"
 LOCK_FILE = ".fake-mps.lock"
 RECORD_FILE = "fake-mps-commands.jsonl"
+DELAY_ENV = "FAKE_MPS_COMMAND_DELAY_S"
+"""Fake only: seconds each accepted command takes (a slow daemon, for tests)."""
+V3_MODULES = ("server", "namespace", "client")
+LEGACY_COMMANDS = frozenset(
+    {
+        "get_server_list", "start_server", "get_server_status", "get_client_list",
+        "get_device_client_list", "ps", "set_default_active_thread_percentage",
+        "get_default_active_thread_percentage", "set_default_device_pinned_mem_limit",
+        "get_default_device_pinned_mem_limit", "set_active_thread_percentage",
+        "set_device_pinned_mem_limit",
+    }
+)  # fmt: skip
+"""What the legacy shell knows; a word neither protocol knows is refused at once."""
 
 _NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 _V3_MEM = re.compile(r"^\d+[KMG]$")
@@ -107,7 +127,7 @@ def _write_state(pipe: str, state: dict[str, Any]) -> None:
     path = os.path.join(pipe, STATE_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(state, f, indent=1, sort_keys=True)
+        json.dump(state, f, separators=(",", ":"))
     os.replace(tmp, path)
 
 
@@ -195,6 +215,8 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
 
 def spawn_background(argv: list[str]) -> int:
     """``-d``: run ourselves with ``-f`` in a new session and wait for the pid file."""
+    import subprocess  # noqa: PLC0415 (only -d needs it; every start pays for imports)
+
     pipe, _ = _dirs()
     fg = ["-f" if a in ("-d", "--daemon") else a for a in argv]
     proc = subprocess.Popen(
@@ -213,10 +235,13 @@ def spawn_background(argv: list[str]) -> int:
     return 1
 
 
+NO_DAEMON = "Cannot find MPS control daemon process"
+
+
 def _running_state(pipe: str) -> dict[str, Any]:
     state = _read_state(pipe)
     if not state or state.get("stopped") or not alive(int(state.get("daemon_pid", 0))):
-        raise CommandError("Cannot find MPS control daemon process")
+        raise CommandError(NO_DAEMON)
     return state
 
 
@@ -229,14 +254,14 @@ def _new_pid(state: dict[str, Any]) -> int:
 # -- MPS v3 commands ------------------------------------------------------------------
 
 
-@dataclass
 class _Args:
     """``[positional] [--key=value | key=value] [--flag]`` (docs:mpsv3-interface)."""
 
-    positional: list[str] = field(default_factory=list)
-    options: dict[str, str] = field(default_factory=dict)
-    flags: set[str] = field(default_factory=set)
-    fmt: str = "table"
+    def __init__(self) -> None:
+        self.positional: list[str] = []
+        self.options: dict[str, str] = {}
+        self.flags: set[str] = set()
+        self.fmt = "table"
 
     @classmethod
     def split(cls, args: list[str]) -> _Args:
@@ -490,7 +515,7 @@ def _legacy(state: dict[str, Any], line: str) -> str:  # noqa: PLR0911 (one retu
         return ""
     if cmd in ("get_client_list", "get_device_client_list", "ps"):
         return ""
-    raise CommandError(f"Error: unknown command {cmd!r}")
+    raise CommandError(f"Error: unknown command {line.strip()!r}")
 
 
 def _start_legacy_server(state: dict[str, Any], uid: int, clients: int) -> str:
@@ -565,46 +590,85 @@ def _quit(state: dict[str, Any]) -> None:
     os.kill(int(state["daemon_pid"]), signal.SIGTERM)
 
 
-def _run_command(argv: list[str], protocol_wanted: int) -> int:
-    pipe, logs = _dirs()
-    stdin = None if argv else sys.stdin.read()
-    entry: dict[str, Any] = {"argv": argv} if argv else {"stdin": stdin}
-    out: list[str] = []
-    ok = True
-    with _locked(pipe):
-        try:
+def _execute(state: dict[str, Any], pipe: str, argv: list[str], line: str | None) -> str:
+    """One command (``argv``, or one ``line`` of the interactive shell) against ``state``."""
+    if line is None:
+        if argv in (["-q"], ["--quit"]):
+            _quit(state)
+            return ""
+        if argv[:1] == ["--fake-client"]:
+            if len(argv) != 4 or argv[2] != "--uid" or not argv[3].isdigit():
+                raise CommandError("Error: usage: --fake-client connect|exit --uid <uid>")
+            return _fake_client(state, argv[1], int(argv[3]))
+        if state["protocol"] != 3:
+            raise CommandError("Error: module verb commands need MPS protocol 3")
+        return _v3(state, pipe, argv)
+    words = line.split()
+    if words == ["quit"]:
+        _quit(state)
+        return ""
+    if state["protocol"] == 3:
+        # docs-unverified: that the v3 shell takes ``<module> <verb> ...`` lines on stdin.
+        if len(words) < 2 or words[0] not in V3_MODULES:
+            raise CommandError(f"Error: unknown command {line.strip()!r}")
+        return _v3(state, pipe, words)
+    return _legacy(state, line)
+
+
+def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) -> tuple[bool, str]:
+    """Run one command under the state lock, record it; (worked, reply)."""
+    entry: dict[str, Any] = {"argv": argv} if line is None else {"stdin": line}
+    word = line.split()[0] if line is not None else ""
+    if line is not None and word not in LEGACY_COMMANDS and word not in ("quit", *V3_MODULES):
+        # The shell itself refuses it: no daemon state involved.
+        reply = f"Error: unknown command {line.strip()!r}\n"
+        entry.update(ok=False, reply=reply)
+        _record(logs, entry)
+        return False, reply
+    try:
+        with _locked(pipe):
             state = _running_state(pipe)
             entry["daemon_pid"] = state["daemon_pid"]
             entry["protocol"] = state["protocol"]
-            if argv in (["-q"], ["--quit"]):
-                _quit(state)
-            elif argv[:1] == ["--fake-client"]:
-                if len(argv) != 4 or argv[2] != "--uid" or not argv[3].isdigit():
-                    raise CommandError("Error: usage: --fake-client connect|exit --uid <uid>")
-                out.append(_fake_client(state, argv[1], int(argv[3])))
-            elif argv:
-                if state["protocol"] != 3:
-                    raise CommandError("Error: module verb commands need MPS protocol 3")
-                out.append(_v3(state, pipe, argv))
-            else:
-                for line in (stdin or "").splitlines():
-                    if not line.strip():
-                        continue
-                    if line.strip() == "quit":
-                        _quit(state)
-                        break
-                    if state["protocol"] == 3:
-                        raise CommandError(f"Error: legacy command {line.strip()!r} under v3")
-                    out.append(_legacy(state, line))
+            reply = _execute(state, pipe, argv, line)
             _write_state(pipe, state)
-        except CommandError as err:
-            ok = False
-            out.append(f"{err}\n")
-    entry.update(ok=ok, reply="".join(out))
+        ok = True
+    except CommandError as err:
+        ok, reply = False, f"{err}\n"
+    if ok and delay > 0:
+        time.sleep(delay)  # a daemon that takes its time (tests); refusals stay instant
+    entry.update(ok=ok, reply=reply)
     _record(logs, entry)
-    stream = sys.stdout if ok else sys.stderr
-    stream.write("".join(out))
-    return 0 if ok else 1
+    return ok, reply
+
+
+def _run_command(argv: list[str]) -> int:
+    """A command on the command line (v3, ``-q``), or the interactive shell on stdin.
+
+    The shell reads one command per line and answers each before it reads the
+    next, until stdin closes, ``quit``, or the daemon is gone (then it exits
+    too). Replies and complaints go to stdout in order, flushed per command, so
+    a caller may keep one shell open for many commands (the mps-agent's
+    persistent channel, :mod:`.channel`). The exit status is 1 if any command
+    failed.
+    """
+    pipe, logs = _dirs()
+    delay = float(os.environ.get(DELAY_ENV) or 0)
+    if argv:
+        ok, reply = _one(pipe, logs, argv, None, delay)
+        (sys.stdout if ok else sys.stderr).write(reply)
+        return 0 if ok else 1
+    all_ok = True
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        ok, reply = _one(pipe, logs, [], line, delay)
+        all_ok = all_ok and ok
+        sys.stdout.write(reply)
+        sys.stdout.flush()
+        if (not ok and reply.startswith(NO_DAEMON)) or line.split() == ["quit"]:
+            break
+    return 0 if all_ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -636,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         return spawn_background(args)
     if foreground:
         return run_daemon(protocol, multiuser)
-    return _run_command(rest, protocol)
+    return _run_command(rest)
 
 
 if __name__ == "__main__":

@@ -3,25 +3,38 @@
 For each NodePrepareResources call the engine GETs the claims (in parallel,
 outside any lock), then hands the work to one batch worker. The worker takes
 the node lock (task + ``flock``), loads the checkpoint, decides every claim of
-every call waiting at that moment with the pure :func:`plan_prepare`, and
-applies the decisions with one checkpoint write per phase::
+every call waiting at that moment with the pure :func:`plan_prepare`, records
+the decisions with one checkpoint write, and lets go of the lock::
 
-    load ─ decide ─ save(PrepareStarted) ─ write CDI specs ─ save(PrepareCompleted)
+    load ─ decide ─ save(PrepareStarted)                       (one batch, under the lock)
+      └─ per claim, concurrently: side effects ─ CDI spec ─ record(PrepareCompleted)
 
-Batching is what keeps a burst of concurrent calls cheap: fifty calls that
-arrive together cost two checkpoint fsyncs, not a hundred. Each claim's
-failure stays its own: it becomes that claim's error string, the others go on.
-A repeated prepare returns what the checkpoint recorded; an unprepare of an
-unknown claim succeeds.
+Claims without side effects (whole GPUs, time-sliced shares) are finished in
+the same pass: CDI specs, then one more write, still under the lock. A claim
+with side effects (an MPS share, a MIG instance) runs them in a task of its
+own, outside the lock, so claims on different GPUs (and MPS namespaces, which
+the mps-agent serialises per GPU) are enforced at the same time, and the next
+batch is decided while they run. MIG changes of one GPU take that GPU's lock.
+Each claim's completion is recorded by a group commit: completions that arrive
+while a write is in flight go together into the next one (one write each, not
+one per claim). A claim is answered once its own work is recorded; a call
+once all of its claims are. A claim whose side effects are in flight is not
+decided again until they finish (a repeated or crossing prepare/unprepare
+waits for it).
+
+Each claim's failure stays its own: it becomes that claim's error string, the
+others go on. A repeated prepare returns what the checkpoint recorded; an
+unprepare of an unknown claim succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 
 from dra_driver.core.cdi import CdiSpec, render_spec
@@ -41,7 +54,7 @@ from dra_driver.state.checkpoint import (
     ClaimState,
 )
 from dra_driver.state.locks import NodeLock
-from dra_driver.state.mig_shares import hand_over
+from dra_driver.state.mig_shares import hand_over, keep_handed_over
 
 log = logging.getLogger(__name__)
 # Each claim's outcome is logged once, by observability/claim_log.py (an observer);
@@ -64,6 +77,12 @@ class _Work:
     fetched: dict[ClaimUID, ResourceClaim | BaseException]
     future: asyncio.Future[dict[ClaimUID, ClaimOutcome]]
     outcomes: dict[ClaimUID, ClaimOutcome] = field(default_factory=dict)
+    running: int = 0
+    """Claims of this call whose side effects are still running."""
+
+    def resolve_if_done(self) -> None:
+        if self.running == 0 and not self.future.done():
+            self.future.set_result(self.outcomes)
 
 
 @dataclass
@@ -77,6 +96,19 @@ class _BatchPlan:
     to_remove: dict[ClaimUID, str] = field(default_factory=dict)
     to_release: list[tuple[_Work, CheckpointClaim]] = field(default_factory=list)
     """Unprepared entries whose side effects (MPS share, MIG instance) must be undone."""
+
+
+@dataclass(frozen=True)
+class _Change:
+    """One claim's record after its side effects: its entry, or its removal."""
+
+    uid: ClaimUID
+    entry: CheckpointClaim | None
+    """The entry to record (PrepareCompleted, or kept for a retry); None: remove it."""
+
+
+def _needs_effects(entry: CheckpointClaim) -> bool:
+    return any(d.mode in (Mode.MPS, Mode.MIG) for d in entry.devices)
 
 
 def _unique(refs: Sequence[ClaimRef]) -> list[ClaimRef]:
@@ -112,6 +144,13 @@ class Driver:
         """Told of every claim's outcome (metrics, Events, claim status)."""
         self._pending: list[_Work] = []
         self._worker: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        """Set when a call arrives or a claim's side effects finish."""
+        self._inflight: dict[ClaimUID, asyncio.Task[None]] = {}
+        """Claims whose side effects run now (not decided again until they finish)."""
+        self._gpu_lock: dict[str, asyncio.Lock] = {}
+        self._changes: list[tuple[_Change, asyncio.Future[None]]] = []
+        self._committer: asyncio.Task[None] | None = None
 
     # --- public API ---------------------------------------------------------
 
@@ -161,16 +200,23 @@ class Driver:
             return report
 
     async def close(self) -> None:
-        if self._worker is not None:
-            await self._worker
+        while self._worker is not None or self._inflight or self._committer is not None:
+            for task in (self._worker, self._committer, *self._inflight.values()):
+                if task is not None:
+                    await asyncio.gather(task, return_exceptions=True)
+            if self._worker is not None and self._worker.done():
+                self._worker = None
+            if self._committer is not None and self._committer.done():
+                self._committer = None
 
     # --- batching -----------------------------------------------------------
 
     async def _submit(self, work: _Work, started: float) -> dict[ClaimUID, ClaimOutcome]:
         self._pending.append(work)
+        self._wake.set()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain(), name="prepare-batch-worker")
-        # The batch finishes even if our caller gives up (kubelet timeout):
+        # The claim's work finishes even if our caller gives up (kubelet timeout):
         # the kubelet's retry then finds the recorded result.
         outcomes = await asyncio.shield(work.future)
         if self.observers:
@@ -198,87 +244,200 @@ class Driver:
             )
 
     async def _drain(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                async with self.lock.hold():
-                    plan = await asyncio.to_thread(self._phase1, batch)
-                    if plan is not None:
-                        await self._enforce(plan)
-                        await asyncio.to_thread(self._write_specs_and_complete, plan)
-                    # (When nothing has side effects, _phase1 already completed it.)
-            except Exception as err:  # lock timeout, checkpoint unreadable: fail the batch
-                # Nothing of this batch is known to be on disk: every claim fails
-                # (even those decided as done) and the kubelet retries.
-                log.error("prepare/unprepare batch failed: %s", err)
-                for work in batch:
-                    for ref in work.refs:
-                        work.outcomes[ref.uid] = ClaimOutcome(
-                            error=f"claim {ref}: {err}", reason=error_reason(err)
-                        )
+        """Decide waiting calls in batches; a call on a claim in flight waits for it."""
+        while True:
+            ready = [w for w in self._pending if not any(r.uid in self._inflight for r in w.refs)]
+            if not ready:
+                if not self._pending:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            taken = {id(w) for w in ready}
+            self._pending = [w for w in self._pending if id(w) not in taken]
+            await self._decide_batch(ready)
+
+    async def _decide_batch(self, batch: list[_Work]) -> None:
+        try:
+            async with self.lock.hold():
+                plan = await asyncio.to_thread(self._phase1, batch)
+        except Exception as err:  # lock timeout, checkpoint unreadable: fail the batch
+            # Nothing of this batch is known to be on disk: every claim fails
+            # (even those decided as done) and the kubelet retries.
+            log.error("prepare/unprepare batch failed: %s", err)
             for work in batch:
-                if not work.future.done():
-                    work.future.set_result(work.outcomes)
+                for ref in work.refs:
+                    work.outcomes[ref.uid] = ClaimOutcome(
+                        error=f"claim {ref}: {err}", reason=error_reason(err)
+                    )
+                work.resolve_if_done()
+            return
+        if plan is not None:
+            for work, entry in plan.to_release:
+                self._start(work, entry.ref.uid, self._finish_release(work, entry))
+            for work, entry, spec in plan.to_write:
+                assert spec is not None
+                self._start(work, entry.ref.uid, self._finish_prepare(work, entry, spec))
+        for work in batch:
+            work.resolve_if_done()
+
+    def _start(self, work: _Work, uid: ClaimUID, job: Coroutine[None, None, None]) -> None:
+        work.running += 1
+        task = asyncio.create_task(job, name=f"claim-{uid}")
+        self._inflight[uid] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            failed = None if task.cancelled() else task.exception()
+            if failed is not None:  # a bug: the claim must still get an answer
+                log.error("claim %s: %r", uid, failed, exc_info=failed)
+                work.outcomes[uid] = ClaimOutcome(
+                    error=f"claim {uid}: internal error: {failed!r}", reason=error_reason(failed)
+                )
+            if self._inflight.get(uid) is task:
+                del self._inflight[uid]
+            work.running -= 1
+            work.resolve_if_done()
+            self._wake.set()
+
+        task.add_done_callback(done)
 
     # --- the critical section (runs in a worker thread, under the lock) -------
 
     def _phase1(self, batch: list[_Work]) -> _BatchPlan | None:
         """Decide, then record PrepareStarted entries (and drop unprepared ones) on disk
-        before any side effect. Returns the plan when side effects must run (then
-        phase 2); None when nothing changed or the batch is already complete."""
+        before any side effect; finish the claims that have none. Returns what is
+        left for the claims' own tasks (None: nothing)."""
         plan = self._decide(batch, self.checkpoints.load())
         if not plan.changed:
             return None
         self.checkpoints.save(plan.checkpoint)
         for path in plan.to_remove.values():
             self.cdi.remove(path)
-        if not self._has_side_effects(plan):
-            # Saves a thread hop per batch for whole GPUs and time-sliced shares.
-            self._write_specs_and_complete(plan)
-            return None
+        if self.enforcer is None:
+            slow: list[tuple[_Work, CheckpointClaim, CdiSpec | None]] = []
+            plan.to_release = []
+        else:
+            slow = [x for x in plan.to_write if x[2] is not None and _needs_effects(x[1])]
+            plan.to_release = [x for x in plan.to_release if _needs_effects(x[1])]
+        quick = [x for x in plan.to_write if not any(x is y for y in slow)]
+        if quick:
+            # Saves a task and a thread hop per claim for whole GPUs and time-sliced shares.
+            plan.checkpoint = self._write_specs_and_complete(plan.checkpoint, quick)
+        plan.to_write = slow
         return plan
 
-    def _has_side_effects(self, plan: _BatchPlan) -> bool:
-        if self.enforcer is None:
-            return False
-        entries = [entry for _, entry, spec in plan.to_write if spec is not None]
-        entries += [entry for _, entry in plan.to_release]
-        return any(d.mode in (Mode.MPS, Mode.MIG) for e in entries for d in e.devices)
+    # --- one claim's side effects (a task of its own, outside the lock) -------
 
-    async def _enforce(self, plan: _BatchPlan) -> None:
-        """Side effects (MPS shares, MIG instances); a failure fails its claim alone."""
-        if self.enforcer is None:
+    async def _finish_prepare(self, work: _Work, started: CheckpointClaim, spec: CdiSpec) -> None:
+        assert self.enforcer is not None
+        ref = started.ref
+        try:
+            async with self._gpu_locks(started.devices):
+                devices, spec = await self.enforcer.apply(ref, started.devices, spec)
+        except Exception as err:
+            message = f"claim {ref}: {err}"
+            log.debug("prepare failed: %s", message)
+            work.outcomes[ref.uid] = ClaimOutcome(error=message, reason=error_reason(err))
+            await self._record_quietly(_Change(ref.uid, None))
             return
-        for work, entry in plan.to_release:
+        entry = replace(started, devices=devices, cdi_spec=render_spec(spec))
+        try:
+            await asyncio.to_thread(self.cdi.write, ref.uid, entry.cdi_spec or {})
+        except OSError as err:
+            message = f"claim {ref}: cannot write CDI spec {entry.cdi_spec_file}: {err}"
+            log.error("%s", message)
+            work.outcomes[ref.uid] = ClaimOutcome(error=message, reason="CdiWriteFailed")
             try:
+                async with self._gpu_locks(devices):
+                    await self.enforcer.release(ref, devices)
+            except DriverError as undo:
+                log.error("claim %s: undoing its side effects failed: %s", ref, undo)
+            await self._record_quietly(_Change(ref.uid, None))
+            return
+        done = replace(entry, state=ClaimState.PREPARE_COMPLETED)
+        try:
+            await self._record(_Change(ref.uid, done))
+        except Exception as err:
+            # Left PrepareStarted on disk: the kubelet's retry plans it again.
+            work.outcomes[ref.uid] = ClaimOutcome(
+                error=f"claim {ref}: {err}", reason=error_reason(err)
+            )
+            return
+        work.outcomes[ref.uid] = ClaimOutcome(devices=done.devices)
+        log.debug(
+            "prepared claim %s: %s",
+            ref,
+            ", ".join(f"{d.device_name}({d.mode.value})" for d in done.devices),
+        )
+
+    async def _finish_release(self, work: _Work, entry: CheckpointClaim) -> None:
+        assert self.enforcer is not None
+        try:
+            async with self._gpu_locks(entry.devices):
                 await self.enforcer.release(entry.ref, entry.devices)
-            except DriverError as err:
-                # Keep the claim so the kubelet's retry releases what is left.
-                plan.checkpoint = plan.checkpoint.with_claim(entry)
-                work.outcomes[entry.ref.uid] = ClaimOutcome(
-                    error=f"claim {entry.ref}: {err}", reason=error_reason(err)
-                )
-        kept: list[tuple[_Work, CheckpointClaim, CdiSpec | None]] = []
-        for work, started, planned_spec in plan.to_write:
-            if planned_spec is None:
-                kept.append((work, started, planned_spec))
-                continue
+        except DriverError as err:
+            # Keep the claim so the kubelet's retry releases what is left.
+            work.outcomes[entry.ref.uid] = ClaimOutcome(
+                error=f"claim {entry.ref}: {err}", reason=error_reason(err)
+            )
+            await self._record_quietly(_Change(entry.ref.uid, entry))
+
+    @contextlib.asynccontextmanager
+    async def _gpu_locks(self, devices: Sequence[PlannedDevice]) -> AsyncIterator[None]:
+        """The locks of the GPUs whose MIG layout ``devices`` change, in a fixed order.
+
+        MPS shares need none here: the mps-agent serialises each GPU's daemon. An MPS
+        share inside a MIG instance may create the instance, so it takes its GPU's."""
+        gpus = sorted({d.gpu_uuid for d in devices if d.mode is Mode.MIG or d.mig is not None})
+        async with contextlib.AsyncExitStack() as stack:
+            for gpu in gpus:
+                await stack.enter_async_context(self._gpu_lock.setdefault(gpu, asyncio.Lock()))
+            yield
+
+    # --- recording: a group commit --------------------------------------------
+
+    async def _record(self, change: _Change) -> None:
+        """Write ``change`` to the checkpoint with whatever else is waiting; raises
+        the write's error."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._changes.append((change, done))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit(), name="checkpoint-commit")
+        await done
+
+    async def _record_quietly(self, change: _Change) -> None:
+        try:
+            await self._record(change)
+        except Exception as err:
+            # The entry stays as it is on disk (PrepareStarted: rolled back at the
+            # next start, or planned again by the kubelet's retry).
+            log.error("recording claim %s failed: %s", change.uid, err)
+
+    async def _commit(self) -> None:
+        while self._changes:
+            changes, self._changes = self._changes, []
             try:
-                devices, spec = await self.enforcer.apply(
-                    started.ref, started.devices, planned_spec
-                )
+                async with self.lock.hold():
+                    await asyncio.to_thread(self._apply_changes, [c for c, _ in changes])
             except Exception as err:
-                message = f"claim {started.ref}: {err}"
-                log.debug("prepare failed: %s", message)
-                work.outcomes[started.ref.uid] = ClaimOutcome(
-                    error=message, reason=error_reason(err)
-                )
-                plan.checkpoint = plan.checkpoint.without(started.ref.uid)
+                for _, done in changes:
+                    if not done.done():
+                        done.set_exception(err)
                 continue
-            entry = replace(started, devices=devices, cdi_spec=render_spec(spec))
-            plan.checkpoint = plan.checkpoint.with_claim(entry)
-            kept.append((work, entry, spec))
-        plan.to_write = kept
+            for _, done in changes:
+                if not done.done():
+                    done.set_result(None)
+
+    def _apply_changes(self, changes: Sequence[_Change]) -> None:
+        checkpoint = self.checkpoints.load()
+        for change in changes:
+            if change.entry is None:
+                checkpoint = checkpoint.without(change.uid)
+            else:
+                # Keep a MIG instance handed to this claim while its side effects ran.
+                entry = keep_handed_over(change.entry, checkpoint.claims.get(change.uid))
+                checkpoint = checkpoint.with_claim(entry)
+        self.checkpoints.save(checkpoint)
 
     def _decide(self, batch: list[_Work], checkpoint: Checkpoint) -> _BatchPlan:
         """Decide every claim of the batch in arrival order; writes nothing."""
@@ -315,12 +474,12 @@ class Driver:
                 work.outcomes[ref.uid] = ClaimOutcome()
         return plan
 
-    def _write_specs_and_complete(self, plan: _BatchPlan) -> None:
-        """Phase 2: write each claim's CDI spec, then record PrepareCompleted (and
-        what the side effects changed)."""
-        checkpoint = plan.checkpoint
+    def _write_specs_and_complete(
+        self, checkpoint: Checkpoint, claims: Sequence[tuple[_Work, CheckpointClaim, object]]
+    ) -> Checkpoint:
+        """Write each claim's CDI spec, then record PrepareCompleted (one write)."""
         completed: list[tuple[_Work, CheckpointClaim]] = []
-        for work, entry, _ in plan.to_write:
+        for work, entry, _ in claims:
             try:
                 self.cdi.write(entry.ref.uid, entry.cdi_spec or {})
             except OSError as err:
@@ -340,7 +499,7 @@ class Driver:
                 work.outcomes[entry.ref.uid] = ClaimOutcome(
                     error=f"claim {entry.ref}: {err}", reason=error_reason(err)
                 )
-            return
+            return checkpoint
         for work, entry in completed:
             work.outcomes[entry.ref.uid] = ClaimOutcome(devices=entry.devices)
             log.debug(
@@ -348,6 +507,7 @@ class Driver:
                 entry.ref,
                 ", ".join(f"{d.device_name}({d.mode.value})" for d in entry.devices),
             )
+        return checkpoint
 
     def _decide_prepare(
         self, work: _Work, ref: ClaimRef, checkpoint: Checkpoint

@@ -53,10 +53,6 @@ from dra_driver.state.locks import NodeLock
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DRIVER_NAME = "gpu.fractional.dev"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_CDI_ROOT = "/var/run/cdi"
 CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "serialize.lock"
 MPS_STATUS_TIMEOUT_S = 10.0

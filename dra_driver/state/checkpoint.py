@@ -150,14 +150,39 @@ def _canonical(data: Mapping[str, Any]) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
-def encode(checkpoint: Checkpoint) -> bytes:
-    data = {
-        "bootId": checkpoint.boot_id,
-        "claims": {uid: _claim_to_json(c) for uid, c in sorted(checkpoint.claims.items())},
-    }
-    checksum = "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
-    doc = {"kind": KIND, "version": VERSION, "checksum": checksum, "data": data}
-    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+Fragments = dict[ClaimUID, tuple["CheckpointClaim", bytes]]
+"""Each claim's canonical JSON, kept by :class:`CheckpointStore` between writes."""
+
+
+def encode(checkpoint: Checkpoint, fragments: Fragments | None = None) -> bytes:
+    """The file: compact JSON, keys sorted, ``data`` in its canonical form.
+
+    ``data``'s bytes are its canonical JSON (what the checksum covers), built
+    from each claim's canonical fragment; ``fragments`` keeps them between
+    writes, so a write re-encodes only the claims that changed (a claim entry
+    is immutable: the same object is the same JSON).
+    """
+    parts = []
+    for uid, claim in sorted(checkpoint.claims.items()):
+        cached = fragments.get(uid) if fragments is not None else None
+        if cached is not None and cached[0] is claim:
+            fragment = cached[1]
+        else:
+            fragment = _canonical(_claim_to_json(claim))
+            if fragments is not None:
+                fragments[uid] = (claim, fragment)
+        parts.append(json.dumps(uid).encode() + b":" + fragment)
+    if fragments is not None:
+        for uid in [u for u in fragments if u not in checkpoint.claims]:
+            del fragments[uid]
+    data = b'{"bootId":%s,"claims":{%s}}' % (
+        json.dumps(checkpoint.boot_id).encode(),
+        b",".join(parts),
+    )
+    checksum = "sha256:" + hashlib.sha256(data).hexdigest()
+    head = b'{"checksum":%s,"data":' % json.dumps(checksum).encode()
+    tail = b',"kind":%s,"version":%s}\n' % (json.dumps(KIND).encode(), json.dumps(VERSION).encode())
+    return head + data + tail
 
 
 def _device_from_json(raw: Mapping[str, Any]) -> PlannedDevice:
@@ -250,6 +275,7 @@ class CheckpointStore:
         self.path = path
         self.boot_id = boot_id
         self._last: tuple[bytes, Checkpoint] | None = None
+        self._fragments: Fragments = {}
 
     def load(self) -> Checkpoint:
         try:
@@ -276,7 +302,7 @@ class CheckpointStore:
         return checkpoint
 
     def save(self, checkpoint: Checkpoint) -> None:
-        blob = encode(checkpoint)
+        blob = encode(checkpoint, self._fragments)
         try:
             atomic_write(self.path, blob, mode=0o600)
         except OSError as err:

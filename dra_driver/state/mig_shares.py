@@ -14,7 +14,10 @@ destroyed.
 
 The refcount is the checkpoint itself, so it is crash-safe with the two-phase
 checkpoint: the engine writes the handed-over entries in the same atomic save
-that drops the leaving claim, before any side effect runs.
+that drops the leaving claim, before any side effect runs. A claim whose side
+effects are still running when an instance is handed to it records its
+completion later from what it knew before; :func:`keep_handed_over` keeps the
+``created`` it got meanwhile.
 """
 
 from __future__ import annotations
@@ -81,3 +84,26 @@ def _with_mig(claim: CheckpointClaim, index: int, mig: MigPlan) -> CheckpointCla
     devices = list(claim.devices)
     devices[index] = dataclasses.replace(devices[index], mig=mig)
     return dataclasses.replace(claim, devices=tuple(devices))
+
+
+def keep_handed_over(new: CheckpointClaim, current: CheckpointClaim | None) -> CheckpointClaim:
+    """``new`` (a claim's entry about to be recorded) with the ``created`` that
+    ``current`` (its entry in the checkpoint now) got from :func:`hand_over` meanwhile."""
+    if current is None:
+        return new
+    inherited = {
+        (d.device_name, d.share_id)
+        for d in current.devices
+        if _instance_key(d) is not None and d.mig is not None and d.mig.created
+    }
+    if not inherited:
+        return new
+    devices = tuple(
+        dataclasses.replace(d, mig=dataclasses.replace(d.mig, created=True))
+        if d.mig is not None
+        and _instance_key(d) is not None
+        and (d.device_name, d.share_id) in inherited
+        else d
+        for d in new.devices
+    )
+    return dataclasses.replace(new, devices=devices)

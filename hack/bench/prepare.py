@@ -1,78 +1,118 @@
 #!/usr/bin/env python3
-"""Benchmark NodePrepareResources + NodeUnprepareResources over the real socket.
+"""Benchmark NodePrepareResources / NodeUnprepareResources on the path the kubelet runs.
 
-The plugin runs in its own process (as on a node, apart from the kubelet),
-with the fake GPU backend, an in-memory claim source, and its checkpoint and
-CDI specs on the real disk (fsync included). The kubelet-like client, in this
-process, runs C concurrent callers; each caller takes a claim, prepares it,
-unprepares it, and moves on. Printed per concurrency level: prepare and
-unprepare latency p50/p99 and claims/s (a claim counts once it is prepared
-and unprepared).
+Modes (``--modes``, default all):
 
-Usage:       .venv/bin/python hack/bench/prepare.py [--claims N] [--concurrency 1,8,32]
-Target here (2 cores): p99 under 20 ms at 8 callers, over 300 claims/s.
+* ``mps``: the kubelet's pattern. Claims are created in the fake API server
+  from the tests (over HTTP, Kubernetes 1.36 rules), each allocated a 4Gi MPS
+  share of one of 8 fake H200s. The plugin runs in its own process (fake GPU
+  backend, checkpoint and CDI specs on the real disk with fsync): it GETs each
+  claim through the official client, enforces the share through the real
+  mps-agent process (``dra-driver mps-agent --mps-control fake``: one fake
+  ``nvidia-cuda-mps-control`` daemon per GPU and one control shell each),
+  writes the CDI spec and the checkpoint, and writes ``status.devices`` and
+  Events through the claim reporter. Each round makes N concurrent
+  ``NodePrepareResources`` calls of one claim each (one call per pod, as the
+  kubelet does), then N concurrent unprepares. Every GPU holds a resident
+  share during the run, as on a node already serving MPS pods, so its daemon
+  is up.
+* ``mps-cold``: the same without resident shares: the first share on a GPU
+  starts its daemon (a fake daemon process, a control shell), the last release
+  stops it.
+* ``timesliced``: the same path with time-sliced shares (no agent).
+* ``engine``: the earlier benchmark: in-memory claims, time-sliced shares,
+  C callers each preparing and unpreparing one claim after another
+  (``--concurrency``).
+
+Printed per mode: call-to-answer latency p50/p99 of prepare and unprepare;
+the plugin-side breakdown per claim (median ms of each step, and how many
+times per claim it ran: GET, plan, agent, CDI, checkpoint write, status
+write; the status write runs after the answer, off the kubelet's path),
+measured by wrapping those ports in the plugin process; and the RSS of the
+plugin and the agent after start and after the run.
+
+Usage:   .venv/bin/python hack/bench/prepare.py [--rounds 30] [--burst 10] [--modes mps,...]
+Targets (2 cores): mps prepare p99 <= 50 ms, unprepare p99 <= 30 ms (10 concurrent
+one-claim calls); RSS plugin <= 60 MB, mps-agent <= 35 MB after start and after 100 claims.
 """
 
+# ruff: noqa: PLC0415 - imports sit in the functions that need them: the plugin
+# process runs this file too, and what it imports counts in its RSS.
 from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
+import json
 import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
-from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import resource_claim, share
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, ROOT)
 
 DRIVER = "gpu.fractional.dev"
 NODE = "bench-node"
 GPUS = 8
+FAKE_GPUS = f"h200-141gb:{GPUS}"
+SHARE = "4Gi"
+MODES = ("mps", "mps-cold", "timesliced", "engine")
+TARGETS = {"prepare_p99": 50.0, "unprepare_p99": 30.0, "plugin_rss": 60.0, "agent_rss": 35.0}
+STEPS = (
+    ("GET", "get"),
+    ("plan", "plan"),
+    ("agent", "agent"),
+    ("CDI", "cdi"),
+    ("checkpoint", "checkpoint"),
+    ("status*", "status"),
+)
 
 
-def make_claims(count: int) -> list[dict[str, Any]]:
-    # Shares, so that any number of claims can be prepared at once.
-    return [
-        resource_claim(
-            "bench",
-            f"claim-{i}",
-            node=NODE,
-            devices=[share(f"gpu-{i % GPUS}")],
-        )
-        for i in range(count)
-    ]
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
-def serve(root: str, claims: list[dict[str, Any]], profile: str | None) -> None:
-    config = PluginConfig(
-        driver_name=DRIVER,
-        node_name=NODE,
-        registry_dir=os.path.join(root, "reg"),
-        plugin_dir=os.path.join(root, "plugin"),
-        cdi_root=os.path.join(root, "cdi"),
-        boot_id_file=os.path.join(root, "boot_id"),
-        # Time-sliced shares: this measures the engine and the socket, not MPS.
-        settings=NodeSettings(default=GpuSettings(Sharing.TIMESLICING)),
-    )
-    runtime = PluginRuntime(
-        config, FakeGpuBackend(f"h100-80gb:{GPUS}", NODE), InMemoryClaimSource(claims)
-    )
-    if profile is None:
-        asyncio.run(run_until_signalled(runtime))
-        return
-    import cProfile  # noqa: PLC0415 - only when asked
+def cpu_s(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` (and, with ``children``, of its live
+    children and of those it reaped)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    total = (int(fields[11]) + int(fields[12])) / tick
+    if children:
+        total += (int(fields[13]) + int(fields[14])) / tick
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            kids = []
+        total += sum(cpu_s(kid, children=True) for kid in kids)
+    return total
 
-    with cProfile.Profile() as profiler:
-        asyncio.run(run_until_signalled(runtime))
-    profiler.dump_stats(profile)
+
+def cpu_now(plugin: int, agent: int | None) -> dict[str, float]:
+    """CPU seconds so far: the plugin, the agent, its fake daemons and shells, and this
+    process (the kubelet client and the fake API server)."""
+    me = os.times()
+    got = {"plugin": cpu_s(plugin), "kubelet+API": me.user + me.system}
+    if agent is not None:
+        got["agent"] = cpu_s(agent)
+        got["fake MPS"] = cpu_s(agent, children=True) - got["agent"]
+    return got
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -80,15 +120,363 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
-async def run_level(
-    registry: str, claims: list[dict[str, Any]], concurrency: int
-) -> dict[str, float]:
+# -- the plugin process ---------------------------------------------------------------
+
+TIMINGS: dict[str, list[float]] = defaultdict(list)
+
+
+def timed(owner: Any, name: str, key: str) -> None:
+    """Wrap ``owner.name`` so that each call's duration lands in TIMINGS[key]."""
+    original: Callable[..., Any] = getattr(owner, name)
+    if asyncio.iscoroutinefunction(original):
+
+        async def wrapper_async(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                TIMINGS[key].append(time.perf_counter() - started)
+
+        setattr(owner, name, wrapper_async)
+        return
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            TIMINGS[key].append(time.perf_counter() - started)
+
+    setattr(owner, name, wrapper)
+
+
+def serve_plugin(args: argparse.Namespace) -> int:
+    """The kubelet plugin as on a node, with its ports timed; timings to --timings at exit."""
+    from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
+    from dra_driver.gpu.fake import FakeGpuBackend
+    from dra_driver.k8s.claim_status import ClaimStatusWriter
+    from dra_driver.k8s.claims import KubernetesClaimSource
+    from dra_driver.k8s.client import make_api_client
+    from dra_driver.k8s.events import EventRecorder
+    from dra_driver.mpsagent.client import MpsAgentClient
+    from dra_driver.plugin import driver
+    from dra_driver.plugin.cdi_store import CdiStore
+    from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
+    from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
+    from dra_driver.state.checkpoint import CheckpointStore
+
+    timed(KubernetesClaimSource, "get_claim", "get")
+    timed(driver, "plan_prepare", "plan")
+    timed(MpsAgentClient, "ensure_share", "agent")
+    timed(MpsAgentClient, "release_share", "agent")
+    timed(CdiStore, "write", "cdi")
+    timed(CdiStore, "remove", "cdi")
+    timed(CheckpointStore, "save", "checkpoint")
+    timed(ClaimStatusWriter, "apply", "status")
+
+    root = args.serve_plugin
+    api = make_api_client(None, host=args.api)
+    sharing = Sharing.TIMESLICING if args.mode == "timesliced" else Sharing.MPS
+    config = PluginConfig(
+        driver_name=DRIVER,
+        node_name=NODE,
+        registry_dir=os.path.join(root, "reg"),
+        plugin_dir=os.path.join(root, "plugin"),
+        cdi_root=os.path.join(root, "cdi"),
+        boot_id_file=os.path.join(root, "boot_id"),
+        settings=NodeSettings(default=GpuSettings(sharing)),
+        mps_agent_socket=args.agent_socket or None,
+    )
+    claims = KubernetesClaimSource(api)
+    events = EventRecorder(api, component=COMPONENT, instance=NODE, interval_s=60, aggregate=True)
+    reporter = ClaimReporter(
+        driver_name=DRIVER,
+        node_name=NODE,
+        status=ClaimStatusWriter(api, driver_name=DRIVER, node_name=NODE),
+        events=events,
+    )
+    runtime = PluginRuntime(config, FakeGpuBackend(FAKE_GPUS, NODE), claims, reporting=reporter)
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    try:
+        asyncio.run(run_until_signalled(runtime))
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+        claims.close()
+        with open(args.timings, "w") as f:
+            json.dump(TIMINGS, f)
+    return 0
+
+
+def serve_engine(root: str, count: int) -> None:
+    """The earlier benchmark's plugin: in-memory claims, time-sliced shares."""
+    from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
+    from dra_driver.gpu.fake import FakeGpuBackend
+    from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
+    from dra_driver.testing.memory_claims import InMemoryClaimSource
+
+    config = PluginConfig(
+        driver_name=DRIVER,
+        node_name=NODE,
+        registry_dir=os.path.join(root, "reg"),
+        plugin_dir=os.path.join(root, "plugin"),
+        cdi_root=os.path.join(root, "cdi"),
+        boot_id_file=os.path.join(root, "boot_id"),
+        settings=NodeSettings(default=GpuSettings(Sharing.TIMESLICING)),
+    )
+    source = InMemoryClaimSource(engine_claims(count))
+    asyncio.run(run_until_signalled(PluginRuntime(config, FakeGpuBackend(FAKE_GPUS, NODE), source)))
+
+
+def engine_claims(count: int) -> list[dict[str, Any]]:
+    from dra_driver.testing.objects import resource_claim, share
+
+    # Deterministic UIDs: the parent and the plugin process build the same claims.
+    return [
+        resource_claim(
+            "bench",
+            f"claim-{i}",
+            uid=f"00000000-0000-0000-0000-{i:012d}",
+            node=NODE,
+            devices=[share(f"gpu-{i % GPUS}", share_id=f"10000000-0000-0000-0000-{i:012d}")],
+        )
+        for i in range(count)
+    ]
+
+
+# -- the kubelet's side -----------------------------------------------------------------
+
+
+def node_root() -> str:
+    root = tempfile.mkdtemp(prefix="dra-bench-", dir="/var/tmp")
+    for name in ("reg", "plugin", "cdi"):
+        os.makedirs(os.path.join(root, name))
+    with open(os.path.join(root, "boot_id"), "w", encoding="ascii") as f:
+        f.write("bench\n")
+    return root
+
+
+def state_root(root: str) -> str:
+    """Where the agent's state goes: /dev/shm (a tmpfs) when there is one."""
+    shm = "/dev/shm"
+    return os.path.join(shm, os.path.basename(root)) if os.path.isdir(shm) else root
+
+
+def wait_for_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.02)
+
+
+def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
+    socket = os.path.join(root, "plugin", "mps-agent.sock")
+    agent = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "dra_driver", "mps-agent", "--mps-control", "fake"),
+            *("--mps-protocol", "v3", "--socket", socket),
+            # A tmpfs, as on a node (the chart's /run/fractional-gpu-dra/mps).
+            *("--state-dir", os.path.join(state_root(root), "mps"), "--log-level", "WARNING"),
+        ],
+        cwd=ROOT,
+    )
+    wait_for_socket(socket, agent)
+    return agent, socket
+
+
+def start_plugin(
+    root: str, mode: str, api_url: str, agent_socket: str, profile: str | None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, os.path.abspath(__file__), "--serve-plugin", root),
+            *("--mode", mode, "--api", api_url, "--agent-socket", agent_socket),
+            *("--timings", os.path.join(root, "timings.json")),
+            *(("--profile", f"{profile}.{mode}") if profile else ()),
+        ],
+        cwd=ROOT,
+    )
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def kubelet_rounds(
+    registry: str, refs: list[Any], resident: list[Any], burst: int, *, keep: bool, gap: float
+) -> tuple[list[float], list[float], list[float]]:
+    """Prepare ``resident`` (and unprepare them at the end unless ``keep``) around
+    rounds of ``burst`` concurrent one-claim calls; returns prepare and unprepare
+    latencies (ms) and each round's wall time (ms)."""
+    from dra_driver.testing.kubelet import FakeKubelet
+
     kubelet = FakeKubelet(registry)
-    plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)
+    plugin = await kubelet.wait_for_plugin(DRIVER, timeout=60)
+    prepare_ms: list[float] = []
+    unprepare_ms: list[float] = []
+    rounds_ms: list[float] = []
+
+    async def prepare(ref: Any) -> None:
+        t0 = time.perf_counter()
+        result = (await plugin.prepare([ref]))[ref.uid]
+        prepare_ms.append((time.perf_counter() - t0) * 1000)
+        if result.error:
+            raise RuntimeError(f"{ref}: {result.error}")
+
+    async def unprepare(ref: Any) -> None:
+        t0 = time.perf_counter()
+        error = (await plugin.unprepare([ref]))[ref.uid]
+        unprepare_ms.append((time.perf_counter() - t0) * 1000)
+        if error:
+            raise RuntimeError(f"{ref}: {error}")
+
+    try:
+        await asyncio.gather(*(prepare(r) for r in resident))
+        prepare_ms.clear()
+        for start in range(0, len(refs), burst):
+            group = refs[start : start + burst]
+            t0 = time.perf_counter()
+            await asyncio.gather(*(prepare(r) for r in group))
+            wave = time.perf_counter() - t0
+            await asyncio.sleep(gap)  # the pods run; their status writes land
+            t0 = time.perf_counter()
+            await asyncio.gather(*(unprepare(r) for r in group))
+            rounds_ms.append((wave + time.perf_counter() - t0) * 1000)
+            await asyncio.sleep(gap)
+        if not keep:
+            await asyncio.gather(*(plugin.unprepare([r]) for r in resident))
+    finally:
+        await kubelet.close()
+    return prepare_ms, unprepare_ms, rounds_ms
+
+
+def run_kubelet_mode(
+    mode: str, rounds: int, burst: int, warmup: int, *, profile: str | None, gap: float
+) -> dict[str, Any]:
+    from dra_driver.testing.objects import claim_ref, node_object, resource_claim, share
+    from tests.support.fakekube import FakeKubeApi
+
+    root = node_root()
+    agent = plugin = None
+    try:
+        with FakeKubeApi(kube_minor=36) as api:
+            api.create(node_object(NODE))
+
+            def claims(prefix: str, count: int) -> list[Any]:
+                made = [
+                    api.create(
+                        resource_claim(
+                            "bench",
+                            f"{prefix}-{i}",
+                            node=NODE,
+                            devices=[share(f"gpu-{i % GPUS}", memory=SHARE)],
+                        )
+                    )
+                    for i in range(count)
+                ]
+                return [claim_ref(c) for c in made]
+
+            refs = claims("claim", (warmup + rounds) * burst)
+            resident = claims("resident", GPUS) if mode == "mps" else []
+            socket = ""
+            if mode.startswith("mps"):
+                agent, socket = start_agent(root)
+            plugin = start_plugin(root, mode, api.url, socket, profile)
+            wait_for_socket(os.path.join(root, "reg", f"{DRIVER}-reg.sock"), plugin)
+            rss_start = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
+            warm = refs[: warmup * burst]
+            asyncio.run(
+                kubelet_rounds(os.path.join(root, "reg"), warm, resident, burst, keep=True, gap=gap)
+            )
+            time.sleep(0.5)  # the status writes after the last answers
+            cpu_before = cpu_now(plugin.pid, agent.pid if agent else None)
+            prepare_ms, unprepare_ms, rounds_ms = asyncio.run(
+                kubelet_rounds(
+                    os.path.join(root, "reg"),
+                    refs[len(warm) :],
+                    resident,
+                    burst,
+                    keep=True,
+                    gap=gap,
+                )
+            )
+            time.sleep(0.5)  # the status writes after the last answers
+            cpu_after = cpu_now(plugin.pid, agent.pid if agent else None)
+            rss_end = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
+            stop(plugin)
+            with open(os.path.join(root, "timings.json")) as f:
+                timings: dict[str, list[float]] = json.load(f)
+    finally:
+        stop(plugin)
+        stop(agent)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(state_root(root), ignore_errors=True)
+    claims_total = len(refs) + 2 * len(resident)
+    return {
+        "mode": mode,
+        "claims": len(prepare_ms),
+        "prepare_p50": statistics.median(prepare_ms),
+        "prepare_p99": percentile(prepare_ms, 99),
+        "unprepare_p50": statistics.median(unprepare_ms),
+        "unprepare_p99": percentile(unprepare_ms, 99),
+        "round_p50": statistics.median(rounds_ms),
+        "steps": {
+            key: (statistics.median(v) * 1000, len(v) / claims_total)
+            for key, v in timings.items()
+            if v
+        },
+        "cpu_ms": {k: (cpu_after[k] - cpu_before[k]) * 1000 / len(prepare_ms) for k in cpu_after},
+        "rss_start": rss_start,
+        "rss_end": rss_end,
+    }
+
+
+def run_engine(claims: int, levels: list[int]) -> list[dict[str, Any]]:
+    import multiprocessing
+
+    from dra_driver.core.ids import ClaimRef, ClaimUID
+
+    rows = []
+    root = node_root()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=serve_engine, args=(root, claims), daemon=True
+    )
+    proc.start()
+    made = engine_claims(claims)
     refs = [
         ClaimRef(c["metadata"]["namespace"], c["metadata"]["name"], ClaimUID(c["metadata"]["uid"]))
-        for c in claims
+        for c in made
     ]
+    try:
+        for level in levels:
+            rows.append(asyncio.run(engine_level(os.path.join(root, "reg"), refs, level)))
+    finally:
+        proc.terminate()
+        proc.join(10)
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+async def engine_level(registry: str, refs: list[Any], concurrency: int) -> dict[str, Any]:
+    from dra_driver.testing.kubelet import FakeKubelet
+
+    kubelet = FakeKubelet(registry)
+    plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)
     prepare_ms: list[float] = []
     unprepare_ms: list[float] = []
     queue = list(refs)
@@ -106,8 +494,7 @@ async def run_level(
             prepare_ms.append((t1 - t0) * 1000)
             unprepare_ms.append((t2 - t1) * 1000)
 
-    # Warm up the connection and the plugin's caches.
-    for ref in refs[:20]:
+    for ref in refs[:20]:  # warm up the connection and the plugin's caches
         await plugin.prepare([ref])
         await plugin.unprepare([ref])
     start = time.perf_counter()
@@ -125,39 +512,107 @@ async def run_level(
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--claims", type=int, default=1000, help="claims per concurrency level")
-    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated caller counts")
-    parser.add_argument("--profile", help="write the plugin process's cProfile stats here")
-    args = parser.parse_args()
-    levels = [int(x) for x in args.concurrency.split(",")]
-    claims = make_claims(args.claims)
+def mark(value: float | None, target: float) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" + (" ok" if value <= target else " MISSED")
 
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="dra-bench-", dir="/var/tmp") as root:
-        with open(os.path.join(root, "boot_id"), "w", encoding="ascii") as handle:
-            handle.write("bench\n")
-        ctx = multiprocessing.get_context("spawn")
-        plugin = ctx.Process(target=serve, args=(root, claims, args.profile), daemon=True)
-        plugin.start()
-        try:
-            for level in levels:
-                rows.append(asyncio.run(run_level(os.path.join(root, "reg"), claims, level)))
-        finally:
-            plugin.terminate()
-            plugin.join(10)
 
-    print(f"prepare+unprepare of one claim per call over the real socket, {os.cpu_count()} CPUs")
-    header = "callers  claims  prepare p50/p99 ms  unprepare p50/p99 ms  claims/s"
+def report(rows: list[dict[str, Any]], burst: int) -> None:
+    print(f"\n{burst} concurrent NodePrepareResources calls of one claim each, then {burst} "
+          f"unprepares, {os.cpu_count()} CPUs (ms; * = after the answer; round: both "
+          "waves, without the gaps)")  # fmt: skip
+    header = "mode        claims  prepare p50/p99   unprepare p50/p99  round p50"
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['concurrency']:>7}  {r['claims']:>6}  "
-            f"{r['prepare_p50']:>8.2f} / {r['prepare_p99']:<7.2f}  "
-            f"{r['unprepare_p50']:>9.2f} / {r['unprepare_p99']:<8.2f}  {r['claims_per_s']:>8.0f}"
+            f"{r['mode']:<10}  {r['claims']:>6}  "
+            f"{r['prepare_p50']:>7.1f} / {r['prepare_p99']:<7.1f}  "
+            f"{r['unprepare_p50']:>7.1f} / {r['unprepare_p99']:<8.1f}  {r['round_p50']:>8.1f}"
         )
+    print("\nper claim, in the plugin: median ms (times per claim)")
+    print("mode        " + "".join(f"{label:>20}" for label, _ in STEPS))
+    for r in rows:
+        cells = []
+        for _, key in STEPS:
+            got = r["steps"].get(key)
+            cells.append(f"{got[0]:.2f} ({got[1]:.2f})" if got else "-")
+        print(f"{r['mode']:<10}  " + "".join(f"{c:>20}" for c in cells))
+    print("\nCPU per claim (prepare + unprepare + status writes), ms")
+    for r in rows:
+        line = "  ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms"].items())
+        print(f"{r['mode']:<10}  {line}  total {sum(r['cpu_ms'].values()):.1f}")
+    print("\nRSS (MB)    plugin start / end       mps-agent start / end")
+    for r in rows:
+        (p0, a0), (p1, a1) = r["rss_start"], r["rss_end"]
+        print(
+            f"{r['mode']:<10}  {mark(p0, TARGETS['plugin_rss']):>10} / "
+            f"{mark(p1, TARGETS['plugin_rss']):<12} {mark(a0, TARGETS['agent_rss']):>10} / "
+            f"{mark(a1, TARGETS['agent_rss'])}"
+        )
+    for r in rows:
+        if r["mode"] == "mps":
+            print(
+                f"\ntargets (mps): prepare p99 {mark(r['prepare_p99'], TARGETS['prepare_p99'])} "
+                f"(<= {TARGETS['prepare_p99']:g}), unprepare p99 "
+                f"{mark(r['unprepare_p99'], TARGETS['unprepare_p99'])} "
+                f"(<= {TARGETS['unprepare_p99']:g}), RSS plugin <= {TARGETS['plugin_rss']:g}, "
+                f"mps-agent <= {TARGETS['agent_rss']:g}"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default=",".join(MODES), help=f"any of {', '.join(MODES)}")
+    parser.add_argument("--rounds", type=int, default=30, help="measured rounds per mode")
+    parser.add_argument("--warmup", type=int, default=2, help="rounds before measuring")
+    parser.add_argument("--burst", type=int, default=10, help="concurrent calls per round")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.2,
+        help="seconds between a round's prepares and its unprepares, and between rounds "
+        "(the pods run meanwhile; 0: back to back)",
+    )
+    parser.add_argument("--claims", type=int, default=500, help="engine: claims per level")
+    parser.add_argument("--concurrency", default="1,8,32", help="engine: caller counts")
+    parser.add_argument("--profile", help="write the plugin's cProfile stats to PROFILE.<mode>")
+    # The plugin process (internal).
+    parser.add_argument("--serve-plugin", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--api", help=argparse.SUPPRESS)
+    parser.add_argument("--agent-socket", help=argparse.SUPPRESS)
+    parser.add_argument("--timings", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_plugin:
+        return serve_plugin(args)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        parser.error(f"unknown mode(s) {sorted(unknown)}")
+    rows = [
+        run_kubelet_mode(
+            m, args.rounds, args.burst, args.warmup, profile=args.profile, gap=args.gap
+        )
+        for m in modes
+        if m != "engine"
+    ]
+    if rows:
+        report(rows, args.burst)
+    if "engine" in modes:
+        levels = [int(x) for x in args.concurrency.split(",")]
+        print("\nengine: in-memory claims, time-sliced, one claim per call, callers in a loop")
+        header = "callers  claims  prepare p50/p99 ms  unprepare p50/p99 ms  claims/s"
+        print(header)
+        print("-" * len(header))
+        for r in run_engine(args.claims, levels):
+            print(
+                f"{r['concurrency']:>7}  {r['claims']:>6}  "
+                f"{r['prepare_p50']:>8.2f} / {r['prepare_p99']:<7.2f}  "
+                f"{r['unprepare_p50']:>9.2f} / {r['unprepare_p99']:<8.2f}  "
+                f"{r['claims_per_s']:>8.0f}"
+            )
     return 0
 
 

@@ -95,6 +95,19 @@ def test_encoding_is_the_documented_format() -> None:
     assert doc["checksum"] == canonical_checksum(doc["data"])
 
 
+def test_kept_fragments_give_the_same_bytes_as_a_fresh_encoding() -> None:
+    fragments: dict = {}  # type: ignore[type-arg]
+    assert encode(CHECKPOINT, fragments) == encode(CHECKPOINT)
+    changed = CHECKPOINT.with_claim(dataclasses.replace(CLAIM_A, cdi_spec_file="/cdi/other.json"))
+    assert encode(changed, fragments) == encode(changed)
+    assert json.loads(encode(changed, fragments))["data"]["claims"][UID_A]["cdiSpecFile"] == (
+        "/cdi/other.json"
+    )
+    dropped = changed.without(CLAIM_B.ref.uid)
+    assert encode(dropped, fragments) == encode(dropped)
+    assert set(fragments) == {UID_A}
+
+
 def test_encoding_is_deterministic() -> None:
     other_order = Checkpoint(boot_id=BOOT).with_claim(CLAIM_B).with_claim(CLAIM_A)
     assert encode(other_order) == encode(CHECKPOINT)

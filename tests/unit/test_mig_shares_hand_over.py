@@ -9,7 +9,7 @@ import pytest
 from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim, ClaimState
-from dra_driver.state.mig_shares import hand_over
+from dra_driver.state.mig_shares import hand_over, keep_handed_over
 
 GPU = GpuUUID("GPU-0")
 INSTANCE = MigPlan(19, "1g.10gb", 3, 1, "MIG-x", gi_id=1, ci_id=0, created=False)
@@ -85,3 +85,17 @@ def test_a_share_that_never_learnt_its_instance_takes_it_from_the_others() -> No
     mig = handed.devices[0].mig
     assert mig is not None
     assert (mig.mig_uuid, mig.created) == (INSTANCE.mig_uuid, False)
+
+
+def test_an_instance_handed_over_while_the_claims_side_effects_ran_is_kept() -> None:
+    """B's prepare was in flight (its entry written before it ran) when A, the maker,
+    left: the ``created`` B got must survive B recording its completion."""
+    in_flight = _claim("b")
+    _, after = hand_over(_claim("a", created=True), Checkpoint("boot", {
+        in_flight.ref.uid: in_flight
+    }))  # fmt: skip
+    completion = _claim("b")  # what B's task records: built from what it knew before
+    kept = keep_handed_over(completion, after.claims[in_flight.ref.uid])
+    assert _created(kept)
+    assert keep_handed_over(completion, None) is completion
+    assert not _created(keep_handed_over(completion, _claim("b")))

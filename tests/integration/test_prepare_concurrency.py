@@ -1,0 +1,144 @@
+"""Claims on different GPUs are enforced at the same time, each answered when its own
+work is recorded: the plugin over its real socket, the mps-agent with the fake control
+binary as real processes, every accepted control command taking 50 ms."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+import time
+
+import pytest
+
+from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
+from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.mpsagent import fake_control_path
+from dra_driver.mpsagent.agent import AgentConfig
+from dra_driver.mpsagent.client import MpsAgentClient
+from dra_driver.mpsagent.compute_mode import FakeComputeMode
+from dra_driver.mpsagent.fake_control import DELAY_ENV
+from dra_driver.plugin.runtime import PluginRuntime
+from dra_driver.testing.kubelet import FakeKubelet
+from dra_driver.testing.memory_claims import InMemoryClaimSource
+from dra_driver.testing.objects import claim_ref, resource_claim, share
+from tests.support.mps import agent_running
+from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+GPUS = 10
+COMMAND_S = 0.05
+
+
+def slow_agent(dirs: NodeDirs) -> AgentConfig:
+    return AgentConfig(
+        socket_path=os.path.join(dirs.plugin, "mps-agent.sock"),
+        state_dir=os.path.join(dirs.root, "mps"),
+        control_binary=fake_control_path(),
+        protocol="v3",
+        compute_mode=FakeComputeMode(),
+        daemon_env={**os.environ, "PYTHON": sys.executable, DELAY_ENV: str(COMMAND_S)},
+    )
+
+
+@pytest.mark.parametrize("calls", ["one call per claim", "one call"])
+def test_ten_claims_on_ten_gpus_are_enforced_at_once(node_dirs: NodeDirs, calls: str) -> None:
+    """Each new share is two control commands (namespace create, set): 100 ms of the
+    daemon's time per claim. One after another, ten claims take over a second."""
+    agent = slow_agent(node_dirs)
+    resident = [
+        resource_claim("r", f"resident-{i}", devices=[share(f"gpu-{i}")]) for i in range(GPUS)
+    ]
+    burst = [resource_claim("b", f"claim-{i}", devices=[share(f"gpu-{i}")]) for i in range(GPUS)]
+    timesliced = resource_claim("t", "timesliced", devices=[share("gpu-10")])
+    source = InMemoryClaimSource([*resident, *burst, timesliced])
+    settings = NodeSettings(
+        default=GpuSettings(Sharing.MPS), per_gpu={"10": GpuSettings(Sharing.TIMESLICING)}
+    )
+    config = dataclasses.replace(
+        node_dirs.config(), settings=settings, mps_agent_socket=agent.socket_path
+    )
+
+    async def scenario() -> None:
+        async with agent_running(agent):
+            runtime = PluginRuntime(config, FakeGpuBackend(f"h100-80gb:{GPUS + 1}", NODE), source)
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                plugin = await kubelet.wait_for_plugin(DRIVER)
+                # Every GPU's daemon up (a daemon start is more commands and a process).
+                warm = await plugin.prepare([claim_ref(c) for c in resident])
+                assert not any(r.error for r in warm.values()), warm
+
+                refs = [claim_ref(c) for c in burst]
+                quick_ref = claim_ref(timesliced)
+                answered: dict[str, float] = {}
+                started = time.perf_counter()
+
+                async def call(group: list) -> None:  # type: ignore[type-arg]
+                    results = await plugin.prepare(group)
+                    for ref in group:
+                        assert results[ref.uid].error == "", results[ref.uid].error
+                        answered[ref.uid] = time.perf_counter() - started
+
+                groups = [[r] for r in refs] if calls == "one call per claim" else [refs]
+                await asyncio.gather(*(call(g) for g in groups), call([quick_ref]))
+                elapsed = time.perf_counter() - started
+
+                shares = await MpsAgentClient(agent.socket_path).list_shares()
+                assert {s.claim_uid for s in shares} >= {r.uid for r in refs}
+                # Serial: >= 10 x 2 x 50 ms. Concurrent: about 2 x 50 ms plus overhead.
+                assert elapsed < GPUS * COMMAND_S, (elapsed, answered)
+                # A claim without side effects is not held up by the MPS claims.
+                assert answered[quick_ref.uid] < min(answered[r.uid] for r in refs), answered
+
+                started = time.perf_counter()
+                groups = [[r] for r in refs] if calls == "one call per claim" else [refs]
+                gone = await asyncio.gather(*(plugin.unprepare(g) for g in groups))
+                assert not any(e for errors in gone for e in errors.values()), gone
+                # Namespace delete: one command each, also at once.
+                assert time.perf_counter() - started < GPUS * COMMAND_S
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+
+    run_checked(scenario())
+
+
+def test_an_unprepare_waits_for_the_prepare_in_flight(node_dirs: NodeDirs) -> None:
+    """The kubelet gives up on a slow prepare and unprepares: the unprepare is decided
+    after the prepare's side effects finish, so it releases the share they made."""
+    agent = slow_agent(node_dirs)
+    resident = resource_claim("r", "resident", devices=[share("gpu-0")])
+    claim = resource_claim("b", "slow", devices=[share("gpu-0")])
+    source = InMemoryClaimSource([resident, claim])
+    config = dataclasses.replace(
+        node_dirs.config(), settings=NodeSettings(), mps_agent_socket=agent.socket_path
+    )
+
+    async def scenario() -> None:
+        async with agent_running(agent):
+            runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                plugin = await kubelet.wait_for_plugin(DRIVER)
+                assert not (await plugin.prepare([claim_ref(resident)]))[resident_uid].error
+                ref = claim_ref(claim)
+                prepare = asyncio.create_task(plugin.prepare([ref]))
+                await asyncio.sleep(COMMAND_S / 2)  # its namespace is being made
+                assert not prepare.done()
+                errors = await plugin.unprepare([ref])
+                assert errors[ref.uid] == ""
+                assert prepare.done()  # answered before the unprepare was
+                shares = await MpsAgentClient(agent.socket_path).list_shares()
+                assert [s.claim_uid for s in shares] == [resident_uid]
+                assert not os.path.exists(
+                    os.path.join(node_dirs.cdi, f"k8s.gpu.fractional.dev-claim_{ref.uid}.json")
+                )
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+
+    resident_uid = claim_ref(resident).uid
+    run_checked(scenario())
