@@ -20,6 +20,7 @@ from dra_driver.cli.flags import (
     _seconds,
     add_flag,
 )
+from dra_driver.core.disruption_guard import GuardMode
 from dra_driver.core.ports import GpuBackend
 from dra_driver.dmemhook import DEFAULT_HOOK_DIR
 from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
@@ -27,6 +28,7 @@ from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DE
 
 if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every subcommand
     from dra_driver.plugin.claim_reporting import ClaimReporter
+    from dra_driver.plugin.disruption_guard import DisruptionGuard
     from dra_driver.plugin.runtime import PluginRuntime
 
 
@@ -102,6 +104,26 @@ def _claim_reporting_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _disruption_guard_flags(parser: argparse.ArgumentParser) -> None:
+    """plugin/disruption_guard.py."""
+    add_flag(
+        parser,
+        "--disruption-guard",
+        "annotate the pods of prepared claims with karpenter.sh/do-not-disrupt=true and "
+        "cluster-autoscaler.kubernetes.io/safe-to-evict=false: off, annotated (claims "
+        "annotated <driver>/disruption-guard=true), all (every claim not annotated false)",
+        default="off",
+        choices=[m.value for m in GuardMode],
+    )
+    add_flag(
+        parser,
+        "--disruption-guard-interval",
+        "seconds between passes over the node's pods (guards pods that joined a prepared "
+        "claim, drops guards of claims unprepared while the plugin was down); 0: at start only",
+        default="60",
+    )
+
+
 def _plugin_parser(sub: Any) -> None:
     """``dra-driver kubelet-plugin``."""
     plugin = sub.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
@@ -158,6 +180,7 @@ def _plugin_parser(sub: Any) -> None:
         default="/proc/sys/kernel/random/boot_id",
     )
     _claim_reporting_flags(plugin)
+    _disruption_guard_flags(plugin)
     add_flag(
         plugin,
         "--readiness-port",
@@ -242,7 +265,15 @@ def _run_plugin(args: argparse.Namespace) -> int:
             server = serve_metrics(port, metrics.registry, args.metrics_address)
         reporting = claim_reporting(args, api_client, config.driver_name, config.node_name)
         runtime = PluginRuntime(
-            config, backend, claims, slices, reporting=reporting, metrics=metrics
+            config,
+            backend,
+            claims,
+            slices,
+            reporting=reporting,
+            metrics=metrics,
+            disruption_guard=disruption_guard(
+                args, api_client, config.driver_name, config.node_name, reporting
+            ),
         )
         check = functools.partial(
             check_extended_resources,
@@ -324,3 +355,27 @@ def claim_reporting(
         else None
     )
     return ClaimReporter(driver_name=driver_name, node_name=node_name, status=status, events=events)
+
+
+def disruption_guard(
+    args: argparse.Namespace,
+    api_client: Any,
+    driver_name: str,
+    node_name: str,
+    reporting: ClaimReporter,
+) -> DisruptionGuard | None:
+    """The plugin's disruption guard from its flags; None when ``--disruption-guard=off``."""
+    from dra_driver.k8s.pods import PodApi
+    from dra_driver.plugin.disruption_guard import DisruptionGuard
+
+    mode = GuardMode(args.disruption_guard)
+    if mode is GuardMode.OFF:
+        return None
+    return DisruptionGuard(
+        PodApi(api_client, node_name),
+        driver_name=driver_name,
+        node_name=node_name,
+        mode=mode,
+        events=reporting.events,
+        interval_s=_seconds(args.disruption_guard_interval, "--disruption-guard-interval"),
+    )

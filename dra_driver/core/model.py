@@ -58,6 +58,8 @@ class ResourceClaim:
     node_names: frozenset[str] = frozenset()
     """Node names the allocation's nodeSelector pins it to (matchFields
     metadata.name); empty when the selector names no node."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """``metadata.annotations`` (the disruption guard's opt-in)."""
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,11 @@ def claim_ref_from_dict(obj: Mapping[str, Any]) -> ClaimRef:
 def claim_from_dict(obj: Mapping[str, Any]) -> ResourceClaim:
     """Convert a ResourceClaim object (as JSON) to :class:`ResourceClaim`."""
     ref = claim_ref_from_dict(obj)
+    annotations = _annotations(obj)
     try:
         allocation = (obj.get("status") or {}).get("allocation")
         if not allocation:
-            return ResourceClaim(ref=ref, allocated=False)
+            return ResourceClaim(ref=ref, allocated=False, annotations=annotations)
         devices = allocation.get("devices") or {}
         results = tuple(_result(r) for r in devices.get("results") or ())
         configs = tuple(_config(c) for c in devices.get("config") or ())
@@ -41,8 +42,21 @@ def claim_from_dict(obj: Mapping[str, Any]) -> ResourceClaim:
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise ClaimError(ref, f"malformed status.allocation: {err!r}") from err
     return ResourceClaim(
-        ref=ref, allocated=True, results=results, configs=configs, node_names=node_names
+        ref=ref,
+        allocated=True,
+        results=results,
+        configs=configs,
+        node_names=node_names,
+        annotations=annotations,
     )
+
+
+def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    meta = obj.get("metadata")
+    raw = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in raw.items()}
 
 
 def _result(raw: Mapping[str, Any]) -> DeviceResult:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -39,14 +40,48 @@ _MAX_INT64 = 2**63 - 1
 _MIN_INT64 = -(2**63)
 
 
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d[\d.eE+-]*')
+"""JSON strings, or numbers: to find numbers that are not small integers."""
+_HTML_TABLE = str.maketrans(_GO_HTML_ESCAPES)
+
+
 def encode_body(body: Mapping[str, Any] | list[Any]) -> bytes:
     """``body`` as canonical JSON bytes (see the module docstring)."""
-    return "".join(_encode(body)).encode()
+    return canonical_json(body).encode()
 
 
 def canonical_json(value: Any) -> str:
-    """One JSON value as the API server re-encodes a ``RawExtension`` holding it."""
-    return "".join(_encode(value))
+    """One JSON value as the API server re-encodes a ``RawExtension`` holding it.
+
+    The C encoder does the work; only a body holding a float or an integer beyond
+    int64 (rare: copied user parameters) takes the slower path that writes numbers
+    as Go does. ``<``, ``>``, ``&``, U+2028 and U+2029 occur only inside strings, so
+    escaping them in the whole text is escaping them in the strings.
+    """
+    text = json.dumps(
+        value,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+        default=_as_plain,
+    )
+    if any(_go_writes_otherwise(m.group()) for m in _TOKENS.finditer(text)):
+        text = "".join(_encode(value))
+    return text.translate(_HTML_TABLE)
+
+
+def _as_plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON: {value!r}")
+
+
+def _go_writes_otherwise(token: str) -> bool:
+    """A number token that Go may write differently (a float, or beyond int64)."""
+    if token.startswith('"'):
+        return False
+    return not token.lstrip("-").isdigit() or not _MIN_INT64 <= int(token) <= _MAX_INT64
 
 
 def _encode(value: Any) -> list[str]:
@@ -85,11 +120,9 @@ def _emit(value: Any, out: list[str]) -> None:
 
 
 def go_string(text: str) -> str:
-    """``text`` as Go's ``json.Marshal`` writes a string (HTML-safe, UTF-8 kept)."""
-    encoded = json.dumps(text, ensure_ascii=False)
-    if any(c in encoded for c in _GO_HTML_ESCAPES):
-        encoded = "".join(_GO_HTML_ESCAPES.get(c, c) for c in encoded)
-    return encoded
+    """``text`` as Go's ``json.Marshal`` writes a string (UTF-8 kept; the HTML-safe
+    escapes are applied by :func:`canonical_json` to the whole text)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def go_number(number: int | float) -> str:

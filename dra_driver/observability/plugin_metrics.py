@@ -14,6 +14,8 @@ Three kinds, each from the source that is right for it:
   there needs no lock.
 * Device health, as last given to :meth:`PluginMetrics.set_device_health` (or
   followed with :meth:`PluginMetrics.follow_health`).
+* Pods guarded against disruption by node autoscalers, as last counted by the
+  disruption guard (:meth:`PluginMetrics.set_guarded_pods`).
 
 Metric names and labels are listed in :data:`METRICS`.
 """
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -64,6 +66,7 @@ METRICS = {
     PREFIX + "mps_reserved_memory_bytes": "gauge{gpu_uuid, device}",
     PREFIX + "device_health": "gauge{device, gpu_uuid, status=Healthy|Unhealthy|Unknown}",
     PREFIX + "device_health_reason_info": "gauge{device, gpu_uuid, reason}",
+    PREFIX + "disruption_guarded_pods": "gauge",
 }
 
 
@@ -242,6 +245,13 @@ class PluginMetrics:
         for operation, result in _SERIES:
             self._operations.labels(operation, result)
             self._seconds.labels(operation)
+        self._guarded_pods = Gauge(
+            PREFIX + "disruption_guarded_pods",
+            "Pods on this node that carry karpenter.sh/do-not-disrupt and "
+            "cluster-autoscaler.kubernetes.io/safe-to-evict=false because a prepared claim "
+            "of theirs asked for the disruption guard (as last counted by the plugin).",
+            registry=self.registry,
+        )
         self._state = _StateCollector()
         self.registry.register(self._state)
 
@@ -254,6 +264,10 @@ class PluginMetrics:
         self._seconds.labels(op.operation).observe(op.seconds)
         if not op.ok:
             self._errors.labels(op.operation, op.reason or "InternalError").inc()
+
+    def set_guarded_pods(self, count: int) -> None:
+        """The disruption guard's count of the pods it guards now."""
+        self._guarded_pods.set(count)
 
     def set_device_health(self, devices: Iterable[DeviceHealth]) -> None:
         """Report every device's health; devices left out are no longer reported."""

@@ -25,7 +25,7 @@ from dra_driver.core.driver_edits import (
 )
 from dra_driver.core.errors import ConfigError, DriverError
 from dra_driver.core.health import HealthSettings, unhealthy_taint_key
-from dra_driver.core.ids import PoolName
+from dra_driver.core.ids import ClaimRef, ClaimUID, PoolName
 from dra_driver.core.model import Inventory
 from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend
@@ -42,6 +42,7 @@ from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.observability.plugin_observers import plugin_observers
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.claim_reporting import ClaimReporter
+from dra_driver.plugin.disruption_guard import DisruptionGuard
 from dra_driver.plugin.driver import Driver, ReconcileReport
 from dra_driver.plugin.enforcement import DmemLimits, Enforcer, dmem_hook_settings
 from dra_driver.plugin.health_monitor import HealthListener, HealthMonitor
@@ -130,13 +131,16 @@ class PluginRuntime:
         *,
         reporting: ClaimReporter | None = None,
         metrics: PluginMetrics | None = None,
+        disruption_guard: DisruptionGuard | None = None,
     ) -> None:
         """``reporting``: claim status and Events (None: neither is written, e.g. the
         demo); ``metrics``: the Prometheus registry to keep up to date (None: no
-        metrics served)."""
+        metrics served); ``disruption_guard``: annotates the pods of guarded claims
+        (None: off)."""
         config.validate()
         self.config = config
         self.reporting = reporting
+        self.disruption_guard = disruption_guard
         self.metrics = metrics
         self.backend = backend
         self.claims = claims
@@ -284,6 +288,19 @@ class PluginRuntime:
             self.reporting.remember(
                 c for c in checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED
             )
+        guard = self.disruption_guard
+        if guard is not None:
+            self.driver.observers.append(guard)
+            guard.prepared = self._prepared_claims
+            if self.metrics is not None:
+                guard.on_count = self.metrics.set_guarded_pods
+            self._spawn(guard.run(), "disruption-guard")
+
+    def _prepared_claims(self) -> dict[ClaimUID, ClaimRef]:
+        """The claims the checkpoint holds as prepared (blocks: reads the file)."""
+        assert self.driver is not None
+        claims = self.driver.checkpoints.load().claims.values()
+        return {c.ref.uid: c.ref for c in claims if c.state is ClaimState.PREPARE_COMPLETED}
 
     async def _created_mig_devices(self) -> set[str]:
         """MIG instances we created for claims, or are creating right now.
@@ -396,6 +413,8 @@ class PluginRuntime:
             await self.driver.close()
             self.driver.lock.close()
             self.driver = None
+        if self.disruption_guard is not None:
+            await self.disruption_guard.close()
         if self.reporting is not None:
             await self.reporting.close()  # the last status writes and Events
         await self.backend.close()

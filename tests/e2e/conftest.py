@@ -194,6 +194,25 @@ def _substitute_claim(spec: Obj, driver: str) -> None:
             params["apiVersion"] = f"{driver}/{version.removeprefix(PLACEHOLDER + '/')}"
 
 
+def _substitute_annotations(obj: Obj, driver: str) -> None:
+    """Annotation keys of ours (``<driver>/disruption-guard``) on a claim, or on the claims
+    a template makes (``spec.metadata``)."""
+    metas = [obj.get("metadata") or {}]
+    if obj.get("kind") == "ResourceClaimTemplate":
+        metas.append(obj["spec"].get("metadata") or {})
+    for meta in metas:
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            meta["annotations"] = {
+                (
+                    f"{driver}/{k.removeprefix(PLACEHOLDER + '/')}"
+                    if k.startswith(f"{PLACEHOLDER}/")
+                    else k
+                ): v
+                for k, v in annotations.items()
+            }
+
+
 def render_example(name: str, driver: str) -> list[Obj]:
     """The example's objects for ``driver``; fails if the placeholder survives."""
     path = EXAMPLES_DIR / name / f"{name}.yaml"
@@ -203,6 +222,7 @@ def render_example(name: str, driver: str) -> list[Obj]:
         spec = _claim_spec(obj)
         if spec is not None:
             _substitute_claim(spec, driver)
+            _substitute_annotations(obj, driver)
     if driver != PLACEHOLDER:
         left = [
             f"{obj['kind']}/{obj['metadata']['name']}{where}"

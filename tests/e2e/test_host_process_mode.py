@@ -18,17 +18,18 @@ chart's plugin must not serve this node at the same time.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Cluster, Obj
+from tests.e2e.conftest import POLL_S, Cluster, Example, Obj
 from tests.e2e.modes import (
     GPU_NODE,
     MPS_ENV,
@@ -122,7 +123,10 @@ def host_driver(cluster: Cluster) -> Iterator[LocalDriver]:
     classes: list[str] = []
     try:
         classes = ensure_device_classes(cluster)
-        driver.start(kubeconfig, mps_state, controller=True)
+        # The guard for claims that ask for it (only the disruption-guard example does),
+        # with a short pass so a slow first prepare is caught up quickly.
+        guard = ["--disruption-guard", "annotated", "--disruption-guard-interval", "5"]
+        driver.start(kubeconfig, mps_state, guard, controller=True)
         driver.wait_registration_socket()
         driver.wait_slices(cluster)
         yield driver
@@ -181,4 +185,76 @@ def test_example_runs_with_the_local_plugin(
     while any(Path(p).exists() for p in left) and time.monotonic() < deadline:
         time.sleep(1)
     assert not [p for p in left if Path(p).exists()], f"CDI specs left after unprepare: {left}"
+    host_driver.check_alive()
+
+
+GUARD = {
+    "karpenter.sh/do-not-disrupt": "true",
+    "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+}
+HOLD = "e2e.fractional.dev/hold"
+"""A finalizer of the test's own: keeps the deleted pod's object past its termination,
+so the annotations' removal at unprepare can be seen on it."""
+
+
+def wait_annotations(
+    example: Example, pod: str, wanted: Callable[[dict[str, str]], bool], what: str
+) -> dict[str, str]:
+    deadline = time.monotonic() + example.cluster.timeout_s
+    while True:
+        annotations: dict[str, str] = example.pod(pod)["metadata"].get("annotations") or {}
+        if wanted(annotations):
+            return annotations
+        if time.monotonic() > deadline:
+            pytest.fail(f"pod {pod}: {what} after {example.cluster.timeout_s:.0f}s: {annotations}")
+        time.sleep(POLL_S)
+
+
+def test_disruption_guard_annotations_appear_and_disappear(
+    cluster: Cluster, host_driver: LocalDriver
+) -> None:
+    """The guarded claim's pod carries the two annotations while the claim is prepared;
+    deleting the pod (held by a finalizer) unprepares it and the plugin removes them."""
+    marker = f"{cluster.driver}/disruption-guard-set"
+    pods = cluster.resource("v1", "Pod")
+    with applied(
+        cluster,
+        "disruption-guard",
+        host_driver.node,
+        tolerate_unready=False,
+        driver_logs=host_driver.logs,
+    ) as example:
+        example.wait_running()
+        claim = wait_allocated(example, "pod0", "gpu")
+        uid = claim["metadata"]["uid"]
+        got = wait_annotations(
+            example,
+            "pod0",
+            lambda a: all(a.get(k) == v for k, v in GUARD.items()) and uid in a.get(marker, ""),
+            "no disruption-guard annotations",
+        )
+        assert json.loads(got[marker]) == {"claims": [uid], "set": sorted(GUARD)}
+        merge = "application/merge-patch+json"
+        pods.patch(
+            body={"metadata": {"finalizers": [HOLD]}},
+            name="pod0",
+            namespace=example.namespace,
+            content_type=merge,
+        )
+        try:
+            cluster.core.delete_namespaced_pod("pod0", example.namespace)
+            left = wait_annotations(
+                example,
+                "pod0",
+                lambda a: not set(a) & {*GUARD, marker},
+                "disruption-guard annotations still there after the claim's unprepare",
+            )
+            assert not set(left) & {*GUARD, marker}
+        finally:
+            pods.patch(
+                body={"metadata": {"finalizers": None}},
+                name="pod0",
+                namespace=example.namespace,
+                content_type=merge,
+            )
     host_driver.check_alive()

@@ -81,6 +81,14 @@ VALUE_SETS: dict[str, list[str]] = {
         '"gpus": {"1": {"sharing": "exclusive"}}}, "gpu-node-8": {"maxClients": 16}}',
     ],
     "no-claim-status": ["--set", "kubeletPlugin.writeDeviceStatus=false"],
+    "disruption-guard": [
+        "--set",
+        "kubeletPlugin.disruptionGuard.enabled=true",
+        "--set",
+        "kubeletPlugin.disruptionGuard.claims=all",
+        "--set",
+        "kubeletPlugin.disruptionGuard.interval=30",
+    ],
     "observability": [
         "--set",
         "metrics.serviceMonitor.enabled=true",
@@ -993,6 +1001,102 @@ def test_claim_status_policy_allows_only_own_node_and_own_entries() -> None:
     assert f"entries of driver {DRIVER}" in refused("node-a", old, _claim("node-a", []))
     unallocated = {"metadata": {"name": "c"}, "status": {}}
     assert "may only write" in refused("node-a", unallocated, unallocated)
+
+
+# --- the disruption guard: pods of the plugin's node, only the guard's keys ------------
+
+GUARD_MARKER = f"{DRIVER}/disruption-guard-set"
+
+
+def test_disruption_guard_follows_the_value() -> None:
+    off = render("defaults")
+    plugin = env_of(container(find(off, "DaemonSet", "-kubelet-plugin"), "kubelet-plugin"))
+    assert plugin["DISRUPTION_GUARD"]["value"] == "off"
+    assert not [d for d in off if "disruption-guard" in d["metadata"]["name"]]
+    assert not [r for r in rules(off, "ClusterRole", "-kubelet-plugin") if r[1] == "pods"]
+    on = render("disruption-guard")
+    plugin = env_of(container(find(on, "DaemonSet", "-kubelet-plugin"), "kubelet-plugin"))
+    assert plugin["DISRUPTION_GUARD"]["value"] == "all"
+    assert plugin["DISRUPTION_GUARD_INTERVAL"]["value"] == "30"
+    assert rules(on, "ClusterRole", "-kubelet-plugin") - rules(
+        off, "ClusterRole", "-kubelet-plugin"
+    ) == {("", "pods", v, "") for v in ("get", "list", "patch")}
+    policy = find(on, "ValidatingAdmissionPolicy", "-pod-disruption-guard")
+    binding = find(on, "ValidatingAdmissionPolicyBinding", "-pod-disruption-guard")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == ([""], ["pods"])
+
+
+def _guard_pod(node: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "ns", "labels": {"app": "llm"}}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+    }
+
+
+def test_pod_guard_policy_allows_only_own_node_and_the_guard_keys() -> None:
+    policy = find(render("disruption-guard"), "ValidatingAdmissionPolicy", "-pod-disruption-guard")
+    guarded = {
+        "team": "a",
+        "karpenter.sh/do-not-disrupt": "true",
+        "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+        GUARD_MARKER: '{"claims":["u1"],"set":[]}',
+    }
+    bare = _guard_pod("node-a", {"team": "a"})
+    ours = _guard_pod("node-a", guarded)
+
+    def verdict(
+        node: str | None, old: Any, new: Any, operation: str = "UPDATE"
+    ) -> list[str] | None:
+        return _admit(policy, PLUGIN_USER, node, old, new, operation=operation)
+
+    assert verdict("node-a", bare, ours) == []  # guard
+    assert verdict("node-a", ours, bare) == []  # release
+    only_guard = {k: v for k, v in guarded.items() if k != "team"}
+    assert verdict("node-a", _guard_pod("node-a"), _guard_pod("node-a", only_guard)) == []
+    assert verdict("node-a", ours, _guard_pod("node-a", {**guarded, GUARD_MARKER: "{}"})) == []
+    # A user's own value may stay as it is.
+    mine = _guard_pod("node-a", {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"})
+    assert verdict("node-a", mine, mine) == []
+    assert _admit(policy, "system:serviceaccount:kube-system:x", None, bare, ours) is None
+
+    def refused(node: str | None, old: Any, new: Any, operation: str = "UPDATE") -> str:
+        failed = verdict(node, old, new, operation)
+        assert failed, "allowed"
+        return " | ".join(failed)
+
+    assert "no node association" in refused(None, bare, ours)
+    says = refused("node-b", bare, ours)
+    assert "on node node-b may only annotate pods bound to that node" in says
+    assert "not pods of node node-a" in says
+    unbound = _guard_pod("node-a", {"team": "a"})
+    del unbound["spec"]["nodeName"]
+    assert "may only annotate pods bound" in refused("node-a", unbound, unbound)
+    only = "may change only the pod annotations"
+    assert only in refused("node-a", bare, _guard_pod("node-a", {"team": "b"}))
+    assert only in refused("node-a", bare, _guard_pod("node-a", {}))
+    assert only in refused("node-a", bare, _guard_pod("node-a", {"team": "a", "x": "y"}))
+    wrong = {"team": "a", "karpenter.sh/do-not-disrupt": "false"}
+    assert 'set only karpenter.sh/do-not-disrupt: "true"' in refused(
+        "node-a", bare, _guard_pod("node-a", wrong)
+    )
+    evict = {"team": "a", "cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}
+    assert "safe-to-evict" in refused("node-a", bare, _guard_pod("node-a", evict))
+    relabeled = _guard_pod("node-a", guarded)
+    relabeled["metadata"]["labels"] = {"app": "other"}
+    assert "never its spec, labels" in refused("node-a", bare, relabeled)
+    respec = _guard_pod("node-a", guarded)
+    respec["spec"]["containers"][0]["image"] = "other"
+    assert "never its spec" in refused("node-a", bare, respec)
+    assert "only update pods" in refused("node-a", None, ours, "CREATE")
+    assert "only update pods" in refused("node-a", ours, None, "DELETE")
 
 
 # --- DRA extended resources (KEP-5004) -------------------------------------------------

@@ -34,6 +34,7 @@ EXPECTED = {
     "shared-claim-two-pods",
     "count-two-distinct",
     "device-plugin-pod",
+    "disruption-guard",
 }
 EXTENDED_RESOURCE_EXAMPLES = {"device-plugin-pod": "nvidia.com/gpu"}
 """Examples written for a device plugin: no claims, an extended resource in the limits

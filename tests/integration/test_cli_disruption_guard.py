@@ -1,0 +1,43 @@
+"""The kubelet plugin's disruption-guard flags and the guard they build."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client import ApiClient
+
+from dra_driver.cli import build_parser, claim_reporting
+from dra_driver.cli.plugin import disruption_guard
+from dra_driver.core.disruption_guard import GuardMode
+from dra_driver.core.errors import ConfigError
+from dra_driver.plugin.disruption_guard import DisruptionGuard
+from tests.support.node import DRIVER, NODE
+
+
+def _guard(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> DisruptionGuard | None:
+    for name in ("DISRUPTION_GUARD", "DISRUPTION_GUARD_INTERVAL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["kubelet-plugin", *argv])
+    api = ApiClient()
+    return disruption_guard(args, api, DRIVER, NODE, claim_reporting(args, api, DRIVER, NODE))
+
+
+def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _guard(monkeypatch) is None
+
+
+def test_flags_and_env_twins(monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = _guard(monkeypatch, DISRUPTION_GUARD="all", DISRUPTION_GUARD_INTERVAL="5")
+    assert guard is not None
+    assert (guard.mode, guard.interval_s, guard.node_name) == (GuardMode.ALL, 5.0, NODE)
+    assert guard.events is not None
+    guard = _guard(monkeypatch, "--disruption-guard", "annotated")
+    assert guard is not None and guard.mode is GuardMode.ANNOTATED
+
+
+def test_bad_values_name_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="--disruption-guard-interval"):
+        _guard(monkeypatch, "--disruption-guard", "all", "--disruption-guard-interval", "soon")
+    with pytest.raises(SystemExit):
+        _guard(monkeypatch, DISRUPTION_GUARD="yes")
