@@ -5,7 +5,8 @@ would publish; the mps-agent with the packaged fake MPS control daemon; the
 kubelet plugin on real unix sockets in a temp dir; a kubelet-like client that
 registers it over gRPC and prepares example claims: two MPS shares of one GPU
 with different limits, a whole GPU, a time-sliced share, a MIG instance made
-on demand, and two claims the node must refuse; then a table of what each
+on demand, two MPS shares of one MIG instance (made on demand) with different
+limits, and two claims the node must refuse; then a table of what each
 claim got; device health: an XID on a fake GPU, the device taint the node
 would publish and the kubelet's health stream, then the GPU's reset and the
 recovery; and the unprepare that undoes it all.
@@ -51,6 +52,8 @@ from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 
 NODE = "demo-node"
+MIG_SHARED = "gpu-3-mig-1g10gb-19-1"
+"""A 1g.10gb partition of the MIG GPU whose instances are MPS-shared in the demo."""
 
 
 def example_claims(node: str, driver: str) -> list[dict[str, Any]]:
@@ -86,6 +89,22 @@ def example_claims(node: str, driver: str) -> list[dict[str, Any]]:
             node=node,
             driver=driver,
             devices=[Allocated("gpu-3-mig-1g10gb-19-0")],
+        ),
+        # Two claims sharing one MIG instance as MPS clients, each with its own limits:
+        # the instance is made on demand and destroyed after the last unprepare.
+        resource_claim(
+            "default",
+            "mig-small",
+            node=node,
+            driver=driver,
+            devices=[share(MIG_SHARED, memory="2Gi", compute_percent=30)],
+        ),
+        resource_claim(
+            "default",
+            "mig-large",
+            node=node,
+            driver=driver,
+            devices=[share(MIG_SHARED, memory="4Gi", compute_percent=60)],
         ),
         resource_claim(
             "default", "other-node", node="node-b", driver=driver, devices=[Allocated("gpu-0")]
@@ -201,10 +220,32 @@ def _print_allocator(inventory: Inventory, out: TextIO) -> None:
 def _enforced(device: PlannedDevice) -> str:
     if device.mode is Mode.MPS and device.limits is not None:
         sm = f", {device.limits.compute_percent}% SMs" if device.limits.compute_percent else ""
-        return f"MPS {format_bytes(device.limits.memory_bytes)}{sm}"
+        inside = f" in MIG {device.mig.profile_name}" if device.mig is not None else ""
+        return f"MPS {format_bytes(device.limits.memory_bytes)}{sm}{inside}"
     if device.mode is Mode.MIG and device.mig is not None:
         return f"MIG {device.mig.profile_name}" + (" (created)" if device.mig.created else "")
     return {Mode.EXCLUSIVE: "whole GPU", Mode.SHARED: "time-sliced"}.get(device.mode, device.mode)
+
+
+def _print_mig_daemons(
+    daemons: Sequence[Any], recorded: Mapping[ClaimUID, CheckpointClaim], out: TextIO
+) -> None:
+    """The daemons of MIG instances: one per instance, its claims its MPS clients."""
+    for daemon in daemons:
+        if not daemon.gpu_uuid.startswith("MIG-"):
+            continue
+        devices = {
+            d.device_name
+            for claim in recorded.values()
+            for d in claim.devices
+            if d.mig is not None and d.mig.mig_uuid == daemon.gpu_uuid
+        }
+        print(
+            f"mps-agent: MPS daemon for MIG instance {daemon.gpu_uuid} "
+            f"({', '.join(sorted(devices))}, made on demand; pid {daemon.pid}) holds "
+            f"{daemon.shares} namespace(s); the instance goes after the last unprepare",
+            file=out,
+        )
 
 
 def _result_rows(
@@ -313,8 +354,14 @@ def _node_dirs(work_dir: str) -> PluginConfig:
         plugin_dir=plugin_dir,
         cdi_root=os.path.join(work_dir, "cdi"),
         boot_id_file=os.path.join(work_dir, "boot_id"),
-        # gpu-0 is MPS-shared (the default), gpu-2 time-sliced.
-        settings=NodeSettings(per_gpu={"2": GpuSettings(Sharing.TIMESLICING)}),
+        # gpu-0 is MPS-shared (the default), gpu-2 time-sliced; gpu-3's MIG instances
+        # are MPS-shared (its own sharing: mps).
+        settings=NodeSettings(
+            per_gpu={
+                "2": GpuSettings(Sharing.TIMESLICING),
+                "3": GpuSettings(mig_sharing=Sharing.MPS),
+            }
+        ),
         mps_agent_socket=os.path.join(plugin_dir, "mps-agent.sock"),
     )
     for folder in (config.registry_dir, config.plugin_dir, config.cdi_root):
@@ -385,12 +432,16 @@ async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) ->
 
         assert config.mps_agent_socket is not None
         agent = MpsAgentClient(config.mps_agent_socket)
-        for daemon in (await agent.status()).daemons:
+        daemons = (await agent.status()).daemons
+        for daemon in daemons:
+            if daemon.gpu_uuid.startswith("MIG-"):
+                continue
             print(
                 f"\nmps-agent: MPS daemon for {daemon.gpu_uuid} (pid {daemon.pid}) holds "
                 f"{daemon.shares} namespace(s), one per claim, with their limits",
                 file=out,
             )
+        _print_mig_daemons(daemons, recorded, out)
 
         again = await plugin.prepare(refs)
         same = all(again[r.uid] == results[r.uid] for r in refs)

@@ -116,10 +116,14 @@ def ready_message(device: PlannedDevice) -> str:
             if device.limits.compute_percent
             else "no SM cap"
         )
-        return (
-            f"an MPS share of GPU {gpu}: memory limit {format_bytes(device.limits.memory_bytes)}, "
-            f"{sms}"
-        )
+        limits = f"memory limit {format_bytes(device.limits.memory_bytes)}, {sms}"
+        if device.mig is not None:
+            name = device.mig.mig_uuid or "(created at prepare)"
+            return (
+                f"an MPS share of MIG device {name}, profile {device.mig.profile_name}, "
+                f"on GPU {gpu}: {limits}"
+            )
+        return f"an MPS share of GPU {gpu}: {limits}"
     if device.mode is Mode.MIG and device.mig is not None:
         name = device.mig.mig_uuid or "(created at prepare)"
         return f"MIG device {name}, profile {device.mig.profile_name}, on GPU {gpu}"

@@ -311,14 +311,22 @@ class HealthModel:
         return self._refresh(now)
 
     def record_mps(self, down: Mapping[GpuUUID, str], now: float) -> list[DeviceHealth]:
-        """The GPUs whose MPS control daemon is down now (why), all of them; others are fine."""
-        for gpu in self.inventory.gpus:
-            why = down.get(gpu.uuid)
+        """The GPUs and MIG instances whose MPS control daemon is down now (why), all of
+        them; others are fine. A MIG instance's daemon (keyed by its MIG UUID) marks
+        that MIG device, so every MPS share of the instance, and not its GPU (the
+        agent keys daemons by the UUID they serve, ``down`` too)."""
+        subjects = [
+            subject
+            for gpu in self.inventory.gpus
+            for subject in (gpu.uuid, *(mig.uuid for mig in gpu.mig_devices))
+        ]
+        for subject in subjects:
+            why = down.get(GpuUUID(subject))
             if why is None:
-                self._drop(gpu.uuid, Source.MPS)
+                self._drop(subject, Source.MPS)
             else:
                 self._add(
-                    gpu.uuid,
+                    subject,
                     Problem(
                         Source.MPS,
                         Status.UNHEALTHY,

@@ -28,6 +28,7 @@ it applies the plan.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from dra_driver.core.ids import ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClaim
 from dra_driver.core.quantity import format_bytes
 from dra_driver.core.settings import NodeSettings, Sharing
-from dra_driver.core.slices import MigTarget, mig_targets
+from dra_driver.core.slices import MIB, MigTarget, mig_share_policy, mig_targets
 
 NVIDIA_MAJOR = 195
 """Character-device major of /dev/nvidia<N> and /dev/nvidiactl (fixed by the driver)."""
@@ -61,7 +62,8 @@ class Mode(enum.StrEnum):
     SHARED = "shared"
     """A time-sliced share: the GPU's nodes, no limits."""
     MPS = "mps"
-    """An MPS share: memory and SM limits held by the MPS daemon."""
+    """An MPS share: memory and SM limits held by the MPS daemon. With ``mig`` set, a
+    share of a MIG instance: a client of the daemon for that instance."""
     MIG = "mig"
     """A MIG device: hardware isolation, held by this claim alone."""
     ADMIN = "admin"
@@ -178,6 +180,9 @@ class DeviceUse:
     mode: Mode
     memory_bytes: int = 0
     """An MPS share's memory limit (for the overcommit guard)."""
+    mig: MigPlan | None = None
+    """The MIG instance an MPS share inside MIG is a client of (a later share of an
+    instance made on demand joins it instead of making another)."""
 
 
 def cdi_device_name(claim_uid: str, device: str, share_id: str | None) -> str:
@@ -284,18 +289,19 @@ def plan_prepare(
             )
         # The strongest use wins when two results name one device.
         mode = max((_mode(r, gpu, target, ctx, claim) for r in group), key=_MODE_STRENGTH.index)
-        limits, soft = _limits(claim, group, gpu, ctx) if mode is Mode.MPS else (None, None)
-        if limits is not None and _takes_whole_gpu(claim, group, limits, gpu, ctx):
+        usable = _usable(gpu, target, ctx.settings)
+        limits, soft = _limits(claim, group, usable, ctx) if mode is Mode.MPS else (None, None)
+        if limits is not None and _takes_all(claim, group, limits, usable, ctx):
             # No other share can fit beside it (the scheduler gives a claim that asks no
-            # amount the request policy's default: all the memory): the whole GPU, no
-            # MPS client with a limit that changes nothing.
-            mode, limits, soft = Mode.EXCLUSIVE, None, None
+            # amount the request policy's default: all the memory): the whole GPU (or
+            # MIG instance), no MPS client with a limit that changes nothing.
+            mode, limits, soft = (Mode.EXCLUSIVE if target is None else Mode.MIG), None, None
         _check_conflicts(claim, device, mode, in_use or {})
         if limits is not None:
             _check_fits(
                 claim,
                 device=device,
-                gpu=gpu,
+                usable=usable,
                 limits=limits,
                 settings=ctx.settings,
                 in_use=in_use or {},
@@ -313,7 +319,9 @@ def plan_prepare(
                 mode=mode,
                 cdi_device_ids=(f"{ctx.cdi_kind}={name}",),
                 limits=limits,
-                mig=_mig_plan(target) if target is not None else None,
+                mig=_mig_plan(target, device, mode, claim, in_use or {})
+                if target is not None
+                else None,
                 grant_share_id=(
                     _grant_share_id(claim, group, ctx)
                     if share_id is None and mode in (Mode.MPS, Mode.SHARED)
@@ -342,24 +350,36 @@ def plan_prepare(
     return PreparePlan(claim_uid=claim.ref.uid, devices=tuple(planned), cdi_spec=spec)
 
 
-def _takes_whole_gpu(
+def _takes_all(
     claim: ResourceClaim,
     group: Sequence[DeviceResult],
     limits: ShareLimits,
-    gpu: GpuInfo,
+    usable: int,
     ctx: NodeContext,
 ) -> bool:
-    """A share granted all of the GPU's usable memory (less than one step left: no other
-    share fits) and no SM cap. Only what the allocation says counts: a share that
-    records no memory (no consumedCapacity, no grant) stays a share."""
+    """A share granted all of the device's usable memory (a GPU's, or a MIG instance's;
+    less than one step left: no other share fits) and no SM cap. Only what the
+    allocation says counts: a share that records no memory (no consumedCapacity, no
+    grant) stays a share."""
     granted = any(
         "memory" in r.consumed_capacity
         or effective_config(r, claim.configs, ctx.driver_name).grant is not None
         for r in group
     )
-    usable = gpu.memory_bytes - ctx.settings.memory_reserve_bytes
     left = usable - limits.memory_bytes
     return granted and left < ctx.settings.memory_step_bytes and limits.compute_percent in (0, 100)
+
+
+def _usable(gpu: GpuInfo, target: MigTarget | None, settings: NodeSettings) -> int:
+    """What MPS shares of the device divide: a GPU's memory less the reserve, or a MIG
+    instance's own memory (what its slices publish, :func:`mig_share_policy`)."""
+    if target is None:
+        return gpu.memory_bytes - settings.memory_reserve_bytes
+    existing = target.existing
+    if existing is not None and existing.memory_mib:
+        return existing.memory_mib * MIB
+    profile = next((p for p in gpu.mig_profiles if p.id == target.profile_id), None)
+    return profile.memory_mib * MIB if profile is not None else 0
 
 
 def _whole_gpus(inventory: Inventory) -> list[str]:
@@ -376,6 +396,10 @@ def _mode(
     if result.admin_access:
         return Mode.ADMIN
     if target is not None:
+        # A share of a MIG instance is an MPS client of the instance's daemon when
+        # the GPU shares its instances (and the instance can be shared at all).
+        if result.share_id and _mig_shared(gpu, target, ctx.settings):
+            return Mode.MPS
         return Mode.MIG
     if not result.share_id and not _has_grant(result, claim, ctx):
         return Mode.EXCLUSIVE
@@ -389,6 +413,14 @@ def _mode(
         f"the allocation holds a share of {gpu.device_name}, but this node does not share "
         f"it (sharing={sharing.value}); delete the claim so it is allocated again",
     )
+
+
+def _mig_shared(gpu: GpuInfo, target: MigTarget, settings: NodeSettings) -> bool:
+    if settings.for_gpu(gpu.index, gpu.uuid).mig_sharing is not Sharing.MPS:
+        return False
+    profile = next((p for p in gpu.mig_profiles if p.id == target.profile_id), None)
+    memory_mib = _usable(gpu, target, settings) // MIB
+    return mig_share_policy(gpu, profile, memory_mib, settings) is not None
 
 
 def _grant_share_id(
@@ -412,7 +444,7 @@ def _has_grant(result: DeviceResult, claim: ResourceClaim, ctx: NodeContext) -> 
 
 
 def _limits(
-    claim: ResourceClaim, group: Sequence[DeviceResult], gpu: GpuInfo, ctx: NodeContext
+    claim: ResourceClaim, group: Sequence[DeviceResult], usable: int, ctx: NodeContext
 ) -> tuple[ShareLimits, int | None]:
     """The share's limits: what the allocation granted, lowered by the claim's config;
     and the soft memory limit its config asks for (``mps.memorySoftLimit``), or None.
@@ -421,7 +453,6 @@ def _limits(
     records): only the dmem hook uses it, and the hook's arguments are in the
     CDI spec the checkpoint keeps.
     """
-    usable = gpu.memory_bytes - ctx.settings.memory_reserve_bytes
     memory, percent = usable, 0
     softs: list[int] = []
     for result in group:
@@ -445,18 +476,18 @@ def _check_fits(
     claim: ResourceClaim,
     *,
     device: DeviceName,
-    gpu: GpuInfo,
+    usable: int,
     limits: ShareLimits,
     settings: NodeSettings,
     in_use: Mapping[DeviceName, Sequence[DeviceUse]],
 ) -> None:
-    """MPS shares prepared on one GPU must fit its usable memory (overcommit guard)."""
+    """MPS shares prepared on one device (a GPU or a MIG instance) must fit its usable
+    memory (overcommit guard)."""
     others = [
         u for u in in_use.get(device, ()) if u.mode is Mode.MPS and u.claim_uid != claim.ref.uid
     ]
     overhead = settings.mps_context_overhead_bytes
     prepared = sum(u.memory_bytes + overhead for u in others)
-    usable = gpu.memory_bytes - settings.memory_reserve_bytes
     if prepared + limits.memory_bytes + overhead > usable:
         raise OvercommitError(
             claim.ref,
@@ -541,7 +572,8 @@ def _with_dmem_hooks(
     out = []
     for cdi, device in zip(cdi_devices, planned, strict=True):
         regions = dmem.regions.get(device.gpu_uuid, ())
-        if device.mode is not Mode.MPS or not regions:
+        if device.mode is not Mode.MPS or device.mig is not None or not regions:
+            # (dmem accounting is for GPUs without MIG: dra-facts 10.1.)
             out.append(cdi)
             continue
         # count > 1 on one GPU: the claim's hard limits there are summed, and so
@@ -556,8 +588,28 @@ def _with_dmem_hooks(
     return out
 
 
-def _mig_plan(target: MigTarget) -> MigPlan:
+def _mig_plan(
+    target: MigTarget,
+    device: DeviceName,
+    mode: Mode,
+    claim: ResourceClaim,
+    in_use: Mapping[DeviceName, Sequence[DeviceUse]],
+) -> MigPlan:
+    """The instance to use: the one that exists, else (an MPS share) the one another
+    prepared claim's share of this placement already uses, else one to create."""
     existing = target.existing
+    if existing is None and mode is Mode.MPS:
+        joined = sorted(
+            (u.claim_uid, u.mig)
+            for u in in_use.get(device, ())
+            if u.mode is Mode.MPS
+            and u.claim_uid != claim.ref.uid
+            and u.mig is not None
+            and u.mig.mig_uuid is not None
+        )
+        if joined:
+            # Not ours to destroy: the claim that made it (or inherits it) does.
+            return dataclasses.replace(joined[0][1], created=False)
     return MigPlan(
         profile_id=target.profile_id,
         profile_name=target.profile_name,

@@ -10,7 +10,12 @@ MIB = 1024 * 1024
 
 
 class Sharing(enum.StrEnum):
-    """How a (non-MIG) GPU is shared; a node setting, never a claim's choice."""
+    """How a GPU is shared; a node setting, never a claim's choice.
+
+    A GPU without MIG may use any of them; a MIG-enabled GPU's instances are
+    ``exclusive`` (the default) or ``mps`` (each instance an MPS-shared device,
+    :attr:`GpuSettings.mig_sharing`).
+    """
 
     MPS = "mps"
     TIMESLICING = "timeslicing"
@@ -27,7 +32,13 @@ class Allocator(enum.StrEnum):
 @dataclass(frozen=True)
 class GpuSettings:
     sharing: Sharing = Sharing.MPS
+    """How the GPU is shared while MIG is off."""
     allocator: Allocator = Allocator.SCHEDULER
+    mig_sharing: Sharing = Sharing.EXCLUSIVE
+    """How the GPU's MIG instances are shared while MIG is on: ``exclusive`` (one
+    claim per instance) or ``mps`` (claims share an instance as MPS clients of a
+    daemon for that instance). Set only by an explicit per-GPU ``sharing`` in the
+    node config, so a node-wide ``sharing: mps`` leaves MIG instances exclusive."""
 
 
 @dataclass(frozen=True)

@@ -95,11 +95,14 @@ def build_slices(
         if not gpu.mig_enabled:
             plain.append(_whole_gpu(gpu, gpu_settings, settings, capabilities))
         elif capabilities.partitionable_devices:
-            partitioned = _partitioned_gpu(gpu, gpu_settings)
+            partitioned = _partitioned_gpu(gpu, gpu_settings, settings, capabilities)
             if partitioned is not None:
                 mig_gpus.append((gpu, *partitioned))
         else:
-            instances = sorted(_static_mig_devices(gpu, gpu_settings, None), key=lambda i: i[0])
+            instances = sorted(
+                _static_mig_devices(gpu, gpu_settings, None, settings, capabilities),
+                key=lambda i: i[0],
+            )
             plain.extend(device for _, device in instances)
 
     if taints and capabilities.device_taints:
@@ -151,14 +154,14 @@ def _chunks(items: list[_T], size: int) -> list[list[_T]]:
 
 
 @dataclass(frozen=True)
-class _SharePolicy:
+class SharePolicy:
     usable: int
     step: int
     default: int
     clients: int
 
 
-def _share_policy(gpu: GpuInfo, settings: NodeSettings) -> _SharePolicy | None:
+def _share_policy(gpu: GpuInfo, settings: NodeSettings) -> SharePolicy | None:
     """The memory policy of a shared GPU, or None when the GPU cannot be shared.
 
     The API requires ``min + step ≤ value`` and ``(default - min) % step == 0``
@@ -170,7 +173,7 @@ def _share_policy(gpu: GpuInfo, settings: NodeSettings) -> _SharePolicy | None:
     usable = gpu.memory_bytes - settings.memory_reserve_bytes
     if step <= 0 or usable < 2 * step or settings.max_clients < 2:
         return None
-    return _SharePolicy(
+    return SharePolicy(
         usable=usable, step=step, default=usable // step * step, clients=settings.max_clients
     )
 
@@ -195,29 +198,7 @@ def _whole_gpu(
     if policy is not None and capabilities.consumable_capacity:
         device["allowMultipleAllocations"] = True
         device["attributes"] = attributes
-        device["capacity"] = {
-            "memory": {
-                "value": format_bytes(policy.usable),
-                "requestPolicy": {
-                    # Default = all of it: a claim naming no amount gets the whole GPU.
-                    "default": format_bytes(policy.default),
-                    "validRange": {
-                        "min": format_bytes(policy.step),
-                        "step": format_bytes(policy.step),
-                    },
-                },
-            },
-            "computePercent": {
-                # An MPS cap, not a guarantee: a share that names none takes 0.
-                "value": "100",
-                "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": "1"}},
-            },
-            "clients": {
-                # Each share is one MPS client.
-                "value": format_count(policy.clients),
-                "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
-            },
-        }
+        device["capacity"] = _share_capacity(policy)
         return device
     if policy is not None:
         # The cluster drops consumable capacity: publish an ordinary device and carry
@@ -234,11 +215,86 @@ def _whole_gpu(
     return device
 
 
+def _share_capacity(policy: SharePolicy) -> dict[str, Any]:
+    """The consumable capacities of an MPS-shared device (a GPU or a MIG instance)."""
+    return {
+        "memory": {
+            "value": format_bytes(policy.usable),
+            "requestPolicy": {
+                # Default = all of it: a claim naming no amount gets the whole GPU.
+                "default": format_bytes(policy.default),
+                "validRange": {
+                    "min": format_bytes(policy.step),
+                    "step": format_bytes(policy.step),
+                },
+            },
+        },
+        "computePercent": {
+            # An MPS cap, not a guarantee: a share that names none takes 0.
+            "value": "100",
+            "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": "1"}},
+        },
+        "clients": {
+            # Each share is one MPS client.
+            "value": format_count(policy.clients),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
+        },
+    }
+
+
 # --- MIG ------------------------------------------------------------------------------
+
+MPS_MAX_CLIENTS = 48
+"""Clients of one MPS server on a whole GPU (Volta and newer). Inside a MIG instance
+the limit is "lowered proportionally to the Compute Instance size" (NVIDIA MIG user
+guide, "MIG with CUDA MPS")."""
+
+
+def mig_share_policy(
+    gpu: GpuInfo, profile: MigProfile | None, memory_mib: int, settings: NodeSettings
+) -> SharePolicy | None:
+    """The share policy of an MPS-shared MIG instance, or None when it cannot be shared.
+
+    The instance's own memory is shared (no reserve: that is per GPU), in steps of
+    the node's ``memoryStep``; ``clients`` is the node's ``maxClients`` bounded by
+    48 * (the instance's compute slices / the GPU's). Unknown profile (an instance
+    whose profile NVML did not list), fewer than two clients, or less than two
+    steps of memory: not shareable.
+    """
+    step = settings.memory_step_bytes
+    usable = memory_mib * MIB
+    gpu_slices = max((p.compute_slices for p in gpu.mig_profiles), default=0)
+    if profile is None or step <= 0 or usable < 2 * step or gpu_slices <= 0:
+        return None
+    clients = min(settings.max_clients, MPS_MAX_CLIENTS * profile.compute_slices // gpu_slices)
+    if clients < 2:
+        return None
+    return SharePolicy(usable=usable, step=step, default=usable // step * step, clients=clients)
+
+
+def _mig_policy(  # noqa: PLR0917 (private; every call site names the same six things)
+    gpu: GpuInfo,
+    gpu_settings: GpuSettings,
+    profile: MigProfile | None,
+    existing: MigDevice | None,
+    settings: NodeSettings,
+    capabilities: Capabilities,
+) -> SharePolicy | None:
+    """A MIG device's share policy when it is published as MPS-shared, else None.
+
+    Only with consumable capacity (1.36+, or the gate on): where the API drops it
+    the device stays exclusive (the controller path does not share MIG instances).
+    """
+    if gpu_settings.mig_sharing is not Sharing.MPS or not capabilities.consumable_capacity:
+        return None
+    memory_mib = existing.memory_mib if existing is not None and existing.memory_mib else 0
+    if not memory_mib and profile is not None:
+        memory_mib = profile.memory_mib
+    return mig_share_policy(gpu, profile, memory_mib, settings)
 
 
 def _partitioned_gpu(
-    gpu: GpuInfo, gpu_settings: GpuSettings
+    gpu: GpuInfo, gpu_settings: GpuSettings, settings: NodeSettings, capabilities: Capabilities
 ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """A MIG GPU's counter set and partition devices, or None when it has none.
 
@@ -258,11 +314,17 @@ def _partitioned_gpu(
         if most > 0:
             counters[counter] = {"value": format_count(most)}
 
-    devices = _static_mig_devices(gpu, gpu_settings, set_name)
+    devices = _static_mig_devices(gpu, gpu_settings, set_name, settings, capabilities)
     for profile, placement in _free_placements(gpu):
         name = _mig_device_name(gpu, profile.name, profile.id, placement.start)
         device = _mig_device(
-            gpu, gpu_settings, name=name, profile_name=profile.name, profile=profile
+            gpu,
+            gpu_settings,
+            name=name,
+            profile_name=profile.name,
+            profile=profile,
+            policy=_mig_policy(gpu, gpu_settings, profile, None, settings, capabilities),
+            placement_start=placement.start,
         )
         device["consumesCounters"] = [_consumption(set_name, profile, placement)]
         devices.append(((profile.id, placement.start), device))
@@ -323,7 +385,11 @@ def device_names(inventory: Inventory) -> list[DeviceName]:
 
 
 def _static_mig_devices(
-    gpu: GpuInfo, gpu_settings: GpuSettings, set_name: str | None
+    gpu: GpuInfo,
+    gpu_settings: GpuSettings,
+    set_name: str | None,
+    settings: NodeSettings,
+    capabilities: Capabilities,
 ) -> list[tuple[tuple[int, int], dict[str, Any]]]:
     """The MIG instances that exist now, keyed by (profile id, start) for ordering.
 
@@ -343,6 +409,8 @@ def _static_mig_devices(
             profile_name=existing.profile_name,
             profile=profile,
             existing=existing,
+            policy=_mig_policy(gpu, gpu_settings, profile, existing, settings, capabilities),
+            placement_start=existing.placement.start,
         )
         if set_name is not None:
             device["consumesCounters"] = [_consumption(set_name, profile, existing.placement)]
@@ -364,14 +432,17 @@ def _mig_device(
     profile_name: str,
     profile: MigProfile | None,
     existing: MigDevice | None = None,
+    policy: SharePolicy | None = None,
+    placement_start: int = 0,
 ) -> dict[str, Any]:
+    """A MIG device: exclusive, or (``policy``) an MPS-shared one (see :func:`mig_share_policy`)."""
     attributes: dict[str, Any] = {
         "type": {"string": "mig"},
         "profile": {"string": _cut(profile_name)},
         "parentUUID": {"string": _cut(gpu.uuid)},
         "parentIndex": {"int": gpu.index},
         **_hardware_attributes(gpu),
-        "sharing": {"string": str(Sharing.EXCLUSIVE)},
+        "sharing": {"string": str(Sharing.MPS if policy is not None else Sharing.EXCLUSIVE)},
         "allocator": {"string": str(gpu_settings.allocator)},
         "static": {"bool": existing is not None},
     }
@@ -380,6 +451,24 @@ def _mig_device(
     memory_mib = existing.memory_mib if existing is not None else 0
     if profile is not None and not memory_mib:
         memory_mib = profile.memory_mib
+    if policy is not None:
+        # Every capacity of a shareable device is consumed by each share, all of it
+        # when the share names none and there is no default (dra-facts 6): so the
+        # engine counts are attributes here, and the capacities are the share's.
+        # Where the instance sits (memory slice it starts at), so claims meant to share
+        # one instance can select the same one.
+        attributes["placementStart"] = {"int": placement_start}
+        if profile is not None:
+            attributes["multiprocessors"] = {"int": profile.multiprocessors}
+            for _, attr, capacity_name in _MIG_COUNTERS:
+                if capacity_name is not None:
+                    attributes[capacity_name] = {"int": getattr(profile, attr)}
+        return {
+            "name": name,
+            "allowMultipleAllocations": True,
+            "attributes": attributes,
+            "capacity": _share_capacity(policy),
+        }
     capacity: dict[str, Any] = {"memory": {"value": format_bytes(memory_mib * MIB)}}
     if profile is not None:
         capacity["multiprocessors"] = {"value": format_count(profile.multiprocessors)}

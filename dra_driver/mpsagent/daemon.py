@@ -131,6 +131,11 @@ def _read_tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
         return ""
 
 
+def _is_mig(uuid: str) -> bool:
+    """A MIG instance's UUID (``nvidia-smi -L``: ``MIG-<uuid>``), not a GPU's."""
+    return uuid.startswith("MIG-")
+
+
 class MpsDaemon:
     def __init__(
         self,
@@ -227,7 +232,13 @@ class MpsDaemon:
         """Record the GPU's compute mode (first start only), then set EXCLUSIVE_PROCESS.
 
         Recorded before it is changed, so a crash in between leaves the right mode.
+        A daemon for a MIG instance (``MIG-<uuid>``) leaves compute modes alone:
+        the mode belongs to the parent GPU, whose other instances are not ours,
+        and NVIDIA's MPS-on-MIG steps select the instance by
+        ``CUDA_VISIBLE_DEVICES`` only (to be confirmed on a real GPU).
         """
+        if _is_mig(self.gpu_uuid):
+            return
         if self._recorded_mode() is None:
             try:
                 previous = await self.compute_mode.get_mode(self.gpu_uuid)
@@ -245,6 +256,8 @@ class MpsDaemon:
 
     async def _restore_compute_mode(self) -> None:
         """Give the GPU back the mode it had before MPS (DEFAULT if none was recorded)."""
+        if _is_mig(self.gpu_uuid):
+            return
         mode = self._recorded_mode() or "DEFAULT"
         try:
             await self.compute_mode.set_mode(self.gpu_uuid, mode)

@@ -115,7 +115,12 @@ def _matches(device: PlannedDevice, device_name: str, gpu_uuid: str) -> bool:
 
 
 def _mps_on(device: PlannedDevice, gpu_uuid: str) -> bool:
-    return device.mode is Mode.MPS and device.gpu_uuid == gpu_uuid
+    """An MPS share served by the daemon for ``gpu_uuid``: a GPU's, or a MIG instance's."""
+    if device.mode is not Mode.MPS:
+        return False
+    if device.mig is not None:
+        return device.mig.mig_uuid == gpu_uuid
+    return device.gpu_uuid == gpu_uuid
 
 
 class ClaimReporter:

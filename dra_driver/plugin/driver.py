@@ -54,6 +54,7 @@ from dra_driver.state.checkpoint import (
     ClaimState,
 )
 from dra_driver.state.locks import NodeLock
+from dra_driver.state.mig_shares import hand_over, keep_handed_over
 
 log = logging.getLogger(__name__)
 # Each claim's outcome is logged once, by observability/claim_log.py (an observer);
@@ -385,8 +386,9 @@ class Driver:
     async def _gpu_locks(self, devices: Sequence[PlannedDevice]) -> AsyncIterator[None]:
         """The locks of the GPUs whose MIG layout ``devices`` change, in a fixed order.
 
-        MPS shares need none here: the mps-agent serialises each GPU's daemon."""
-        gpus = sorted({d.gpu_uuid for d in devices if d.mode is Mode.MIG})
+        MPS shares need none here: the mps-agent serialises each GPU's daemon. An MPS
+        share inside a MIG instance may create the instance, so it takes its GPU's."""
+        gpus = sorted({d.gpu_uuid for d in devices if d.mode is Mode.MIG or d.mig is not None})
         async with contextlib.AsyncExitStack() as stack:
             for gpu in gpus:
                 await stack.enter_async_context(self._gpu_lock.setdefault(gpu, asyncio.Lock()))
@@ -432,7 +434,9 @@ class Driver:
             if change.entry is None:
                 checkpoint = checkpoint.without(change.uid)
             else:
-                checkpoint = checkpoint.with_claim(change.entry)
+                # Keep a MIG instance handed to this claim while its side effects ran.
+                entry = keep_handed_over(change.entry, checkpoint.claims.get(change.uid))
+                checkpoint = checkpoint.with_claim(entry)
         self.checkpoints.save(checkpoint)
 
     def _decide(self, batch: list[_Work], checkpoint: Checkpoint) -> _BatchPlan:
@@ -458,7 +462,10 @@ class Driver:
                 plan.to_write = [x for x in plan.to_write if x[1].ref.uid != ref.uid]
                 recorded = plan.checkpoint.claims.get(ref.uid)
                 if recorded is not None:
-                    plan.checkpoint = plan.checkpoint.without(ref.uid)
+                    # A MIG instance other claims still share passes to them (mig_shares).
+                    recorded, plan.checkpoint = hand_over(
+                        recorded, plan.checkpoint.without(ref.uid)
+                    )
                     if recorded.cdi_spec_file:
                         plan.to_remove[ref.uid] = recorded.cdi_spec_file
                     plan.to_release.append((work, recorded))
@@ -569,6 +576,10 @@ class Driver:
                 checkpoint = checkpoint.with_claim(replace(entry, cdi_spec_file=path))
                 rewritten.append(uid)
                 log.warning("rewrote missing CDI spec %s for claim %s", path, entry.ref)
+        # A MIG instance a rolled-back share made (or joined) that kept claims still
+        # share passes to them instead of being destroyed (mig_shares).
+        for i, entry in enumerate(rolled_back_entries):
+            rolled_back_entries[i], checkpoint = hand_over(entry, checkpoint)
         orphans: list[str] = []
         for uid, path in sorted(self.cdi.list_claim_uids().items()):
             if uid not in checkpoint.claims:

@@ -7,6 +7,10 @@ returns the CDI edits that only exist afterwards:
   plugin restart never touches a running daemon) to ensure the GPU's daemon
   and the share's namespace and limits; the container then gets the share's
   pipe directory and the GPU's shm directory;
+* an **MPS share inside a MIG instance** gets the instance (created like a MIG
+  device below when it does not exist yet) and then a namespace at the daemon
+  for that instance, whose key is the instance's MIG UUID (the agent's daemon
+  for it runs with ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``);
 * a **MIG device** on a free placement is created through the GPU backend
   (idempotent: a retry finds the instance it made), then its GI and CI
   capability nodes are read from the driver's files under ``--proc-root``;
@@ -15,7 +19,9 @@ returns the CDI edits that only exist afterwards:
 
 Release reverses both: the share is released (the agent stops the daemon
 after the last one), an instance *we* created is destroyed; instances that
-existed before are never touched.
+existed before are never touched. An instance shared by MPS clients is
+destroyed by the last claim to leave it (the engine hands ``created`` over,
+:mod:`dra_driver.state.mig_shares`).
 
 At start, :func:`dmem_hook_settings` finds which GPUs have cgroup v2 ``dmem``
 regions and installs the hook script on the host; the result is the plan's
@@ -38,7 +44,7 @@ from dra_driver.core.errors import DriverError, InventoryError
 from dra_driver.core.ids import ClaimRef, GpuUUID, MigUUID
 from dra_driver.core.mig_edits import CapNode, mig_device_edits
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement
-from dra_driver.core.plan import DmemHookSettings, Mode, PlannedDevice, mps_memory_on
+from dra_driver.core.plan import DmemHookSettings, Mode, PlannedDevice
 from dra_driver.core.ports import GpuBackend
 from dra_driver.dmemhook import install_hook
 from dra_driver.gpu.dmem import detect_dmem
@@ -109,7 +115,17 @@ class MpsPort(Protocol):
 
 
 def _mps_group(devices: Sequence[PlannedDevice], gpu_uuid: str) -> list[PlannedDevice]:
-    return [d for d in devices if d.mode is Mode.MPS and d.gpu_uuid == gpu_uuid]
+    """A claim's MPS shares of a whole GPU (shares inside MIG instances: :func:`_mig_group`)."""
+    return [d for d in devices if d.mode is Mode.MPS and d.mig is None and d.gpu_uuid == gpu_uuid]
+
+
+def _mig_group(devices: Sequence[PlannedDevice], device_name: str) -> list[PlannedDevice]:
+    """A claim's MPS shares inside one MIG instance: one namespace at its daemon."""
+    return [
+        d
+        for d in devices
+        if d.mode is Mode.MPS and d.mig is not None and d.device_name == device_name
+    ]
 
 
 def _share_key(group: Sequence[PlannedDevice]) -> str | None:
@@ -120,8 +136,19 @@ def _share_key(group: Sequence[PlannedDevice]) -> str | None:
 
 def owned_shares(devices: Sequence[PlannedDevice]) -> list[tuple[str, str]]:
     """(GPU UUID, share key) of every namespace ``devices`` hold."""
-    gpus = {d.gpu_uuid for d in devices if d.mode is Mode.MPS}
-    keys = [(gpu, _share_key(_mps_group(devices, gpu))) for gpu in sorted(gpus)]
+    gpus = {d.gpu_uuid for d in devices if d.mode is Mode.MPS and d.mig is None}
+    keys: list[tuple[str, str | None]] = [
+        (gpu, _share_key(_mps_group(devices, gpu))) for gpu in sorted(gpus)
+    ]
+    # Shares inside a MIG instance live at the instance's daemon, named by its UUID.
+    instances = {
+        (d.device_name, d.mig.mig_uuid)
+        for d in devices
+        if d.mode is Mode.MPS and d.mig is not None and d.mig.mig_uuid is not None
+    }
+    keys += [
+        (mig_uuid, _share_key(_mig_group(devices, name))) for name, mig_uuid in sorted(instances)
+    ]
     return [(gpu, key) for gpu, key in keys if key is not None]
 
 
@@ -148,10 +175,13 @@ class Enforcer:
         done: list[PlannedDevice] = []
         cdi_devices = list(spec.devices)
         shares: dict[str, ContainerEdits] = {}
+        instances: dict[str, tuple[PlannedDevice, ContainerEdits]] = {}
         try:
             for i, device in enumerate(devices):
                 extra: ContainerEdits | None
-                if device.mode is Mode.MPS:
+                if device.mode is Mode.MPS and device.mig is not None:
+                    applied, extra = await self._mig_share(claim, device, devices, instances)
+                elif device.mode is Mode.MPS:
                     # All of a claim's shares of one GPU are one MPS namespace:
                     # a container sees one pipe directory.
                     if device.gpu_uuid not in shares:
@@ -176,9 +206,12 @@ class Enforcer:
         """Undo ``devices``' side effects; errors are logged and raised after trying all."""
         failures: list[str] = []
         released: set[str] = set()
+        destroyed: set[tuple[str, int]] = set()
         for device in devices:
             try:
-                if device.mode is Mode.MPS:
+                if device.mode is Mode.MPS and device.mig is not None:
+                    await self._release_mig_share(device, devices, released, destroyed)
+                elif device.mode is Mode.MPS:
                     if self.mps is not None and device.gpu_uuid not in released:
                         released.add(device.gpu_uuid)
                         key = _share_key(_mps_group(devices, device.gpu_uuid))
@@ -219,10 +252,11 @@ class Enforcer:
     # --- MPS -------------------------------------------------------------------
 
     async def _ensure_share(
-        self, claim: ClaimRef, group: Sequence[PlannedDevice]
+        self, claim: ClaimRef, group: Sequence[PlannedDevice], daemon_uuid: str | None = None
     ) -> ContainerEdits:
-        """One namespace for ``group`` (a claim's shares of one GPU): the sum of their
-        memory, and of their SM caps (none if any share has none)."""
+        """One namespace for ``group`` (a claim's shares of one GPU, or of one MIG
+        instance: then ``daemon_uuid`` is the instance's UUID, which names its daemon):
+        the sum of their memory, and of their SM caps (none if any share has none)."""
         first = group[0]
         if self.mps is None:
             raise InventoryError(
@@ -237,10 +271,10 @@ class Enforcer:
             )
         percents = [d.limits.compute_percent for d in group if d.limits is not None]
         share = await self.mps.ensure_share(
-            first.gpu_uuid,
+            daemon_uuid or first.gpu_uuid,
             key,
             claim_uid=claim.uid,
-            memory_limit_bytes=mps_memory_on(group, first.gpu_uuid),
+            memory_limit_bytes=sum(d.limits.memory_bytes for d in group if d.limits is not None),
             active_thread_percentage=100 if 0 in percents else min(100, sum(percents)),
         )
         edits = share_cdi_edits(share)
@@ -248,6 +282,60 @@ class Enforcer:
             env=edits.env,
             mounts=tuple(Mount(m.host_path, m.container_path, m.options) for m in edits.mounts),
         )
+
+    # --- MPS inside MIG -----------------------------------------------------------
+
+    async def _mig_share(
+        self,
+        claim: ClaimRef,
+        device: PlannedDevice,
+        devices: Sequence[PlannedDevice],
+        instances: dict[str, tuple[PlannedDevice, ContainerEdits]],
+    ) -> tuple[PlannedDevice, ContainerEdits]:
+        """A share inside a MIG instance: the instance (made if it does not exist yet),
+        then the claim's namespace at the daemon for that instance (one per claim and
+        instance, selected by the instance's UUID); the container gets both edits."""
+        seen = instances.get(device.device_name)
+        if seen is None:
+            applied, mig_edits = await self._mig(device)
+            assert applied.mig is not None and applied.mig.mig_uuid is not None
+            group = _mig_group(devices, device.device_name)
+            share_edits = await self._ensure_share(claim, group, applied.mig.mig_uuid)
+            seen = applied, merge_edits(share_edits, mig_edits)
+            instances[device.device_name] = seen
+            return seen
+        # A second share of the same instance in this claim: same instance and namespace.
+        first, edits = seen
+        assert first.mig is not None
+        return dataclasses.replace(device, mig=dataclasses.replace(first.mig, created=False)), edits
+
+    async def _release_mig_share(
+        self,
+        device: PlannedDevice,
+        devices: Sequence[PlannedDevice],
+        released: set[str],
+        destroyed: set[tuple[str, int]],
+    ) -> None:
+        """Release the claim's namespace at the instance's daemon (the agent stops the
+        daemon after its last share), then destroy the instance if this claim is the
+        one to (``created``: it made the instance, or inherited it, and no other
+        prepared claim holds a share of it; see :mod:`dra_driver.state.mig_shares`)."""
+        mig = device.mig
+        assert mig is not None
+        if self.mps is not None and mig.mig_uuid is not None and mig.mig_uuid not in released:
+            released.add(mig.mig_uuid)
+            key = _share_key(_mig_group(devices, device.device_name))
+            if key is not None:
+                await self.mps.release_share(mig.mig_uuid, key)
+        instance = (device.gpu_uuid, mig.gi_id) if mig.gi_id is not None else None
+        if mig.created and instance is not None and instance not in destroyed:
+            destroyed.add(instance)
+            await self.backend.destroy_mig_device(device.gpu_uuid, instance[1])
+            log.info(
+                "destroyed MIG device %s on %s after its last MPS share",
+                mig.mig_uuid,
+                device.gpu_uuid,
+            )
 
     # --- MIG -------------------------------------------------------------------
 
@@ -316,7 +404,7 @@ class Enforcer:
         inventory = self.inventory()
         for device in devices:
             plan = device.mig
-            if device.mode is not Mode.MIG or plan is None:
+            if device.mode not in (Mode.MIG, Mode.MPS) or plan is None:
                 continue
             if plan.created and plan.gi_id is not None:
                 await self.backend.destroy_mig_device(device.gpu_uuid, plan.gi_id)

@@ -9,7 +9,13 @@ File format (YAML or JSON); every key optional, flags give the defaults::
     maxClients: 48          # shares per GPU
     gpus:                   # per-GPU overrides, by index or UUID
       "1": {sharing: exclusive}
+      "3": {sharing: mps}   # on a MIG-enabled GPU: its MIG instances are MPS-shared
       GPU-5ed1b7c8-...: {allocator: controller}
+
+The node-wide ``sharing`` applies to GPUs without MIG only; a MIG-enabled GPU's
+instances are exclusive unless its own ``gpus`` entry says ``sharing: mps``
+(``timeslicing`` there means exclusive instances: time-slicing inside a MIG
+instance is not offered).
 
 Unknown keys are errors that list the allowed ones: a typo must not silently
 give a GPU the wrong strategy.
@@ -95,10 +101,15 @@ def load_node_settings(flags: NodeFlags) -> NodeSettings:
         if not isinstance(entry, dict):
             raise ConfigError(f"{at}: expected a mapping with {', '.join(_GPU_KEYS)}")
         _check_keys(entry, _GPU_KEYS, at)
+        sharing = _choice(Sharing, entry.get("sharing", default.sharing), f"{at}.sharing")
         per_gpu[str(key)] = GpuSettings(
-            sharing=_choice(Sharing, entry.get("sharing", default.sharing), f"{at}.sharing"),
+            sharing=sharing,
             allocator=_choice(
                 Allocator, entry.get("allocator", default.allocator), f"{at}.allocator"
+            ),
+            # Only this GPU's own explicit setting shares its MIG instances.
+            mig_sharing=(
+                Sharing.MPS if "sharing" in entry and sharing is Sharing.MPS else Sharing.EXCLUSIVE
             ),
         )
     step = _bytes(doc.get("memoryStep", flags.memory_step), f"{where}: memoryStep")

@@ -79,6 +79,7 @@ class Checkpoint:
                         claim_uid=claim.ref.uid,
                         mode=device.mode,
                         memory_bytes=device.limits.memory_bytes if device.limits else 0,
+                        mig=device.mig if device.mode is Mode.MPS else None,
                     )
                 )
         return uses

@@ -254,3 +254,15 @@ def test_health_status_parse() -> None:
     assert HealthStatus.parse(" unhealthy ") is HealthStatus.UNHEALTHY
     assert HealthStatus.parse("Healthy") is HealthStatus.HEALTHY
     assert HealthStatus.parse("on fire") is HealthStatus.UNKNOWN
+
+
+def test_mps_share_inside_mig_names_the_instance_and_its_limits() -> None:
+    mig = MigPlan(19, "1g.10gb", 3, 1, mig_uuid="MIG-bbbb", gi_id=1, ci_id=0)
+    device = planned(
+        "gpu-0-mig-1g10gb-19-3", Mode.MPS, share_id="s", limits=ShareLimits(2 * GIB, 30), mig=mig
+    )
+    entry = device_status_entry(device, driver_name=DRIVER, ready_since=T0)
+    message = conditions(entry)["Ready"]["message"]
+    assert "an MPS share of MIG device MIG-bbbb, profile 1g.10gb" in message
+    assert "memory limit 2Gi, 30% of the SMs" in message
+    assert entry["data"]["mig"]["uuid"] == "MIG-bbbb"

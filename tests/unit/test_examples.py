@@ -30,6 +30,7 @@ EXPECTED = {
     "two-pods-different-limits",
     "controller-path-share",
     "mig-1g-by-cel",
+    "mig-mps-shares",
     "shared-claim-two-pods",
     "count-two-distinct",
     "device-plugin-pod",

@@ -387,3 +387,33 @@ def test_slices_carry_taints_only_where_the_cluster_keeps_them(minor: int) -> No
             inv, driver_name=DRIVER, node_name="node-a", settings=NodeSettings(), capabilities=caps
         )
         assert [s.key for s in without] == [s.key for s in slices]  # the layout never moves
+
+
+# --- MPS shares inside MIG instances -------------------------------------------------
+
+
+def test_a_mig_instances_mps_daemon_down_marks_that_instance_only() -> None:
+    """The daemon of a MIG instance (keyed by its MIG UUID) serves that instance's
+    shares: its failure marks that MIG device (so all its shares), not the GPU or
+    the GPU's other instances."""
+    inv = mig_inventory()
+    m = model(inv)
+    three_g, one_g = inv.gpus[1].mig_devices
+    (down,) = m.record_mps({GpuUUID(three_g.uuid): "exited"}, T0 + 1)
+    assert (down.device_name, down.reason) == ("gpu-1-mig-3g40gb-9-0", MPS_DAEMON_DOWN)
+    assert "this MIG device: MPS control daemon down: exited" in down.message
+    assert unhealthy_names(m) == {"gpu-1-mig-3g40gb-9-0"}
+    (up,) = m.record_mps({}, T0 + 2)
+    assert up.status is Status.HEALTHY
+    assert one_g.uuid not in down.message
+
+
+def test_an_instances_xid_marks_the_device_its_shares_are_prepared_on() -> None:
+    """Shares of one instance are one device with several shareIDs: a fault of the
+    instance marks that device, which is every share's."""
+    inv = mig_inventory()
+    m = model(inv)
+    three_g = inv.gpus[1].mig_devices[0]
+    m.record_event(xid(inv, 1, 54, three_g.uuid), T0)  # 43 is the application's own
+    assert unhealthy_names(m) == {"gpu-1-mig-3g40gb-9-0"}
+    assert "gpu-0" not in unhealthy_names(m)

@@ -64,3 +64,26 @@ def test_bad_file(tmp_path: Path, content: str, message: str) -> None:
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match="cannot read it"):
         load_node_settings(NodeFlags(config_file="/nonexistent/node.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("content", "gpu0", "gpu1"),
+    [
+        ("sharing: mps\n", Sharing.EXCLUSIVE, Sharing.EXCLUSIVE),
+        ("gpus: {0: {sharing: mps}}\n", Sharing.MPS, Sharing.EXCLUSIVE),
+        ("sharing: mps\ngpus: {0: {allocator: controller}}\n", Sharing.EXCLUSIVE,
+         Sharing.EXCLUSIVE),
+        ("gpus: {0: {sharing: timeslicing}, 1: {sharing: exclusive}}\n", Sharing.EXCLUSIVE,
+         Sharing.EXCLUSIVE),
+    ],
+    ids=["node-wide", "per-gpu", "per-gpu-without-sharing", "timeslicing"],
+)  # fmt: skip
+def test_mig_sharing_only_from_the_gpus_own_sharing(
+    tmp_path: Path, content: str, gpu0: Sharing, gpu1: Sharing
+) -> None:
+    """A MIG GPU's instances are MPS-shared only when its own entry says ``sharing: mps``."""
+    path = tmp_path / "node.yaml"
+    path.write_text(content)
+    settings = load_node_settings(NodeFlags(config_file=str(path)))
+    assert settings.for_gpu(0, "GPU-a").mig_sharing is gpu0
+    assert settings.for_gpu(1, "GPU-b").mig_sharing is gpu1
