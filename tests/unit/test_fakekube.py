@@ -27,15 +27,8 @@ MERGE = "application/merge-patch+json"
 PODS = ResourceKind("", "v1", "pods", "Pod", namespaced=True)
 
 
-def call(
-    fake: FakeKubeApi,
-    method: str,
-    path: str,
-    body: Any = None,
-    content_type: str = "application/json",
-) -> tuple[int, Any]:
-    """One request; returns (status, parsed JSON body) for successes and errors alike."""
-    return send_json(fake, method, path, body, content_type)
+call = send_json
+"""One request; returns (status, parsed JSON body) for successes and errors alike."""
 
 
 def watch_lines(fake: FakeKubeApi, path: str, count: int) -> list[dict[str, Any]]:
