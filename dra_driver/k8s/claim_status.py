@@ -92,6 +92,20 @@ def dropped_by_server(driver_name: str, sent: Sequence[JsonObj], answer: JsonObj
     return not any(isinstance(e, dict) and e.get("driver") == driver_name for e in stored)
 
 
+def refusal_hint(err: ApiError) -> str:
+    """Why an apply on an allocated claim can be refused for good: its allocation's
+    opaque parameters were stored in another form than the API server writes them
+    (apply re-encodes them and sees a change; fact sheet 5.3)."""
+    if err.status == 422 and "status.allocation: Invalid value" in str(err):
+        return (
+            " (the claim's status.allocation holds opaque parameters in another form than "
+            "the API server writes them, e.g. with spaces as the Python client's json.dumps "
+            "sends them: no JSON client can write this claim's status; recreate the claim "
+            "with kubectl)"
+        )
+    return ""
+
+
 class ClaimStatusWriter:
     """Applies our ``status.devices`` entries on claims; see the module docstring."""
 
@@ -168,7 +182,7 @@ class ClaimStatusWriter:
         # A removal refused (422) is usually a claim deallocated meanwhile: the
         # API server dropped its status.devices with the allocation.
         level = logging.WARNING if entries else logging.INFO
-        log.log(level, "%s claim %s was refused: %s", what, ref, err)
+        log.log(level, "%s claim %s was refused: %s%s", what, ref, err, refusal_hint(err))
         return ApplyResult.REFUSED
 
     def _patch(self, ref: ClaimRef, entries: Sequence[JsonObj]) -> JsonObj:
