@@ -19,7 +19,7 @@ OWNERS = {
     # Only the backend imports it; the other gpu/nvml/ modules get it (or the tests' fake) from it.
     "pynvml": ("gpu/nvml/backend.py",),
     "grpc": ("kubeletplugin/", "testing/kubelet.py", "_gen/"),
-    "prometheus_client": ("observability/", "controller/metrics.py"),
+    "prometheus_client": ("observability/", "controller/metrics.py", "mpsagent/metrics.py"),
 }
 CORE_FORBIDDEN = (
     "os", "socket", "subprocess", "fcntl", "grpc", "kubernetes", "pynvml", "yaml",
