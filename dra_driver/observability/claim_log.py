@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from dra_driver.base.quantity import format_bytes
 from dra_driver.core.observers import ClaimOperation
 from dra_driver.core.plan import PlannedDevice
-from dra_driver.core.quantity import format_bytes
 
 LOGGER = "dra_driver.claims"
 

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dra_driver.core.errors import DriverError
+from dra_driver.base.errors import DriverError
 from dra_driver.core.model import Inventory
 from dra_driver.core.observers import ClaimOperation
 from dra_driver.core.plan import Mode

@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.claim_status import HealthSnapshot, HealthStatus, claim_status_entries
-from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.core.observers import ClaimOperation
 from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter

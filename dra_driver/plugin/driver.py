@@ -37,9 +37,9 @@ import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 
+from dra_driver.base.errors import DriverError
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.cdi import CdiSpec, render_spec
-from dra_driver.core.errors import DriverError
-from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.observers import ClaimOperation, DriverObserver, error_reason, notify
 from dra_driver.core.plan import Mode, NodeContext, PlannedDevice, plan_prepare

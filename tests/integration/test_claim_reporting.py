@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.claim_status import check_entry
 from dra_driver.core.health import DeviceHealth, Status
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import HealthEvent
 from dra_driver.core.observers import ClaimOperation
 from dra_driver.core.plan import Mode, PlannedDevice

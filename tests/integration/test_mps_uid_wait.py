@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend

@@ -47,11 +47,14 @@ def _matches(name: str, prefix: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in modules() if p.parent.name == "core"], ids=lambda p: p.name
+    "path",
+    [p for p in modules() if p.parent.name in ("core", "base")],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
 )
 def test_core_is_pure(path: pathlib.Path) -> None:
     bad = sorted(n for n in imports_of(path) for f in CORE_FORBIDDEN if _matches(n, f))
-    assert not bad, f"dra_driver/core/{path.name} imports {bad}; the core must stay pure"
+    where = path.relative_to(PACKAGE).as_posix()
+    assert not bad, f"dra_driver/{where} imports {bad}; the core must stay pure"
 
 
 @pytest.mark.parametrize("library", sorted(OWNERS))
