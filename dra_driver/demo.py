@@ -24,10 +24,10 @@ from typing import Any, TextIO
 
 from dra_driver.allocator.allocate import AllocatorState
 from dra_driver.allocator.simulate import claim_object, device_class, order_batch
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.base.quantity import format_bytes
 from dra_driver.core.model import Inventory
 from dra_driver.core.plan import Mode, PlannedDevice
-from dra_driver.core.quantity import format_bytes
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slice_rules import validate_pool
 from dra_driver.core.slices import DesiredSlice, build_slices, device_names

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every check CI runs: ruff (lint + format), mypy (strict), pytest.
+# Run every check CI runs: ruff (lint + format), mypy (strict), the import
+# contracts (lint-imports; pyproject.toml [tool.importlinter]), pytest.
 #
 # Usage:       hack/test.sh [PYTEST_ARGS...]
 # Required:    python3 (3.11+) with venv; network access to PyPI on first run.
@@ -20,5 +21,7 @@ echo "== ruff"
 "${VENV}/bin/ruff" format --check dra_driver tests hack
 echo "== mypy"
 "${VENV}/bin/mypy"
+echo "== import contracts"
+"${VENV}/bin/lint-imports" --no-cache
 echo "== pytest"
 "${VENV}/bin/pytest" "$@"

@@ -56,8 +56,8 @@ from typing import Any
 import cel as _cel
 
 from dra_driver.allocator.model import Device, SemVer
-from dra_driver.core.quantity import parse_quantity
-from dra_driver.core.semver import is_semver
+from dra_driver.base.quantity import parse_quantity
+from dra_driver.base.semver import is_semver
 
 SENTINEL_MARKER = '"share.gpu.fractional.dev/controller-managed" == "sentinel"'
 

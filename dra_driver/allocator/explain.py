@@ -16,7 +16,7 @@ from fractions import Fraction
 from dra_driver.allocator.capacity import consumed_capacity, effective_capacity
 from dra_driver.allocator.ledger import Ledger
 from dra_driver.allocator.model import Claim, Device
-from dra_driver.core.quantity import format_bytes
+from dra_driver.base.quantity import format_bytes
 
 NO_CONTROLLER_DEVICES = (
     "no GPU of driver {driver} is published for the controller: every node's GPUs "

@@ -14,8 +14,8 @@ from typing import Any
 
 from dra_driver.api.decode import decode_config
 from dra_driver.api.types import GpuShareGrant
-from dra_driver.core.errors import DriverError
-from dra_driver.core.quantity import parse_quantity
+from dra_driver.base.errors import DriverError
+from dra_driver.base.quantity import parse_quantity
 
 
 @dataclass(frozen=True)

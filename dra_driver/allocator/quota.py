@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.core.errors import DriverError
-from dra_driver.core.quantity import format_bytes, parse_quantity
+from dra_driver.base.errors import DriverError
+from dra_driver.base.quantity import format_bytes, parse_quantity
 
 QUOTA_SUFFIX = "vram-quota"
 EXPECTED_FORMAT = "a memory quantity in bytes such as 40Gi, 81920Mi or 500G (0 allows nothing)"

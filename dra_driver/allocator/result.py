@@ -16,7 +16,7 @@ from typing import Any, Literal
 from dra_driver.allocator.model import Claim, DeviceClass
 from dra_driver.allocator.search import _Pick
 from dra_driver.api import GpuShareGrant, encode_config
-from dra_driver.core.quantity import format_bytes, format_count
+from dra_driver.base.quantity import format_bytes, format_count
 
 
 @dataclass(frozen=True)

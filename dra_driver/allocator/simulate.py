@@ -26,8 +26,8 @@ from typing import Any
 from dra_driver.allocator.allocate import AllocatorState
 from dra_driver.allocator.cel import sentinel_expression
 from dra_driver.allocator.packing import Policy, best_fit, first_fit
-from dra_driver.core.errors import ConfigError
-from dra_driver.core.quantity import format_bytes, parse_quantity
+from dra_driver.base.errors import ConfigError
+from dra_driver.base.quantity import format_bytes, parse_quantity
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
 from dra_driver.core.slices import build_slices
 from dra_driver.gpu.fake import build_inventory, load_spec

@@ -1,29 +1,20 @@
-"""The opaque configuration API ``<driver name>/v1alpha1`` (pure: stdlib and core only).
+"""The opaque configuration API ``<driver name>/v1alpha1`` (pure: stdlib and base only).
 
 * :mod:`.types`: the kinds ``GpuConfig``, ``GpuShare``, ``GpuShareGrant`` as frozen
   dataclasses (a tagged union, :data:`ApiObject`), and :class:`Limits`;
 * :mod:`.decode`: strict decoding of one ``parameters`` object, and encoding;
-* :mod:`.validate`: value checks, one function per kind;
-* :mod:`.configs`: which configs apply to one allocation result, merged (class,
-  then claim), the grant trusted, and the limits they yield.
+* :mod:`.validate`: value checks, one function per kind.
 
-Every error is :class:`~dra_driver.core.errors.InvalidConfigError`.
+Which configs apply to one allocation result, merged (class, then claim), the
+grant trusted, and the limits they yield, is the planner's business:
+:mod:`dra_driver.core.configs` (it needs the claim model; ``api/`` stands on
+``base/`` alone).
+
+Every error is :class:`~dra_driver.base.errors.InvalidConfigError`.
 """
 
 from __future__ import annotations
 
-from dra_driver.api.configs import (
-    FROM_CLAIM,
-    FROM_CLASS,
-    EffectiveConfig,
-    IgnoredConfig,
-    applies_to,
-    apply_overrides,
-    effective_config,
-    granted_limits,
-    limits_for,
-    merge_gpu_configs,
-)
 from dra_driver.api.decode import decode_config, encode_config
 from dra_driver.api.types import (
     API_VERSION,
@@ -42,19 +33,15 @@ from dra_driver.api.types import (
     api_version,
 )
 from dra_driver.api.validate import validate
-from dra_driver.core.errors import InvalidConfigError
+from dra_driver.base.errors import InvalidConfigError
 
 __all__ = [
     "API_VERSION",
     "DEFAULT_DRIVER_NAME",
-    "FROM_CLAIM",
-    "FROM_CLASS",
     "ApiObject",
-    "EffectiveConfig",
     "GpuConfig",
     "GpuShare",
     "GpuShareGrant",
-    "IgnoredConfig",
     "InvalidConfigError",
     "Kind",
     "Limits",
@@ -64,13 +51,7 @@ __all__ = [
     "TimeSliceInterval",
     "TimeSlicingConfig",
     "api_version",
-    "applies_to",
-    "apply_overrides",
     "decode_config",
-    "effective_config",
     "encode_config",
-    "granted_limits",
-    "limits_for",
-    "merge_gpu_configs",
     "validate",
 ]

@@ -16,7 +16,7 @@ and lists what is allowed. Decisions:
   writing ``sharing`` or ``strategy`` gets a message saying so.
 
 :func:`encode_config` is the inverse (canonical quantities via
-:func:`~dra_driver.core.quantity.format_bytes`); the controller uses it to write
+:func:`~dra_driver.base.quantity.format_bytes`); the controller uses it to write
 a :class:`GpuShareGrant`, and ``decode_config(encode_config(x)) == x``.
 """
 
@@ -39,8 +39,8 @@ from dra_driver.api.types import (
     api_version,
 )
 from dra_driver.api.validate import invalid, validate
-from dra_driver.core.errors import InvalidConfigError
-from dra_driver.core.quantity import format_bytes, parse_whole
+from dra_driver.base.errors import InvalidConfigError
+from dra_driver.base.quantity import format_bytes, parse_whole
 
 _HEADER = ("apiVersion", "kind")
 _FIELDS: dict[Kind, tuple[str, ...]] = {

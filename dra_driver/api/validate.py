@@ -21,9 +21,9 @@ from dra_driver.api.types import (
     GpuShareGrant,
     Kind,
 )
-from dra_driver.core.errors import InvalidConfigError
-from dra_driver.core.quantity import format_bytes
-from dra_driver.core.slice_grammar import dns_label
+from dra_driver.base.errors import InvalidConfigError
+from dra_driver.base.names import dns_label
+from dra_driver.base.quantity import format_bytes
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -52,7 +52,7 @@ def validate_gpu_config(config: GpuConfig) -> None:
 
     Other sections need nothing. That the soft limit fits the share's memory
     (the grant, lowered by the merged configs) is checked where the grant is
-    known: :func:`~dra_driver.api.configs.apply_overrides`.
+    known: :func:`~dra_driver.core.configs.apply_overrides`.
     """
     mps = config.mps
     if mps is None:

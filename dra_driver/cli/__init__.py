@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 
 from dra_driver import __version__
+from dra_driver.base.errors import DriverError
 from dra_driver.cli.controller import _controller_parser, _run_controller
 from dra_driver.cli.flags import EnvTwinParser, _common, add_flag, env_name
 from dra_driver.cli.mps_agent import _agent_parser, _run_mps_agent
@@ -31,7 +32,6 @@ from dra_driver.cli.tools import (
     _run_simulate,
     _simulate_parser,
 )
-from dra_driver.core.errors import DriverError
 from dra_driver.observability.logs import configure_logging
 
 __all__ = ["EnvTwinParser", "add_flag", "build_parser", "claim_reporting", "env_name", "main"]

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 from dra_driver.core.ports import GpuBackend
 from dra_driver.core.settings import NodeSettings
 from dra_driver.observability.logs import LOG_FORMATS

@@ -69,7 +69,7 @@ def _run_mps_agent(args: argparse.Namespace) -> int:
     from dra_driver.mpsagent.agent import AgentConfig, run_agent
     from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT
     from dra_driver.mpsagent.compute_mode import FakeComputeMode, NvidiaSmiComputeMode
-    from dra_driver.observability.agent_metrics import AgentMetrics
+    from dra_driver.mpsagent.metrics import AgentMetrics
     from dra_driver.observability.metrics_server import metrics_port, serve_metrics
 
     plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)

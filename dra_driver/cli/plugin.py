@@ -292,7 +292,7 @@ def _run_plugin(args: argparse.Namespace) -> int:
 
 
 def _readiness_port(text: str) -> int | None:
-    from dra_driver.core.errors import ConfigError
+    from dra_driver.base.errors import ConfigError
 
     try:
         port = int(text)

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from dra_driver.base.errors import ConfigError
 from dra_driver.cli.flags import (
     _backend,
     _common,
@@ -18,7 +19,6 @@ from dra_driver.cli.flags import (
     _non_negative,
     add_flag,
 )
-from dra_driver.core.errors import ConfigError
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR
 
 
@@ -132,7 +132,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     import yaml
 
     from dra_driver.allocator import simulate as sim
-    from dra_driver.core.quantity import parse_quantity
+    from dra_driver.base.quantity import parse_quantity
 
     def whole(text: str, flag: str) -> int:
         return _non_negative(text, flag, int, "a whole number")

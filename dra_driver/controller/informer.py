@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.core.errors import ApiError
+from dra_driver.base.errors import ApiError
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import (
     WatchCanceller,

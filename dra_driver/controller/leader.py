@@ -18,7 +18,7 @@ import functools
 import logging
 from typing import Any, Literal
 
-from dra_driver.core.errors import ApiError, ApiNotFoundError
+from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.allocator import AllocatorState, SelectorCache
+from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.controller.events import EventRecorder
 from dra_driver.controller.informer import (
     CLAIMS,
@@ -77,7 +78,6 @@ from dra_driver.controller.reconcile import (
     pod_uses,
     rejected_patch,
 )
-from dra_driver.core.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json

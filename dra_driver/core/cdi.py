@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 
 CDI_CLASS = "claim"
 

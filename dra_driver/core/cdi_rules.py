@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dra_driver.core.errors import DriverError
+from dra_driver.base.errors import DriverError
 
 KNOWN_VERSIONS = (
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.api.types import API_VERSION
+from dra_driver.base.names import dns_label
+from dra_driver.base.quantity import format_bytes
 from dra_driver.core.plan import Mode, PlannedDevice
-from dra_driver.core.quantity import format_bytes
-from dra_driver.core.slice_grammar import dns_label
 
 READY = "Ready"
 DEVICE_HEALTHY = "DeviceHealthy"

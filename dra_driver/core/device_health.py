@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from dra_driver.core.ids import DeviceName, GpuUUID, MigUUID
+from dra_driver.base.ids import DeviceName, GpuUUID, MigUUID
 
 
 class Status(enum.StrEnum):

@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.base.errors import InventoryError
 from dra_driver.core.cdi import ContainerEdits, DeviceNode, Hook, Mount
 from dra_driver.core.cdi_rules import cdi_spec_problems
-from dra_driver.core.errors import InventoryError
 
 TOOLKIT_KIND = "nvidia.com/gpu"
 """The kind of the toolkit's generated spec."""

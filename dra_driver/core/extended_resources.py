@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.core.quantity import parse_quantity
+from dra_driver.base.quantity import parse_quantity
 
 EVENT_REASON = "ExtendedResourceConflict"
 

@@ -35,15 +35,15 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from dra_driver.base.errors import ConfigError
+from dra_driver.base.ids import DeviceName, GpuUUID, MigUUID
 from dra_driver.core.device_health import DeviceHealth, Status
-from dra_driver.core.errors import ConfigError
 from dra_driver.core.health_taints import (
     TAINT_NAME,
     TaintEffect,
     device_taints,
     unhealthy_taint_key,
 )
-from dra_driver.core.ids import DeviceName, GpuUUID, MigUUID
 from dra_driver.core.model import GpuInfo, HealthEvent, Inventory
 from dra_driver.core.slices import device_names, mig_targets
 from dra_driver.core.xid import (

@@ -12,10 +12,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
+from dra_driver.base.errors import ConfigError
+from dra_driver.base.names import LABEL_NAME_RE, MAX_DNS_SUBDOMAIN, dns_label
 from dra_driver.core.device_health import DeviceHealth, Status
-from dra_driver.core.errors import ConfigError
-from dra_driver.core.slice_grammar import LABEL_NAME_RE, dns_label
-from dra_driver.core.slice_limits import MAX_DNS_SUBDOMAIN
 
 
 class TaintEffect(enum.StrEnum):

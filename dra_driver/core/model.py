@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.core.ids import ClaimRef, DeviceName, GpuUUID, MigUUID, PoolName
+from dra_driver.base.ids import ClaimRef, DeviceName, GpuUUID, MigUUID, PoolName
 
 
 @dataclass(frozen=True)

@@ -33,19 +33,19 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dra_driver.api.configs import effective_config, limits_for
-from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Hook, merge_edits
-from dra_driver.core.driver_edits import fake_device_node
-from dra_driver.core.errors import (
+from dra_driver.base.errors import (
     AllocationError,
     ClaimNotAllocatedError,
     ClaimNotOnNodeError,
     InvalidConfigError,
     OvercommitError,
 )
-from dra_driver.core.ids import ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.quantity import format_bytes
+from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Hook, merge_edits
+from dra_driver.core.configs import effective_config, limits_for
+from dra_driver.core.driver_edits import fake_device_node
 from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClaim
-from dra_driver.core.quantity import format_bytes
 from dra_driver.core.settings import NodeSettings, Sharing
 from dra_driver.core.slices import MIB, MigTarget, mig_share_policy, mig_targets
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
-from dra_driver.core.errors import ClaimReplacedError
-from dra_driver.core.ids import ClaimRef, GpuUUID
+from dra_driver.base.errors import ClaimReplacedError
+from dra_driver.base.ids import ClaimRef, GpuUUID
 from dra_driver.core.model import (
     HealthEvent,
     Inventory,
@@ -26,10 +26,10 @@ class ClaimSource(Protocol):
     async def get_claim(self, ref: ClaimRef) -> ResourceClaim:
         """Return the claim ``ref`` names.
 
-        Raises :class:`~dra_driver.core.errors.ClaimNotFoundError` when it does
-        not exist, :class:`~dra_driver.core.errors.ClaimReplacedError` when the
+        Raises :class:`~dra_driver.base.errors.ClaimNotFoundError` when it does
+        not exist, :class:`~dra_driver.base.errors.ClaimReplacedError` when the
         stored claim has another UID, and
-        :class:`~dra_driver.core.errors.ApiError` subclasses for API failures.
+        :class:`~dra_driver.base.errors.ApiError` subclasses for API failures.
         """
         ...
 
@@ -66,9 +66,9 @@ class GpuBackend(Protocol):
         created if the first attempt died between the two steps) instead of
         failing. A later :meth:`inventory` lists the new device.
 
-        Raises :class:`~dra_driver.core.errors.MigPlacementBusyError` when the
+        Raises :class:`~dra_driver.base.errors.MigPlacementBusyError` when the
         placement overlaps another instance (or the GPU has no room for the
-        profile), and :class:`~dra_driver.core.errors.InventoryError` for an
+        profile), and :class:`~dra_driver.base.errors.InventoryError` for an
         unknown GPU, MIG mode off, an unknown profile or a placement the
         profile does not have, and any other failure.
         """
@@ -79,7 +79,7 @@ class GpuBackend(Protocol):
 
         Idempotent: a GPU instance that does not exist (destroyed already, or
         never made) is not an error. Raises
-        :class:`~dra_driver.core.errors.InventoryError` for an unknown GPU or
+        :class:`~dra_driver.base.errors.InventoryError` for an unknown GPU or
         when the driver refuses (e.g. a process still runs on the instance).
         """
         ...
@@ -97,7 +97,7 @@ class GpuBackend(Protocol):
 
         Per GPU: None when it answered, else why not (fallen off the bus,
         needs a reset). A GPU that answers again after it did not has been
-        reset. Raises :class:`~dra_driver.core.errors.InventoryError` when
+        reset. Raises :class:`~dra_driver.base.errors.InventoryError` when
         the probe cannot run at all (the driver library is gone).
         """
         ...

@@ -14,14 +14,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.core.semver import is_semver
-from dra_driver.core.slice_grammar import (
-    Problems,
-    is_int,
-    qualified_name,
-    quantity,
-    unknown_fields,
-)
+from dra_driver.base.names import qualified_name
+from dra_driver.base.semver import is_semver
+from dra_driver.core.slice_grammar import Problems, is_int, quantity, unknown_fields
 from dra_driver.core.slice_limits import MAX_STRING_VALUE, MAX_VALID_VALUES
 
 _ATTRIBUTE_KINDS = ("int", "bool", "string", "version")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dra_driver.base.names import dns_label, label_name, label_value
 from dra_driver.core.settings import Capabilities
 from dra_driver.core.slice_attributes import check_attribute, check_capacity
 from dra_driver.core.slice_counters import (
@@ -20,15 +21,7 @@ from dra_driver.core.slice_counters import (
     check_references,
     counter_sets_by_name,
 )
-from dra_driver.core.slice_grammar import (
-    Problems,
-    as_list,
-    as_mapping,
-    dns_label,
-    label_name,
-    label_value,
-    unknown_fields,
-)
+from dra_driver.core.slice_grammar import Problems, as_list, as_mapping, unknown_fields
 from dra_driver.core.slice_limits import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_BINDING_CONDITIONS,

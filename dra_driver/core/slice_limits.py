@@ -1,5 +1,8 @@
 """The resource.k8s.io/v1 limits a ResourceSlice must keep (pure constants).
 
+The name-length limits (DNS label and subdomain, domain, identifier) live with
+the name grammar in :mod:`dra_driver.base.names`.
+
 Unmarked limits hold in every release we support. ``# 1.35+`` marks those that
 apply only with :attr:`~dra_driver.core.settings.Capabilities.counters_in_own_slice`
 and a ``_1_34`` suffix those that apply only without it; the checks choose
@@ -26,10 +29,6 @@ MAX_TAINTS_1_34 = 4
 MAX_VALID_VALUES = 10
 MAX_BINDING_CONDITIONS = 4
 MAX_STRING_VALUE = 64
-MAX_IDENTIFIER = 32
-MAX_DOMAIN = 63
-MAX_DNS_LABEL = 63
-MAX_DNS_SUBDOMAIN = 253
 MAX_POOL_NAME = 253
 
 TAINT_EFFECTS = ("NoSchedule", "NoExecute")

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dra_driver.base.names import dns_subdomain
 from dra_driver.core.settings import Capabilities
-from dra_driver.core.slice_grammar import Problems, as_mapping, dns_subdomain
+from dra_driver.core.slice_grammar import Problems, as_mapping
 
 
 def check_node_selection(

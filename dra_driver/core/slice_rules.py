@@ -20,8 +20,9 @@ them and the published slice would not be what we meant.
 A few rules are ours, not the API server's; their messages say "driver rule".
 
 The checks are split by what they look at: :mod:`~dra_driver.core.slice_limits`
-(the API's limits), :mod:`~dra_driver.core.slice_grammar` (names, labels,
-quantities), :mod:`~dra_driver.core.slice_nodes`,
+(the API's limits), :mod:`~dra_driver.base.names` (names and labels, with their
+length limits), :mod:`~dra_driver.core.slice_grammar` (quantities and shapes),
+:mod:`~dra_driver.core.slice_nodes`,
 :mod:`~dra_driver.core.slice_devices`, :mod:`~dra_driver.core.slice_attributes`,
 :mod:`~dra_driver.core.slice_counters` and :mod:`~dra_driver.core.slice_pool`.
 This module checks a slice's top-level fields and is the entry point; the
@@ -33,17 +34,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra_driver.core.errors import DriverError
+from dra_driver.base.errors import DriverError
+from dra_driver.base.names import (
+    MAX_DNS_LABEL,
+    MAX_DNS_SUBDOMAIN,
+    MAX_DOMAIN,
+    MAX_IDENTIFIER,
+    dns_subdomain,
+    driver_name,
+)
 from dra_driver.core.settings import Capabilities
 from dra_driver.core.slice_counters import check_counter_sets
 from dra_driver.core.slice_devices import check_devices
-from dra_driver.core.slice_grammar import (
-    Problems,
-    as_list,
-    dns_subdomain,
-    driver_name,
-    unknown_fields,
-)
+from dra_driver.core.slice_grammar import Problems, as_list, unknown_fields
 from dra_driver.core.slice_limits import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_BINDING_CONDITIONS,
@@ -55,10 +58,6 @@ from dra_driver.core.slice_limits import (
     MAX_COUNTERS_PER_SET,
     MAX_DEVICES,
     MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
-    MAX_DNS_LABEL,
-    MAX_DNS_SUBDOMAIN,
-    MAX_DOMAIN,
-    MAX_IDENTIFIER,
     MAX_POOL_NAME,
     MAX_SHARED_COUNTERS_1_34,
     MAX_STRING_VALUE,

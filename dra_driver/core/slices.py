@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from dra_driver.core.ids import DeviceName
+from dra_driver.base.ids import DeviceName
+from dra_driver.base.quantity import format_bytes, format_count
+from dra_driver.base.semver import normalise_version
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement, MigProfile
-from dra_driver.core.quantity import format_bytes, format_count
-from dra_driver.core.semver import normalise_version
 from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
 
 _T = TypeVar("_T")

@@ -14,7 +14,7 @@ import enum
 import re
 from collections.abc import Iterable, Mapping
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 
 
 class XidClass(enum.StrEnum):

@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dra_driver.core.ids import GpuUUID
+from dra_driver.base.ids import GpuUUID
 from dra_driver.core.model import GpuInfo
 
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"

@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from dra_driver.base.errors import ConfigError, InventoryError
 from dra_driver.core.driver_edits import (
     CONTROL_NODES,
     TOOLKIT_KIND,
@@ -43,7 +44,6 @@ from dra_driver.core.driver_edits import (
     DriverFiles,
     FoundNode,
 )
-from dra_driver.core.errors import ConfigError, InventoryError
 
 log = logging.getLogger(__name__)
 

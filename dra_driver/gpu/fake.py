@@ -62,8 +62,8 @@ from typing import Any
 
 import yaml
 
-from dra_driver.core.errors import ConfigError, InventoryError, MigPlacementBusyError
-from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.base.errors import ConfigError, InventoryError, MigPlacementBusyError
+from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.model import (
     GpuInfo,
     HealthEvent,

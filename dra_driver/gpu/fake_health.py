@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dra_driver.core.ids import MigUUID
+from dra_driver.base.ids import MigUUID
 from dra_driver.core.model import GpuInfo
 
 log = logging.getLogger(__name__)

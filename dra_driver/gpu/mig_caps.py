@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dra_driver.core.errors import InventoryError
+from dra_driver.base.errors import InventoryError
 from dra_driver.core.mig_edits import CapNode
 
 CAPS_DEVICE = "nvidia-caps"

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 from dra_driver.core.model import MigPlacement, MigProfile
 
 MIB = 1024 * 1024

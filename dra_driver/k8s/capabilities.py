@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from kubernetes.client import ApiClient, VersionApi
 
-from dra_driver.core.errors import ApiError, ApiNotFoundError, ApiUnavailableError
+from dra_driver.base.errors import ApiError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.core.settings import Capabilities
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.publisher import FIELD_MANAGER, SLICES_PATH, dns_subdomain

@@ -35,13 +35,13 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from dra_driver.core.errors import (
+from dra_driver.base.errors import (
     ApiConflictError,
     ApiError,
     ApiNotFoundError,
     ApiUnavailableError,
 )
-from dra_driver.core.ids import ClaimRef
+from dra_driver.base.ids import ClaimRef
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json

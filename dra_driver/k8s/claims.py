@@ -16,8 +16,8 @@ from typing import Any
 
 from kubernetes.client import ApiClient, ResourceV1Api
 
-from dra_driver.core.errors import ApiNotFoundError, ClaimNotFoundError
-from dra_driver.core.ids import ClaimRef
+from dra_driver.base.errors import ApiNotFoundError, ClaimNotFoundError
+from dra_driver.base.ids import ClaimRef
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.ports import ensure_same_claim
 from dra_driver.k8s.convert import claim_from_dict

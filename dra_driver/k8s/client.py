@@ -19,7 +19,7 @@ import yaml
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.config import ConfigException, load_incluster_config, load_kube_config
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
 

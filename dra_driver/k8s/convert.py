@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.core.errors import ClaimError
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, PoolName
+from dra_driver.base.errors import ClaimError
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, PoolName
 from dra_driver.core.model import DeviceResult, OpaqueConfig, ResourceClaim
 
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.core.errors import (
+from dra_driver.base.errors import (
     ApiConflictError,
     ApiError,
     ApiNotFoundError,

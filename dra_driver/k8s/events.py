@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 from kubernetes.client import ApiClient
 
-from dra_driver.core.errors import ApiError, ApiNotFoundError
-from dra_driver.core.ids import ClaimRef
+from dra_driver.base.errors import ApiError, ApiNotFoundError
+from dra_driver.base.ids import ClaimRef
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 

@@ -39,7 +39,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kubernetes.client import ApiClient
 
-from dra_driver.core.errors import ApiConflictError, ApiError, ApiUnavailableError
+from dra_driver.base.errors import ApiConflictError, ApiError, ApiUnavailableError
 from dra_driver.core.slices import DesiredSlice
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S

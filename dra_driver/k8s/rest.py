@@ -19,7 +19,7 @@ import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.core.errors import ApiError
+from dra_driver.base.errors import ApiError
 from dra_driver.k8s.errors import truncate
 from dra_driver.k8s.wire import encode_body
 

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from kubernetes.client import ApiClient, ResourceV1Api
 
-from dra_driver.core.errors import ApiConflictError, ApiError, ApiNotFoundError
+from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, json_object, read_raw, request_json
 

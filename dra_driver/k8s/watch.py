@@ -9,7 +9,7 @@ response), and the newline-delimited JSON events are read from the stream
 here.
 
 Every call blocks; the controller runs them in a thread. Errors come out as
-:class:`~dra_driver.core.errors.ApiError` (through :func:`translate_api_errors`);
+:class:`~dra_driver.base.errors.ApiError` (through :func:`translate_api_errors`);
 an ``ERROR`` event with a 410 Status (resourceVersion too old) is
 :class:`WatchExpiredError`, and the caller relists.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 import urllib3
 from kubernetes.client import ApiClient
 
-from dra_driver.core.errors import ApiError
+from dra_driver.base.errors import ApiError
 from dra_driver.k8s.errors import translate_api_errors, truncate
 from dra_driver.k8s.rest import JsonObj, api_exception, open_request, request_json
 

@@ -20,7 +20,7 @@ from dra_driver._gen.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._gen.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._gen.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver._gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import socket
 import stat
 from dataclasses import dataclass
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 
 UNIX_PATH_MAX = 107
 """sun_path is 108 bytes including the terminating NUL."""

@@ -15,6 +15,8 @@ which runs as ``python -m dra_driver.mpsagent.fake_control``, stays light):
 * :func:`.commands.share_cdi_edits` (pure: env and mounts for a share's containers)
 * :class:`.compute_mode.ComputeMode`, :class:`.compute_mode.FakeComputeMode`,
   :class:`.compute_mode.NvidiaSmiComputeMode`
+* :class:`.metrics.AgentMetrics`: the agent's Prometheus metrics (beside the agent, so
+  that ``observability/`` never imports ``mpsagent/``)
 * :func:`fake_control_path`: the shipped fake ``nvidia-cuda-mps-control``
 """
 

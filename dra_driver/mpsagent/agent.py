@@ -39,7 +39,7 @@ from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 from dra_driver.state.files import atomic_write
 
 if TYPE_CHECKING:
-    from dra_driver.observability.agent_metrics import AgentMetrics
+    from dra_driver.mpsagent.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 

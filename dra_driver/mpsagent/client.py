@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from dra_driver.core.errors import DriverError
+from dra_driver.base.errors import DriverError
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
 

@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, start_http_server
 
 from dra_driver import __version__
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ and its health monitor::
 
 from __future__ import annotations
 
+from dra_driver.core.observers import DriverObserver
 from dra_driver.observability.claim_log import ClaimLog
 from dra_driver.observability.plugin_metrics import DriverState, PluginMetrics
-from dra_driver.plugin.observers import DriverObserver
 
 
 def plugin_observers(

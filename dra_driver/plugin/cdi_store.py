@@ -7,8 +7,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from dra_driver.base.ids import ClaimUID
 from dra_driver.core.cdi import transient_spec_filename, transient_spec_prefix
-from dra_driver.core.ids import ClaimUID
 from dra_driver.state.files import atomic_write, remove_if_exists
 
 

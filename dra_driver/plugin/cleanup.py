@@ -23,7 +23,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from dra_driver.core.errors import DriverError
+from dra_driver.base.errors import DriverError
 from dra_driver.core.ports import GpuBackend
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.mpsagent.client import MpsAgentClient

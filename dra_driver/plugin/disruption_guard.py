@@ -1,6 +1,6 @@
 """The disruption guard: pods using a prepared, guarded claim carry do-not-disrupt.
 
-:class:`DisruptionGuard` is a :class:`~dra_driver.plugin.observers.DriverObserver`
+:class:`DisruptionGuard` is a :class:`~dra_driver.core.observers.DriverObserver`
 (what it decides is in :mod:`dra_driver.core.disruption_guard`):
 
 * a prepare that succeeded, of a claim the node's :class:`GuardMode` guards,
@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any, Literal, Protocol
 
+from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.disruption_guard import (
     GuardMode,
     annotation_changes,
@@ -43,11 +45,9 @@ from dra_driver.core.disruption_guard import (
     pod_finished,
     pod_uses_claim,
 )
-from dra_driver.core.errors import ApiConflictError, ApiError, ApiNotFoundError
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.core.observers import ClaimOperation
 from dra_driver.k8s.events import WARNING, EventRecorder, InvolvedObject
 from dra_driver.k8s.rest import JsonObj
-from dra_driver.plugin.observers import ClaimOperation
 
 log = logging.getLogger(__name__)
 

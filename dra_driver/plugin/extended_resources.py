@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from dra_driver.core.errors import ApiError
+from dra_driver.base.errors import ApiError
 from dra_driver.core.extended_resources import EVENT_REASON, advertised, conflict_message
 from dra_driver.k8s.events import WARNING, EventRecorder, InvolvedObject
 from dra_driver.k8s.rest import JsonObj

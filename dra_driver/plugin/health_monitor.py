@@ -27,7 +27,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
-from dra_driver.core.errors import DriverError
+from dra_driver.base.errors import DriverError
+from dra_driver.base.ids import GpuUUID
 from dra_driver.core.health import (
     NOT_AN_XID,
     DeviceHealth,
@@ -39,7 +40,6 @@ from dra_driver.core.health import (
     describe_xid,
     device_taints,
 )
-from dra_driver.core.ids import GpuUUID
 from dra_driver.core.model import HealthEvent, Inventory
 from dra_driver.core.ports import GpuBackend
 from dra_driver.kubeletplugin.health import DeviceHealthState, HealthHub, health_states

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dra_driver.core.errors import DriverError
+from dra_driver.base.errors import DriverError
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ProtocolError, ShareInfo
 
 log = logging.getLogger(__name__)

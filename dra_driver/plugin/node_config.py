@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from dra_driver.core.errors import ConfigError
-from dra_driver.core.quantity import parse_whole
+from dra_driver.base.errors import ConfigError
+from dra_driver.base.quantity import parse_whole
 from dra_driver.core.settings import Allocator, GpuSettings, NodeSettings, Sharing
 
 _TOP_KEYS = ("sharing", "allocator", "memoryReserve", "memoryStep", "maxClients", "gpus")

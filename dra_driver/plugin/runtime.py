@@ -16,6 +16,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.base.errors import ConfigError, DriverError
+from dra_driver.base.ids import ClaimRef, ClaimUID, PoolName
 from dra_driver.core.cdi import ContainerEdits, cdi_kind_for_driver
 from dra_driver.core.driver_edits import (
     DEFAULT_HOOK_PATH,
@@ -23,9 +25,7 @@ from dra_driver.core.driver_edits import (
     edits_from_toolkit_spec,
     fake_common_edits,
 )
-from dra_driver.core.errors import ConfigError, DriverError
 from dra_driver.core.health import HealthSettings, unhealthy_taint_key
-from dra_driver.core.ids import ClaimRef, ClaimUID, PoolName
 from dra_driver.core.model import Inventory
 from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dra_driver.core.errors import CheckpointCorruptError, CheckpointError
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.errors import CheckpointCorruptError, CheckpointError
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.plan import DeviceUse, MigPlan, Mode, PlannedDevice, ShareLimits
 from dra_driver.state.files import atomic_write
 

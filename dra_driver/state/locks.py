@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 
-from dra_driver.core.errors import DriverError
+from dra_driver.base.errors import DriverError
 
 
 class LockTimeoutError(DriverError):

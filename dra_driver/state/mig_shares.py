@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dra_driver.core.ids import DeviceName, GpuUUID
+from dra_driver.base.ids import DeviceName, GpuUUID
 from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim
 

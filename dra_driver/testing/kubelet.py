@@ -36,7 +36,7 @@ from dra_driver._gen.dra_health.v1alpha1 import api_pb2 as health_v1alpha1_pb2
 from dra_driver._gen.dra_health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from dra_driver._gen.pluginregistration.v1 import api_pb2 as reg_pb2
 from dra_driver._gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from dra_driver.core.ids import ClaimRef
+from dra_driver.base.ids import ClaimRef
 
 KUBELET_DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 """What a 1.34+ kubelet knows, newest first."""

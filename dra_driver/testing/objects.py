@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from dra_driver.allocator.simulate import (
     device_class,
     generate,
 )
-from dra_driver.core.quantity import parse_quantity
+from dra_driver.base.quantity import parse_quantity
 
 
 def main() -> None:

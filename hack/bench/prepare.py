@@ -451,7 +451,7 @@ def run_kubelet_mode(
 def run_engine(claims: int, levels: list[int]) -> list[dict[str, Any]]:
     import multiprocessing
 
-    from dra_driver.core.ids import ClaimRef, ClaimUID
+    from dra_driver.base.ids import ClaimRef, ClaimUID
 
     rows = []
     root = node_root()

@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.testing.kubelet import FakeKubelet, PrepareResult
 from tests.e2e.conftest import (
     POLL_S,

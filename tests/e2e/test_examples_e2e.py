@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dra_driver.core.quantity import parse_whole
+from dra_driver.base.quantity import parse_whole
 from tests.e2e.conftest import Cluster, Example, Obj, pod_image
 
 pytestmark = pytest.mark.e2e

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.claim_status import check_entry
 from dra_driver.core.health import DeviceHealth, Status
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import HealthEvent
+from dra_driver.core.observers import ClaimOperation
 from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
@@ -28,7 +29,6 @@ from dra_driver.plugin.claim_reporting import (
     ClaimReporter,
     DeviceHealthReport,
 )
-from dra_driver.plugin.observers import ClaimOperation
 from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
 from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share

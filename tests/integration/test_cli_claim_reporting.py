@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.base.errors import ConfigError
 from dra_driver.cli import build_parser, claim_reporting
-from dra_driver.core.errors import ConfigError
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.observability.claim_log import ClaimLog
 from dra_driver.observability.plugin_metrics import PluginMetrics

@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.controller.reconcile import CONTROLLER_CLASS, FINALIZER
-from dra_driver.core.ids import ClaimRef, ClaimUID
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.objects import node_object

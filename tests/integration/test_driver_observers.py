@@ -6,14 +6,14 @@ import uuid
 
 import pytest
 
-from dra_driver.core.errors import (
+from dra_driver.base.errors import (
     ApiUnavailableError,
     ClaimNotFoundError,
     InvalidConfigError,
     OvercommitError,
 )
-from dra_driver.core.ids import ClaimRef, ClaimUID
-from dra_driver.plugin.observers import ClaimOperation, error_reason, notify
+from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.core.observers import ClaimOperation, error_reason, notify
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import claim_ref, resource_claim, share

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings

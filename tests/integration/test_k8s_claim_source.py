@@ -13,7 +13,7 @@ import urllib3.exceptions
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.core.errors import (
+from dra_driver.base.errors import (
     ApiConflictError,
     ApiError,
     ApiNotFoundError,
@@ -23,7 +23,7 @@ from dra_driver.core.errors import (
     ClaimReplacedError,
     ConfigError,
 )
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, PoolName
 from dra_driver.core.model import DeviceResult, OpaqueConfig, ResourceClaim
 from dra_driver.core.ports import ClaimSource
 from dra_driver.k8s.claims import KubernetesClaimSource

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.k8s.claim_status import (
     ApplyResult,
     ClaimStatusWriter,

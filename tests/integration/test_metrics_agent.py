@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from dra_driver import __version__
-from dra_driver.observability.agent_metrics import AgentMetrics
+from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.observability.metrics_server import serve_metrics
 from tests.integration.test_mps_agent import (
     GIB,

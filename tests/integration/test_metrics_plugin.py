@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.observability.claim_log import LOGGER
 from dra_driver.observability.metrics_server import MetricsServer, serve_metrics
 from dra_driver.observability.plugin_metrics import PluginMetrics

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing

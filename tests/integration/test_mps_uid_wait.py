@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
@@ -33,8 +33,8 @@ from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import PID_FILE
+from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ShareInfo
-from dra_driver.observability.agent_metrics import AgentMetrics
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from dra_driver.plugin.mps_watch import MpsUidWait, MpsUidWatch, waiting_claims
 from dra_driver.plugin.runtime import PluginRuntime

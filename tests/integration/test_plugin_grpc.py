@@ -17,7 +17,7 @@ from dra_driver._gen.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._gen.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._gen.pluginregistration.v1 import api_pb2 as reg_pb2
 from dra_driver._gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.kubeletplugin.health import DeviceHealthState, Health
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet, RegistrationFailed

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from dra_driver.core.ids import ClaimRef, ClaimUID
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim, share

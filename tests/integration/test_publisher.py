@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from dra_driver.core.errors import ApiConflictError, ApiNotFoundError, ApiUnavailableError
+from dra_driver.base.errors import ApiConflictError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import DesiredSlice, build_slices
 from dra_driver.gpu.fake import FakeGpuBackend

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from dra_driver.core.errors import CheckpointCorruptError
-from dra_driver.core.ids import ClaimRef
+from dra_driver.base.errors import CheckpointCorruptError
+from dra_driver.base.ids import ClaimRef
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource

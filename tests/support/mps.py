@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
-from dra_driver.observability.agent_metrics import AgentMetrics
+from dra_driver.mpsagent.metrics import AgentMetrics
 
 
 @asynccontextmanager

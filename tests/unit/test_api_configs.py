@@ -8,9 +8,6 @@ from typing import Any
 import pytest
 
 from dra_driver.api import (
-    FROM_CLAIM,
-    FROM_CLASS,
-    EffectiveConfig,
     GpuConfig,
     GpuShare,
     GpuShareGrant,
@@ -20,14 +17,19 @@ from dra_driver.api import (
     MpsConfig,
     TimeSliceInterval,
     TimeSlicingConfig,
+    encode_config,
+)
+from dra_driver.base.ids import DeviceName, PoolName
+from dra_driver.core.configs import (
+    FROM_CLAIM,
+    FROM_CLASS,
+    EffectiveConfig,
     applies_to,
     apply_overrides,
     effective_config,
-    encode_config,
     granted_limits,
     limits_for,
 )
-from dra_driver.core.ids import DeviceName, PoolName
 from dra_driver.core.model import DeviceResult, OpaqueConfig
 
 GI = 2**30

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from dra_driver.base.errors import ConfigError
+from dra_driver.base.ids import PoolName
 from dra_driver.core.cdi import (
     CdiDevice,
     CdiSpec,
@@ -29,8 +31,6 @@ from dra_driver.core.cdi import (
     transient_spec_prefix,
     validate_kind,
 )
-from dra_driver.core.errors import ConfigError
-from dra_driver.core.ids import PoolName
 from dra_driver.core.plan import NodeContext, plan_prepare
 from dra_driver.gpu.fake import build_inventory
 from dra_driver.k8s.convert import claim_from_dict

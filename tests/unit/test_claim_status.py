@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.base.ids import DeviceName, GpuUUID, PoolName
 from dra_driver.core.claim_status import (
     DATA_LIMIT_BYTES,
     HealthSnapshot,
@@ -19,7 +20,6 @@ from dra_driver.core.claim_status import (
     device_status_entry,
     entry_key,
 )
-from dra_driver.core.ids import DeviceName, GpuUUID, PoolName
 from dra_driver.core.plan import MigPlan, Mode, PlannedDevice, ShareLimits
 
 DRIVER = "gpu.fractional.dev"

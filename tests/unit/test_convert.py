@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.core.errors import ClaimError
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, PoolName
+from dra_driver.base.errors import ClaimError
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, PoolName
 from dra_driver.core.model import DeviceResult, OpaqueConfig, ResourceClaim
 from dra_driver.k8s.convert import claim_from_dict
 from dra_driver.testing.objects import Allocated, resource_claim

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_driver.base.errors import ConfigError, InventoryError
 from dra_driver.core.cdi import (
     CdiDevice,
     CdiSpec,
@@ -30,7 +31,6 @@ from dra_driver.core.driver_edits import (
     fake_common_edits,
     fake_device_node,
 )
-from dra_driver.core.errors import ConfigError, InventoryError
 from dra_driver.gpu.driver_files import (
     discover_driver_files,
     find_toolkit_spec,

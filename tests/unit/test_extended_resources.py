@@ -24,8 +24,8 @@ import yaml
 from dra_driver.allocator.capacity import consumed_capacity, fits
 from dra_driver.allocator.cel import SelectorCache
 from dra_driver.allocator.model import Device, gather_pools
+from dra_driver.base.ids import PoolName
 from dra_driver.core.extended_resources import advertised, conflict_message, parse_names
-from dra_driver.core.ids import PoolName
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.plan import Mode, NodeContext, plan_prepare
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing

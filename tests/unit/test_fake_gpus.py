@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.core.errors import ConfigError, InventoryError, MigPlacementBusyError
-from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.base.errors import ConfigError, InventoryError, MigPlacementBusyError
+from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.model import (
     GpuInfo,
     HealthEvent,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 from dra_driver.core.model import MigPlacement, MigProfile
 from dra_driver.gpu.models import (
     KNOWN_MODELS,

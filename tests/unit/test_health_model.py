@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
+from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.health import (
     APPLICATION_XIDS,
     EVENTS_FAILED,
@@ -26,7 +27,6 @@ from dra_driver.core.health import (
     parse_xid_list,
     unhealthy_taint_key,
 )
-from dra_driver.core.ids import GpuUUID, MigUUID
 from dra_driver.core.model import HealthEvent, Inventory
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slice_rules import validate_pool

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from dra_driver.core.errors import InventoryError
-from dra_driver.core.ids import GpuUUID
+from dra_driver.base.errors import InventoryError
+from dra_driver.base.ids import GpuUUID
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.gpu.nvml import NvmlGpuBackend
 from tests.support import fake_pynvml

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from dra_driver.base.ids import DeviceName, GpuUUID
 from dra_driver.core.health import DeviceHealth, Status
-from dra_driver.core.ids import DeviceName, GpuUUID
 from dra_driver.kubeletplugin.health import (
     MESSAGE_LIMIT,
     DeviceHealthState,

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from dra_driver.core.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.core.observers import ClaimOperation
 from dra_driver.core.plan import MigPlan, Mode, PlannedDevice, ShareLimits
 from dra_driver.observability.claim_log import LOGGER, ClaimLog
 from dra_driver.observability.logs import JsonFormatter, configure_logging
-from dra_driver.plugin.observers import ClaimOperation
 
 GIB = 1 << 30
 REF = ClaimRef("team-a", "train", ClaimUID("0b7e6c2a-1111-2222-3333-444455556666"))

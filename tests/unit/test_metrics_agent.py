@@ -9,8 +9,8 @@ import threading
 import pytest
 from prometheus_client import generate_latest
 
+from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus
-from dra_driver.observability.agent_metrics import AgentMetrics
 from tests.unit.test_metrics_server import Scrape
 
 P = "fractional_gpu_dra_"

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import __version__
+from dra_driver.base.errors import ConfigError
 from dra_driver.cli import main
-from dra_driver.core.errors import ConfigError
 from dra_driver.observability.metrics_server import metrics_port, new_registry, serve_metrics
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.cdi import ContainerEdits, DeviceNode
-from dra_driver.core.ids import GpuUUID, MigUUID
 from dra_driver.core.mig_edits import NVIDIACTL, CapNode, mig_device_edits
 from dra_driver.core.model import GpuInfo, MigDevice, MigPlacement
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from dra_driver.core.errors import AllocationError, OvercommitError
-from dra_driver.core.ids import ClaimUID, DeviceName, PoolName
+from dra_driver.base.errors import AllocationError, OvercommitError
+from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
 from dra_driver.core.model import Inventory
 from dra_driver.core.plan import DeviceUse, MigPlan, Mode, NodeContext, PreparePlan, plan_prepare
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing

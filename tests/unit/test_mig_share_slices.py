@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from dra_driver.base.quantity import parse_quantity
 from dra_driver.core.model import Inventory
-from dra_driver.core.quantity import parse_quantity
 from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import DesiredSlice, build_slices, mig_share_policy
 from dra_driver.gpu.fake import build_inventory

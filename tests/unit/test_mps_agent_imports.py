@@ -13,7 +13,7 @@ import dra_driver.cli
 dra_driver.cli.build_parser()  # every subcommand's parser, as main() builds them
 from dra_driver.mpsagent.agent import run_agent
 from dra_driver.mpsagent.compute_mode import NvidiaSmiComputeMode
-from dra_driver.observability.agent_metrics import AgentMetrics
+from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.observability.metrics_server import serve_metrics
 heavy = {m.split(".")[0] for m in sys.modules} & {"grpc", "kubernetes", "google", "cel", "yaml"}
 heavy |= {m for m in sys.modules if m.startswith(("dra_driver.allocator", "dra_driver.k8s"))}

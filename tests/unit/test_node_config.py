@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 from dra_driver.core.settings import Allocator, GpuSettings, Sharing
 from dra_driver.plugin.node_config import NodeFlags, load_node_settings
 

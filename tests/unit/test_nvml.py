@@ -13,8 +13,8 @@ from typing import TypeVar
 import pynvml
 import pytest
 
-from dra_driver.core.errors import InventoryError, MigPlacementBusyError
-from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.base.errors import InventoryError, MigPlacementBusyError
+from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.model import (
     GpuInfo,
     HealthEvent,

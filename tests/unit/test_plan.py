@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from dra_driver.core.cdi import CdiSpec, DeviceNode
-from dra_driver.core.errors import (
+from dra_driver.base.errors import (
     AllocationError,
     ClaimError,
     ClaimNotAllocatedError,
     ClaimNotOnNodeError,
 )
-from dra_driver.core.ids import ClaimUID, DeviceName, PoolName
+from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
+from dra_driver.core.cdi import CdiSpec, DeviceNode
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.plan import DeviceUse, Mode, NodeContext, PreparePlan, plan_prepare
 from dra_driver.gpu.fake import build_inventory

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.core.errors import AllocationError
-from dra_driver.core.ids import ClaimUID, DeviceName, PoolName
+from dra_driver.base.errors import AllocationError
+from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.plan import (
     DeviceUse,

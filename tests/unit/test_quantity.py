@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.core.quantity import format_bytes, parse_whole
+from dra_driver.base.quantity import format_bytes, parse_whole
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.core.semver import is_semver, normalise_version
+from dra_driver.base.semver import is_semver, normalise_version
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.core.errors import DriverError
-from dra_driver.core.quantity import parse_quantity
+from dra_driver.base.errors import DriverError
+from dra_driver.base.quantity import parse_quantity
 from dra_driver.core.settings import Capabilities
 from dra_driver.core.slice_rules import (
     SliceInvalidError,

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.base.ids import GpuUUID, MigUUID
+from dra_driver.base.quantity import format_bytes, format_count, parse_quantity
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement, MigProfile
-from dra_driver.core.quantity import format_bytes, format_count, parse_quantity
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import DesiredSlice, build_slices
 from tests.support.slice_checks import DRIVER, NODE, assert_publishable

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.core.errors import ConfigError
+from dra_driver.base.errors import ConfigError
 from dra_driver.kubeletplugin.sockets import remove_stale_socket, socket_paths
 
 DRIVER = "gpu.fractional.dev"

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from dra_driver.core.errors import InventoryError
-from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.base.errors import InventoryError
+from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.model import HealthEvent, Inventory, MigDevice, MigPlacement
 from dra_driver.gpu.nvml.calls import NvmlCalls
 from dra_driver.gpu.nvml.discovery import architecture_names, discover

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any, Final
 
-from dra_driver.core.errors import InventoryError, MigPlacementBusyError
-from dra_driver.core.ids import GpuUUID
+from dra_driver.base.errors import InventoryError, MigPlacementBusyError
+from dra_driver.base.ids import GpuUUID
 
 log = logging.getLogger("dra_driver.gpu.nvml")
 """The one logger of the NVML backend, whichever of its modules logs."""

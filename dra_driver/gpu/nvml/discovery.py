@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from dra_driver.core.ids import MigUUID
+from dra_driver.base.ids import MigUUID
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement, MigProfile
 from dra_driver.gpu.nvml.calls import ABSENT, NvmlCalls, log, text
 

@@ -31,8 +31,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from dra_driver.core.errors import InventoryError
-from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.base.errors import InventoryError
+from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.model import HealthEvent
 from dra_driver.gpu.nvml.calls import ABSENT, NvmlCalls, handle_key, log
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from dra_driver.core.errors import InventoryError, MigPlacementBusyError
-from dra_driver.core.ids import GpuUUID, MigUUID
+from dra_driver.base.errors import InventoryError, MigPlacementBusyError
+from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.model import MigDevice, MigPlacement
 from dra_driver.gpu.nvml.calls import ABSENT, NvmlCalls, log, text
 from dra_driver.gpu.nvml.discovery import MIB, mig_devices, possible_placements

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from dra_driver.core.errors import (
+from dra_driver.base.errors import (
     AllocationError,
     ApiError,
     CheckpointError,
@@ -29,7 +29,7 @@ from dra_driver.core.errors import (
     MigPlacementBusyError,
     OvercommitError,
 )
-from dra_driver.core.ids import ClaimRef
+from dra_driver.base.ids import ClaimRef
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.plan import PlannedDevice
 

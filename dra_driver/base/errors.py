@@ -30,7 +30,7 @@ translated at their adapter with ``raise ... from err``::
 
 from __future__ import annotations
 
-from dra_driver.core.ids import ClaimRef
+from dra_driver.base.ids import ClaimRef
 
 
 class DriverError(Exception):

@@ -59,9 +59,9 @@ from dra_driver.api.types import (
     TimeSlicingConfig,
 )
 from dra_driver.api.validate import invalid, soft_limit_above_hard
-from dra_driver.core.errors import InvalidConfigError
+from dra_driver.base.errors import InvalidConfigError
+from dra_driver.base.quantity import format_bytes, parse_whole
 from dra_driver.core.model import DeviceResult, OpaqueConfig
-from dra_driver.core.quantity import format_bytes, parse_whole
 
 FROM_CLASS = "FromClass"
 FROM_CLAIM = "FromClaim"
