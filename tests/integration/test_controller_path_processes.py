@@ -37,7 +37,6 @@ from dra_driver.controller.reconcile import CONTROLLER_CLASS, FINALIZER
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.objects import node_object
-from tests.integration.test_plugin_process import write_kubeconfig
 from tests.support.controller_env import share_class
 from tests.support.fakekube import FakeApiError, FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs
@@ -166,7 +165,7 @@ def our_entries(api: FakeKubeApi) -> list[dict[str, Any]]:
 def start_driver(api: FakeKubeApi, dirs: NodeDirs, processes: Processes) -> str:
     """The mps-agent, the plugin (GPUs for the controller) and the controller; the
     agent's socket."""
-    kubeconfig = write_kubeconfig(dirs, api.url)
+    kubeconfig = dirs.kubeconfig(api.url)
     agent_socket = os.path.join(dirs.plugin, "mps-agent.sock")
     common = ["--driver-name", DRIVER, "--plugin-dir", dirs.plugin]
     processes.start(

@@ -328,15 +328,7 @@ def test_the_plugin_process_checks_its_node_at_start(
 ) -> None:
     """The flag's env twin reaches the check in the real ``dra-driver kubelet-plugin``."""
     add_node(fake_kube, {GPU: "4"})
-    kubeconfig = os.path.join(node_dirs.root, "kubeconfig")
-    with open(kubeconfig, "w", encoding="utf-8") as handle:
-        handle.write(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: fake, cluster: {{server: '{fake_kube.url}'}}}}]\n"
-            "users: [{name: fake, user: {}}]\n"
-            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
-            "current-context: fake\n"
-        )
+    kubeconfig = node_dirs.kubeconfig(fake_kube.url)
     log_path = os.path.join(node_dirs.root, "plugin.log")
     cmd = [
         sys.executable, "-m", "dra_driver", "kubelet-plugin",

@@ -37,19 +37,6 @@ def api() -> Iterator[FakeKubeApi]:
         yield fake
 
 
-def write_kubeconfig(dirs: NodeDirs, url: str) -> str:
-    path = os.path.join(dirs.root, "kubeconfig")
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
-            "users: [{name: fake, user: {}}]\n"
-            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
-            "current-context: fake\n"
-        )
-    return path
-
-
 def start_plugin(
     dirs: NodeDirs, kubeconfig: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -114,7 +101,7 @@ def test_sigkill_during_prepare_storm_then_restart(  # noqa: PLR0915 - one story
     ]
     # The API server assigns the UIDs the kubelet will send.
     claims = [api.create(claim) for claim in claims]
-    kubeconfig = write_kubeconfig(node_dirs, api.url)
+    kubeconfig = node_dirs.kubeconfig(api.url)
     reg_socket = os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock")
 
     proc = start_plugin(node_dirs, kubeconfig)
@@ -182,7 +169,7 @@ def test_claims_read_through_the_api(node_dirs: NodeDirs, api: FakeKubeApi) -> N
     replaced = api.create(resource_claim("ns", "replaced", devices=[Allocated("gpu-1")]))
     stale_ref = ClaimRef("ns", "replaced", ClaimUID(str(uuid.uuid4())))
     deleted_ref = ClaimRef("ns", "gone", ClaimUID(str(uuid.uuid4())))
-    proc = start_plugin(node_dirs, write_kubeconfig(node_dirs, api.url))
+    proc = start_plugin(node_dirs, node_dirs.kubeconfig(api.url))
     try:
         wait_for_fresh_socket(os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock"), None, proc)
 
@@ -219,7 +206,7 @@ def test_two_plugin_processes_during_a_rolling_update(
         api.create(resource_claim("roll", f"c{i}", devices=[share(f"gpu-{i % GPUS}")]))
         for i in range(60)
     ]
-    kubeconfig = write_kubeconfig(node_dirs, api.url)
+    kubeconfig = node_dirs.kubeconfig(api.url)
     # The pod UID comes through the flag's environment twin, as the chart sets it.
     procs = {
         uid: start_plugin(node_dirs, kubeconfig, env={"ROLLING_UPDATE_UID": uid})

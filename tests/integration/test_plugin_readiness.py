@@ -179,19 +179,6 @@ async def wait_until(check: Callable[[], object], what: str, timeout: float = 20
 # --- the real process, the API server unreachable ----------------------------------------
 
 
-def write_kubeconfig(dirs: NodeDirs, url: str) -> str:
-    path = os.path.join(dirs.root, "kubeconfig")
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: c, cluster: {{server: '{url}'}}}}]\n"
-            "users: [{name: u, user: {}}]\n"
-            "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
-            "current-context: x\n"
-        )
-    return path
-
-
 @pytest.fixture
 def plugin_without_api(node_dirs: NodeDirs) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``dra-driver kubelet-plugin`` as the chart runs it, its API server unreachable."""
@@ -203,7 +190,7 @@ def plugin_without_api(node_dirs: NodeDirs) -> Iterator[tuple[subprocess.Popen[b
         "--plugin-dir", node_dirs.plugin,
         "--cdi-root", node_dirs.cdi,
         "--fake-gpus", "h100-80gb:1",
-        "--kubeconfig", write_kubeconfig(node_dirs, closed_api_url()),
+        "--kubeconfig", node_dirs.kubeconfig(closed_api_url()),
         "--boot-id-file", node_dirs.boot_id_file,
         "--sharing", "timeslicing",
         "--log-level", "WARNING",

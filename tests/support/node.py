@@ -46,6 +46,19 @@ class NodeDirs:
     cdi: str
     boot_id_file: str
 
+    def kubeconfig(self, url: str) -> str:
+        """A kubeconfig file for the API server at ``url`` (no credentials); its path."""
+        path = os.path.join(self.root, "kubeconfig")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(
+                "apiVersion: v1\nkind: Config\n"
+                f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
+                "users: [{name: fake, user: {}}]\n"
+                "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+                "current-context: fake\n"
+            )
+        return path
+
     def set_boot_id(self, boot_id: str) -> None:
         with open(self.boot_id_file, "w", encoding="ascii") as handle:
             handle.write(boot_id + "\n")
