@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from typing import Any
 
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
@@ -14,16 +13,14 @@ from dra_driver.core.model import MigPlacement
 from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
-from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
-from tests.support.mps import agent_running
+from tests.support.mps import agent_running, fake_agent_config
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 
@@ -33,14 +30,7 @@ def spec_of(dirs: NodeDirs, uid: str) -> Any:
 
 
 def agent_config(dirs: NodeDirs) -> AgentConfig:
-    return AgentConfig(
-        socket_path=os.path.join(dirs.plugin, "mps-agent.sock"),
-        state_dir=os.path.join(dirs.root, "mps"),
-        control_binary=fake_control_path(),
-        protocol="v3",
-        compute_mode=FakeComputeMode(),
-        daemon_env={**os.environ, "PYTHON": sys.executable},
-    )
+    return fake_agent_config(dirs.plugin, dirs.root)
 
 
 def mps_runtime(dirs: NodeDirs, source: InMemoryClaimSource) -> PluginRuntime:

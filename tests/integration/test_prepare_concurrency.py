@@ -7,23 +7,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import sys
 import time
 
 import pytest
 
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
-from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.fake_control import DELAY_ENV
 from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import claim_ref, resource_claim, share
-from tests.support.mps import agent_running
+from tests.support.mps import agent_running, fake_agent_config
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 GPUS = 10
@@ -31,14 +28,7 @@ COMMAND_S = 0.05
 
 
 def slow_agent(dirs: NodeDirs) -> AgentConfig:
-    return AgentConfig(
-        socket_path=os.path.join(dirs.plugin, "mps-agent.sock"),
-        state_dir=os.path.join(dirs.root, "mps"),
-        control_binary=fake_control_path(),
-        protocol="v3",
-        compute_mode=FakeComputeMode(),
-        daemon_env={**os.environ, "PYTHON": sys.executable, DELAY_ENV: str(COMMAND_S)},
-    )
+    return fake_agent_config(dirs.plugin, dirs.root, {DELAY_ENV: str(COMMAND_S)})
 
 
 @pytest.mark.parametrize("calls", ["one call per claim", "one call"])

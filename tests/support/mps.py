@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+import sys
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
+from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
+from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.metrics import AgentMetrics
+
+
+def fake_agent_config(
+    plugin_dir: str, root: str, extra_env: Mapping[str, str] | None = None
+) -> AgentConfig:
+    """An MPS v3 agent on the packaged fake control, its socket in ``plugin_dir``, its
+    state under ``root``; ``extra_env`` reaches the fake daemons (e.g. a command delay)."""
+    return AgentConfig(
+        socket_path=os.path.join(plugin_dir, "mps-agent.sock"),
+        state_dir=os.path.join(root, "mps"),
+        control_binary=fake_control_path(),
+        protocol="v3",
+        compute_mode=FakeComputeMode(),
+        daemon_env={**os.environ, "PYTHON": sys.executable, **(extra_env or {})},
+    )
 
 
 @asynccontextmanager
