@@ -16,6 +16,7 @@ an ``ERROR`` event with a 410 Status (resourceVersion too old) is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterable
@@ -63,10 +64,14 @@ class WatchCanceller:
 
 def _shutdown(response: urllib3.BaseHTTPResponse) -> None:
     shutdown = getattr(response, "shutdown", None)  # urllib3 2.3+
-    if shutdown is not None:
-        shutdown()
-    else:
-        response.close()
+    # A stream that ended meanwhile has closed its socket: shutting it down then
+    # fails (EBADF, or urllib3's ValueError once the response is closed), and
+    # there is nothing left to end.
+    with contextlib.suppress(OSError, ValueError):
+        if shutdown is not None:
+            shutdown()
+        else:
+            response.close()
 
 
 def list_objects(api_client: ApiClient, path: str) -> tuple[list[JsonObj], str]:
