@@ -27,6 +27,7 @@ from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 
 if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every subcommand
+    from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.claim_reporting import ClaimReporter
     from dra_driver.plugin.disruption_guard import DisruptionGuard
     from dra_driver.plugin.runtime import PluginRuntime
@@ -209,6 +210,7 @@ def _run_plugin(args: argparse.Namespace) -> int:
     from dra_driver.k8s.publisher import SlicePublisher
     from dra_driver.observability.metrics_server import MetricsServer, metrics_port, serve_metrics
     from dra_driver.observability.plugin_metrics import PluginMetrics
+    from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.enforcement import DmemLimits
     from dra_driver.plugin.extended_resources import check_extended_resources
     from dra_driver.plugin.runtime import (
@@ -263,13 +265,17 @@ def _run_plugin(args: argparse.Namespace) -> int:
     try:
         if metrics is not None:
             server = serve_metrics(port, metrics.registry, args.metrics_address)
-        reporting = claim_reporting(args, api_client, config.driver_name, config.node_name)
+        activity = CallActivity()
+        reporting = claim_reporting(
+            args, api_client, config.driver_name, config.node_name, activity
+        )
         runtime = PluginRuntime(
             config,
             backend,
             claims,
             slices,
             reporting=reporting,
+            activity=activity,
             metrics=metrics,
             disruption_guard=disruption_guard(
                 args, api_client, config.driver_name, config.node_name, reporting
@@ -335,9 +341,14 @@ def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -
 
 
 def claim_reporting(
-    args: argparse.Namespace, api_client: Any, driver_name: str, node_name: str
+    args: argparse.Namespace,
+    api_client: Any,
+    driver_name: str,
+    node_name: str,
+    activity: CallActivity | None = None,
 ) -> ClaimReporter:
-    """The plugin's claim status writer and Event recorder, from its flags."""
+    """The plugin's claim status writer and Event recorder, from its flags;
+    ``activity``: the plugin's calls in flight (status writes wait for a lull)."""
     from dra_driver.k8s.claim_status import ClaimStatusWriter
     from dra_driver.k8s.events import EventRecorder
     from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
@@ -354,7 +365,13 @@ def claim_reporting(
         if args.claim_status == "auto"
         else None
     )
-    return ClaimReporter(driver_name=driver_name, node_name=node_name, status=status, events=events)
+    return ClaimReporter(
+        driver_name=driver_name,
+        node_name=node_name,
+        status=status,
+        events=events,
+        activity=activity,
+    )
 
 
 def disruption_guard(

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kubernetes.client import ApiClient, VersionApi
+from kubernetes.client import ApiClient
 
 from dra_driver.base.errors import ApiError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.core.settings import Capabilities
@@ -42,8 +42,6 @@ from dra_driver.k8s.publisher import FIELD_MANAGER, SLICES_PATH, dns_subdomain
 from dra_driver.k8s.rest import (
     DEFAULT_REQUEST_TIMEOUT_S,
     JsonObj,
-    json_object,
-    read_raw,
     request_json,
 )
 
@@ -156,10 +154,7 @@ async def read_server_minor(
 
     def read() -> int:
         with translate_api_errors("GET /version"):
-            raw = VersionApi(api_client).get_code(
-                _preload_content=False, _request_timeout=request_timeout_s
-            )
-            info = json_object("GET /version", read_raw(raw))
+            info = request_json(api_client, "GET", "/version", timeout_s=request_timeout_s)
         try:
             return minor_in_effect(info)
         except ValueError as err:

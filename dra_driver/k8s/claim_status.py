@@ -43,6 +43,7 @@ from dra_driver.base.errors import (
 )
 from dra_driver.base.ids import ClaimRef
 from dra_driver.k8s.backoff import Backoff
+from dra_driver.k8s.claims import claim_path
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
@@ -71,7 +72,7 @@ def field_manager(driver_name: str, node_name: str) -> str:
 
 
 def claim_status_path(ref: ClaimRef) -> str:
-    return f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace}/resourceclaims/{ref.name}/status"
+    return f"{claim_path(ref)}/status"
 
 
 def apply_body(ref: ClaimRef, entries: Sequence[JsonObj]) -> JsonObj:

@@ -109,15 +109,6 @@ def api_exception(status: int, reason: str | None, data: bytes) -> ApiException:
     return err
 
 
-def read_raw(response: Any) -> bytes:
-    """The body of a ``_preload_content=False`` answer (a urllib3 response)."""
-    urllib3_response = cast(urllib3.BaseHTTPResponse, response)
-    try:
-        return urllib3_response.data
-    finally:
-        urllib3_response.release_conn()
-
-
 def json_object(what: str, data: bytes) -> JsonObj:
     try:
         obj = json.loads(data)

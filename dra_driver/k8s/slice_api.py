@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from kubernetes.client import ApiClient, ResourceV1Api
+from kubernetes.client import ApiClient
 
 from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.k8s.errors import translate_api_errors
-from dra_driver.k8s.rest import JsonObj, json_object, read_raw, request_json
+from dra_driver.k8s.rest import JsonObj, request_json
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 FIELD_MANAGER = "fractional-gpu-dra"
@@ -63,12 +63,13 @@ class SliceApi:
     def list_ours(self) -> list[JsonObj]:
         what = f"LIST resourceslices {self._field_selector}"
         with translate_api_errors(what):
-            raw = ResourceV1Api(self._api_client).list_resource_slice(
-                field_selector=self._field_selector,
-                _preload_content=False,
-                _request_timeout=self._timeout_s,
+            listed = request_json(
+                self._api_client,
+                "GET",
+                SLICES_PATH,
+                query=[("fieldSelector", self._field_selector)],
+                timeout_s=self._timeout_s,
             )
-            listed = json_object(what, read_raw(raw))
         items = listed.get("items") or []
         return [i for i in items if isinstance(i, dict) and (i.get("metadata") or {}).get("name")]
 

@@ -25,7 +25,10 @@
 Nothing here blocks the event loop: status writes run as one task per claim
 that always writes the newest wanted state (a prepare then a quick unprepare
 never leaves entries behind, whatever the API's latency), and Events are
-scheduled by the recorder. :meth:`ClaimReporter.close` flushes both at shutdown.
+scheduled by the recorder. Given the plugin's
+:class:`~dra_driver.plugin.activity.CallActivity`, a status write waits for a
+lull in the kubelet's calls (at most its ``max_wait_s``), so a wave of pods is
+answered before their status is written. :meth:`ClaimReporter.close` flushes both at shutdown.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dra_driver.core.plan import Mode, PlannedDevice
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter
 from dra_driver.k8s.events import NORMAL, WARNING, EventRecorder, InvolvedObject, now_rfc3339
 from dra_driver.k8s.rest import JsonObj
+from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.mps_watch import MpsUidWait
 
 log = logging.getLogger(__name__)
@@ -138,12 +142,17 @@ class ClaimReporter:
         status: ClaimStatusWriter | None,
         events: EventRecorder | None,
         clock: Callable[[], str] = now_rfc3339,
+        activity: CallActivity | None = None,
     ) -> None:
+        """``activity``: the kubelet's calls in flight (the plugin's
+        :class:`~dra_driver.plugin.activity.CallActivity`); status writes wait for
+        a lull in them. None: they start at once."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.status_writer = status
         self.events = events
         self._clock = clock
+        self._activity = activity
         self._prepared: dict[ClaimUID, _Prepared] = {}
         self._written: set[ClaimUID] = set()
         self._health_by_device: dict[str, HealthSnapshot] = {}
@@ -337,7 +346,14 @@ class ClaimReporter:
     async def _write(self, uid: ClaimUID) -> None:
         assert self.status_writer is not None
         try:
-            while (wanted := self._wanted.pop(uid, None)) is not None:
+            while True:
+                if self._activity is not None:
+                    # Off the kubelet's path: let the claims still being prepared
+                    # or unprepared have the CPU first.
+                    await self._activity.lull()
+                wanted = self._wanted.pop(uid, None)
+                if wanted is None:
+                    break
                 ref, entries = wanted
                 try:
                     result = await self.status_writer.apply(ref, entries)

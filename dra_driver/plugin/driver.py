@@ -45,6 +45,7 @@ from dra_driver.core.observers import ClaimOperation, DriverObserver, error_reas
 from dra_driver.core.plan import Mode, NodeContext, PlannedDevice, plan_prepare
 from dra_driver.core.ports import ClaimSource
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
+from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.enforcement import Enforcer, owned_shares
 from dra_driver.state.checkpoint import (
@@ -130,9 +131,12 @@ class Driver:
         lock: NodeLock,
         enforcer: Enforcer | None = None,
         observers: Sequence[DriverObserver] = (),
+        activity: CallActivity | None = None,
     ) -> None:
         """``enforcer`` None: no side effects beyond CDI specs (MPS shares and MIG
-        devices are then given their GPU's nodes only; tests of the engine alone)."""
+        devices are then given their GPU's nodes only; tests of the engine alone).
+        ``activity``: counts the calls in flight (work off the kubelet's path waits
+        for a lull)."""
         self.ctx = ctx
         self.enforcer = enforcer
         self.inventory = inventory
@@ -140,6 +144,7 @@ class Driver:
         self.checkpoints = checkpoints
         self.cdi = cdi
         self.lock = lock
+        self.activity = activity if activity is not None else CallActivity()
         self.observers: list[DriverObserver] = list(observers)
         """Told of every claim's outcome (metrics, Events, claim status)."""
         self._pending: list[_Work] = []
@@ -156,27 +161,29 @@ class Driver:
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, ClaimOutcome]:
         started = time.monotonic()
-        unique = _unique(refs)
-        fetched = await asyncio.gather(
-            *(self.claims.get_claim(ref) for ref in unique), return_exceptions=True
-        )
-        work = _Work(
-            prepare=True,
-            refs=unique,
-            fetched={ref.uid: got for ref, got in zip(unique, fetched, strict=True)},
-            future=asyncio.get_running_loop().create_future(),
-        )
-        return await self._submit(work, started)
+        with self.activity.call():
+            unique = _unique(refs)
+            fetched = await asyncio.gather(
+                *(self.claims.get_claim(ref) for ref in unique), return_exceptions=True
+            )
+            work = _Work(
+                prepare=True,
+                refs=unique,
+                fetched={ref.uid: got for ref, got in zip(unique, fetched, strict=True)},
+                future=asyncio.get_running_loop().create_future(),
+            )
+            return await self._submit(work, started)
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[ClaimUID, ClaimOutcome]:
         started = time.monotonic()
-        work = _Work(
-            prepare=False,
-            refs=_unique(refs),
-            fetched={},
-            future=asyncio.get_running_loop().create_future(),
-        )
-        return await self._submit(work, started)
+        with self.activity.call():
+            work = _Work(
+                prepare=False,
+                refs=_unique(refs),
+                fetched={},
+                future=asyncio.get_running_loop().create_future(),
+            )
+            return await self._submit(work, started)
 
     async def reconcile(self) -> ReconcileReport:
         """Make checkpoint, CDI dir, MPS shares and MIG instances agree; once at start-up."""

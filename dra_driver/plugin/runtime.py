@@ -40,6 +40,7 @@ from dra_driver.kubeletplugin.sockets import SocketPaths, socket_paths
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.observability.plugin_observers import plugin_observers
+from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.disruption_guard import DisruptionGuard
@@ -132,14 +133,17 @@ class PluginRuntime:
         reporting: ClaimReporter | None = None,
         metrics: PluginMetrics | None = None,
         disruption_guard: DisruptionGuard | None = None,
+        activity: CallActivity | None = None,
     ) -> None:
         """``reporting``: claim status and Events (None: neither is written, e.g. the
         demo); ``metrics``: the Prometheus registry to keep up to date (None: no
         metrics served); ``disruption_guard``: annotates the pods of guarded claims
-        (None: off)."""
+        (None: off); ``activity``: the kubelet's calls in flight, shared with
+        ``reporting`` so that its writes wait for a lull (None: the driver's own)."""
         config.validate()
         self.config = config
         self.reporting = reporting
+        self.activity = activity if activity is not None else CallActivity()
         self.disruption_guard = disruption_guard
         self.metrics = metrics
         self.backend = backend
@@ -218,6 +222,7 @@ class PluginRuntime:
             cdi=CdiStore(cfg.cdi_root, ctx.cdi_kind),
             lock=NodeLock(os.path.join(cfg.plugin_dir, LOCK_FILE)),
             enforcer=enforcer,
+            activity=self.activity,
         )
         self.reconcile_report = await self.driver.reconcile()
         health = self.health_monitor = HealthMonitor(

@@ -160,6 +160,7 @@ def serve_plugin(args: argparse.Namespace) -> int:
     from dra_driver.k8s.events import EventRecorder
     from dra_driver.mpsagent.client import MpsAgentClient
     from dra_driver.plugin import driver
+    from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.cdi_store import CdiStore
     from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
     from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
@@ -189,13 +190,21 @@ def serve_plugin(args: argparse.Namespace) -> int:
     )
     claims = KubernetesClaimSource(api)
     events = EventRecorder(api, component=COMPONENT, instance=NODE, interval_s=60, aggregate=True)
+    activity = CallActivity()  # as `dra-driver kubelet-plugin` wires it
     reporter = ClaimReporter(
         driver_name=DRIVER,
         node_name=NODE,
         status=ClaimStatusWriter(api, driver_name=DRIVER, node_name=NODE),
         events=events,
+        activity=activity,
     )
-    runtime = PluginRuntime(config, FakeGpuBackend(FAKE_GPUS, NODE), claims, reporting=reporter)
+    runtime = PluginRuntime(
+        config,
+        FakeGpuBackend(FAKE_GPUS, NODE),
+        claims,
+        reporting=reporter,
+        activity=activity,
+    )
     profiler = None
     if args.profile:
         import cProfile

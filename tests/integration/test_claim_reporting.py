@@ -3,6 +3,7 @@ claims read from and written to the fake API server over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -24,6 +25,7 @@ from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.events import EventRecorder
+from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.claim_reporting import (
     COMPONENT,
     ClaimReporter,
@@ -71,14 +73,23 @@ def api(fake_kube: FakeKubeApi) -> Iterator[ApiClient]:
 
 
 def reporter(
-    api: ApiClient, clock: Clock, *, status: bool = True, interval_s: float = 60
+    api: ApiClient,
+    clock: Clock,
+    *,
+    status: bool = True,
+    interval_s: float = 60,
+    activity: CallActivity | None = None,
 ) -> ClaimReporter:
     events = EventRecorder(
         api, component=COMPONENT, instance=NODE, interval_s=interval_s, aggregate=True, clock=clock
     )
     writer = ClaimStatusWriter(api, driver_name=DRIVER, node_name=NODE, sleep=_no_sleep)
     return ClaimReporter(
-        driver_name=DRIVER, node_name=NODE, status=writer if status else None, events=events
+        driver_name=DRIVER,
+        node_name=NODE,
+        status=writer if status else None,
+        events=events,
+        activity=activity,
     )
 
 
@@ -433,6 +444,47 @@ def test_prepare_then_quick_unprepare_leaves_nothing(
     run_checked(scenario())
     assert devices_of(fake_kube, "c") == []
     assert len([r for r in fake_kube.requests if r[0] == "PATCH"]) <= 2
+
+
+def status_patches(fake: FakeKubeApi) -> int:
+    return len([r for r in fake.requests if r[0] == "PATCH" and r[1].endswith("/status")])
+
+
+def test_status_writes_wait_for_the_calls_in_flight(fake_kube: FakeKubeApi, api: ApiClient) -> None:
+    """A claim answered while others of its wave are still being prepared gets its
+    status written once the wave is answered, not while it competes with them."""
+    obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
+    activity = CallActivity()
+    observer = reporter(api, Clock(), activity=activity)
+
+    async def scenario() -> None:
+        with activity.call():
+            observer.claim_done(ClaimOperation("prepare", claim_ref(obj), 0.01, devices=(GPU_0,)))
+            await asyncio.sleep(0.3)
+            assert status_patches(fake_kube) == 0
+        assert await observer.flush()
+        assert status_patches(fake_kube) == 1
+        await observer.close()
+
+    run_checked(scenario())
+    assert keys(devices_of(fake_kube, "c")) == [(DRIVER, NODE, "gpu-0", "")]
+
+
+def test_a_node_that_never_rests_still_gets_its_status_written(
+    fake_kube: FakeKubeApi, api: ApiClient
+) -> None:
+    obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
+    activity = CallActivity(max_wait_s=0.2)
+    observer = reporter(api, Clock(), activity=activity)
+
+    async def scenario() -> None:
+        with activity.call():
+            observer.claim_done(ClaimOperation("prepare", claim_ref(obj), 0.01, devices=(GPU_0,)))
+            assert await observer.flush(timeout_s=3)
+            assert status_patches(fake_kube) == 1
+        await observer.close()
+
+    run_checked(scenario())
 
 
 def test_the_health_models_device_health_is_a_change(

@@ -187,7 +187,7 @@ def test_probe_reads_what_the_server_keeps(
         posts = [r for r in fake.request_log if r.method == "POST"]
         assert posts and all(r.query["dryRun"] == ["All"] for r in posts)
         assert len(posts) == (1 if minor < 35 else 2)
-        assert fake.requests[0] == ("GET", "/version/")  # the client's spelling
+        assert fake.requests[0] == ("GET", "/version")
 
 
 def test_probe_with_a_known_version_skips_version(
