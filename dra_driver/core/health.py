@@ -8,7 +8,7 @@ Inputs, each with the time it was seen (``now``, unix seconds; never read here):
 * which GPUs' MPS control daemons are down (from the mps-agent's status).
 
 A problem belongs to a *subject*, a GPU or one MIG device. A published device
-(:func:`~dra_driver.core.slices.device_names`) sees the problems of its GPU and,
+(:func:`~dra_driver.core.published.device_names`) sees the problems of its GPU and,
 for an existing MIG instance, its own; its message says which is which. An XID
 that NVML attributes to one MIG device stays on that device unless it is fatal:
 a GPU that needs a reset takes all its MIG devices with it.
@@ -45,7 +45,7 @@ from dra_driver.core.health_taints import (
     unhealthy_taint_key,
 )
 from dra_driver.core.model import GpuInfo, HealthEvent, Inventory
-from dra_driver.core.slices import device_names, mig_targets
+from dra_driver.core.published import device_names, mig_targets
 from dra_driver.core.xid import (
     APPLICATION_XIDS,
     FATAL_XIDS,
