@@ -200,8 +200,8 @@ def _plugin_parser(sub: Any) -> None:
 
 
 def _run_plugin(args: argparse.Namespace) -> int:
-    from dra_driver.core.extended_resources import parse_names
     from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
+    from dra_driver.core.slices import parse_names
     from dra_driver.k8s.capabilities import probe_capabilities
     from dra_driver.k8s.claims import KubernetesClaimSource
     from dra_driver.k8s.client import make_api_client
