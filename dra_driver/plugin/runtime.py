@@ -18,9 +18,10 @@ from typing import Any
 
 from dra_driver.base.errors import ConfigError, DriverError
 from dra_driver.base.ids import ClaimRef, ClaimUID, PoolName
-from dra_driver.core.cdi import ContainerEdits, cdi_kind_for_driver
-from dra_driver.core.driver_edits import (
+from dra_driver.core.cdi import (
     DEFAULT_HOOK_PATH,
+    ContainerEdits,
+    cdi_kind_for_driver,
     edits_from_driver_files,
     edits_from_toolkit_spec,
     fake_common_edits,

@@ -1,4 +1,4 @@
-"""CDI spec rendering (``dra_driver.core.cdi``).
+"""CDI spec rendering (``dra_driver.core.cdi.spec``).
 
 Rendered specs are also run through a small CDI checker written here from the
 fact sheet (dra-facts.md §9) and the CDI validator (``pkg/parser``): the
