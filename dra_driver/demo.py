@@ -27,7 +27,7 @@ from dra_driver.allocator.simulate import claim_object, device_class, order_batc
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.base.quantity import format_bytes
 from dra_driver.core.model import Inventory
-from dra_driver.core.plan import Mode, PlannedDevice
+from dra_driver.core.prepare import Mode, PlannedDevice
 from dra_driver.core.published import device_names
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import DesiredSlice, build_slices, validate_pool

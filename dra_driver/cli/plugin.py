@@ -20,8 +20,8 @@ from dra_driver.cli.flags import (
     _seconds,
     add_flag,
 )
-from dra_driver.core.disruption_guard import GuardMode
 from dra_driver.core.ports import GpuBackend
+from dra_driver.core.prepare import GuardMode
 from dra_driver.dmemhook import DEFAULT_HOOK_DIR
 from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR

@@ -51,8 +51,8 @@ from dra_driver.core.cdi import (
     mig_device_edits,
 )
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement
-from dra_driver.core.plan import DmemHookSettings, Mode, PlannedDevice
 from dra_driver.core.ports import GpuBackend
+from dra_driver.core.prepare import DmemHookSettings, Mode, PlannedDevice
 from dra_driver.dmemhook import install_hook
 from dra_driver.gpu.dmem import detect_dmem
 from dra_driver.gpu.mig_caps import MigCapabilities

@@ -28,8 +28,8 @@ from dra_driver.core.cdi import (
 )
 from dra_driver.core.health import HealthSettings, unhealthy_taint_key
 from dra_driver.core.model import Inventory
-from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend
+from dra_driver.core.prepare import NodeContext
 from dra_driver.core.settings import NodeSettings
 from dra_driver.dmemhook import DEFAULT_HOOK_DIR
 from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT

@@ -26,7 +26,7 @@ from dra_driver.allocator.cel import SelectorCache
 from dra_driver.allocator.model import Device, gather_pools
 from dra_driver.base.ids import PoolName
 from dra_driver.core.model import ResourceClaim
-from dra_driver.core.plan import Mode, NodeContext, plan_prepare
+from dra_driver.core.prepare import Mode, NodeContext, plan_prepare
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import advertised, build_slices, conflict_message, parse_names
 from dra_driver.gpu.fake import build_inventory, load_spec

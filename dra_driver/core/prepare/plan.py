@@ -51,8 +51,8 @@ from dra_driver.core.cdi import (
     fake_device_node,
     merge_edits,
 )
-from dra_driver.core.configs import effective_config, limits_for
 from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClaim
+from dra_driver.core.prepare.configs import effective_config, limits_for
 from dra_driver.core.published import MigTarget, mig_targets
 from dra_driver.core.settings import NodeSettings, Sharing
 from dra_driver.core.slices import MIB, mig_share_policy
