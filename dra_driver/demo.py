@@ -27,10 +27,10 @@ from dra_driver.allocator.simulate import claim_object, device_class, order_batc
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.base.quantity import format_bytes
 from dra_driver.core.model import Inventory
-from dra_driver.core.plan import Mode, PlannedDevice
+from dra_driver.core.prepare import Mode, PlannedDevice
+from dra_driver.core.published import device_names
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
-from dra_driver.core.slice_rules import validate_pool
-from dra_driver.core.slices import DesiredSlice, build_slices, device_names
+from dra_driver.core.slices import DesiredSlice, build_slices, validate_pool
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.slice_plan import slice_name
 from dra_driver.mpsagent import fake_control_path

@@ -7,7 +7,7 @@
 
 Which configs apply to one allocation result, merged (class, then claim), the
 grant trusted, and the limits they yield, is the planner's business:
-:mod:`dra_driver.core.configs` (it needs the claim model; ``api/`` stands on
+:mod:`dra_driver.core.prepare.configs` (it needs the claim model; ``api/`` stands on
 ``base/`` alone).
 
 Every error is :class:`~dra_driver.base.errors.InvalidConfigError`.

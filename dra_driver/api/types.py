@@ -7,7 +7,7 @@ Three kinds, one tagged union (:data:`ApiObject`), dispatched with ``match``:
     a claim's ``config[].opaque.parameters``. Every section is optional; an
     absent section, and an absent field inside one, mean "what the allocation
     granted" (``None`` here), so configs merge field by field (class, then
-    claim; :mod:`dra_driver.core.configs`). A section only takes effect on a GPU
+    claim; :mod:`dra_driver.core.prepare.configs`). A section only takes effect on a GPU
     whose *node-set* sharing strategy matches it (``mps`` on MPS-shared GPUs,
     ``timeSlicing`` on time-sliced ones): the strategy is the GPU's, published as
     the ``sharing`` attribute, never a claim's, so there is no field to choose it.
@@ -15,7 +15,7 @@ Three kinds, one tagged union (:data:`ApiObject`), dispatched with ``match``:
     * ``mps: {computePercent: 1..100, memoryLimit: quantity > 0,
       memorySoftLimit: quantity > 0}``: ``computePercent`` and ``memoryLimit``
       may only *lower* the granted compute percent / memory
-      (:func:`~dra_driver.core.configs.apply_overrides`); ``memorySoftLimit``
+      (:func:`~dra_driver.core.prepare.apply_overrides`); ``memorySoftLimit``
       asks for a soft device-memory limit no larger than the share's memory
       (see :class:`MpsConfig`).
     * ``timeSlicing: {interval: Default|Short|Medium|Long}``.

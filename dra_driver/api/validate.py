@@ -52,7 +52,7 @@ def validate_gpu_config(config: GpuConfig) -> None:
 
     Other sections need nothing. That the soft limit fits the share's memory
     (the grant, lowered by the merged configs) is checked where the grant is
-    known: :func:`~dra_driver.core.configs.apply_overrides`.
+    known: :func:`~dra_driver.core.prepare.apply_overrides`.
     """
     mps = config.mps
     if mps is None:

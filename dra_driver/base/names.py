@@ -3,8 +3,8 @@
 DNS labels and subdomains, driver names, C identifiers, attribute and capacity
 names (``ident`` or ``<domain>/<ident>``), label keys and label values, with the
 resource.k8s.io/v1 length limits they use. Moved out of
-:mod:`dra_driver.core.slice_grammar` (and the limits out of
-:mod:`dra_driver.core.slice_limits`) so that ``api/`` can check names without
+:mod:`dra_driver.core.slices.grammar` (and the limits out of
+:mod:`dra_driver.core.slices.limits`) so that ``api/`` can check names without
 importing ``core/``.
 """
 

@@ -20,8 +20,8 @@ from dra_driver.cli.flags import (
     _seconds,
     add_flag,
 )
-from dra_driver.core.disruption_guard import GuardMode
 from dra_driver.core.ports import GpuBackend
+from dra_driver.core.prepare import GuardMode
 from dra_driver.dmemhook import DEFAULT_HOOK_DIR
 from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
@@ -201,8 +201,8 @@ def _plugin_parser(sub: Any) -> None:
 
 
 def _run_plugin(args: argparse.Namespace) -> int:
-    from dra_driver.core.extended_resources import parse_names
     from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
+    from dra_driver.core.slices import parse_names
     from dra_driver.k8s.capabilities import probe_capabilities
     from dra_driver.k8s.claims import KubernetesClaimSource
     from dra_driver.k8s.client import make_api_client

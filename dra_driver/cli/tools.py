@@ -43,8 +43,7 @@ def _render_slices(args: argparse.Namespace) -> int:
     import yaml
 
     from dra_driver.core.settings import Capabilities
-    from dra_driver.core.slice_rules import validate_pool
-    from dra_driver.core.slices import build_slices
+    from dra_driver.core.slices import build_slices, validate_pool
     from dra_driver.k8s.publisher import slice_name
 
     node_name = args.node_name or "node-a"

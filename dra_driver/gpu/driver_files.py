@@ -10,7 +10,7 @@ on the host, ``/run/nvidia/driver`` for the GPU operator's driver container):
 * **Firmware** ``<root>/lib/firmware/nvidia/<version>/gsp*.bin`` (GSP firmware,
   present with GSP-capable drivers; optional).
 * **Binaries** :data:`BINARIES` under ``<root>/usr/bin`` (each optional).
-* **Device nodes** :data:`dra_driver.core.driver_edits.CONTROL_NODES` under
+* **Device nodes** :data:`dra_driver.core.cdi.driver_edits.CONTROL_NODES` under
   ``dev_root`` (``/dev``; a test points it elsewhere). ``/dev/nvidiactl`` is
   required (without it the kernel module is not loaded); the ``nvidia-uvm`` nodes
   appear only once the ``nvidia-uvm`` module is loaded (``nvidia-modprobe -u -c=0``)
@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from dra_driver.base.errors import ConfigError, InventoryError
-from dra_driver.core.driver_edits import (
+from dra_driver.core.cdi import (
     CONTROL_NODES,
     TOOLKIT_KIND,
     DriverFile,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dra_driver.base.errors import InventoryError
-from dra_driver.core.mig_edits import CapNode
+from dra_driver.core.cdi import CapNode
 
 CAPS_DEVICE = "nvidia-caps"
 

@@ -22,8 +22,7 @@ import logging
 from typing import Any, Literal
 
 from dra_driver.base.quantity import format_bytes
-from dra_driver.core.observers import ClaimOperation
-from dra_driver.core.plan import PlannedDevice
+from dra_driver.core.prepare import ClaimOperation, PlannedDevice
 
 LOGGER = "dra_driver.claims"
 
@@ -94,7 +93,7 @@ def message(op: ClaimOperation) -> str:
 
 
 class ClaimLog:
-    """A :class:`~dra_driver.core.observers.DriverObserver` that logs each claim's outcome."""
+    """A :class:`~dra_driver.core.prepare.DriverObserver` that logs each claim's outcome."""
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger if logger is not None else logging.getLogger(LOGGER)

@@ -4,7 +4,7 @@ Three kinds, each from the source that is right for it:
 
 * What happened: prepares and unprepares by outcome, errors by reason, and
   their latency. :class:`PluginMetrics` is a
-  :class:`~dra_driver.core.observers.DriverObserver`; the engine tells it
+  :class:`~dra_driver.core.prepare.DriverObserver`; the engine tells it
   every claim's outcome.
 * What is held now: prepared claims, and MPS shares and the memory they
   reserve per GPU. These are computed at scrape time from the engine's
@@ -34,8 +34,7 @@ from prometheus_client.registry import Collector
 
 from dra_driver.base.errors import DriverError
 from dra_driver.core.model import Inventory
-from dra_driver.core.observers import ClaimOperation
-from dra_driver.core.plan import Mode
+from dra_driver.core.prepare import ClaimOperation, Mode
 from dra_driver.observability.claim_log import outcome
 from dra_driver.observability.metrics_server import PREFIX, new_registry
 from dra_driver.state.checkpoint import Checkpoint, ClaimState

@@ -10,7 +10,7 @@ and its health monitor::
 
 from __future__ import annotations
 
-from dra_driver.core.observers import DriverObserver
+from dra_driver.core.prepare import DriverObserver
 from dra_driver.observability.claim_log import ClaimLog
 from dra_driver.observability.plugin_metrics import DriverState, PluginMetrics
 

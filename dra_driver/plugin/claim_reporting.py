@@ -1,6 +1,6 @@
 """Tells the cluster what the node did with claims: ``status.devices`` and Events.
 
-:class:`ClaimReporter` is a :class:`~dra_driver.core.observers.DriverObserver`:
+:class:`ClaimReporter` is a :class:`~dra_driver.core.prepare.DriverObserver`:
 
 * a prepare that succeeded writes the claim's ``status.devices`` entries (one
   per prepared device or share: ``Ready`` and ``DeviceHealthy`` conditions, the
@@ -41,9 +41,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
-from dra_driver.core.claim_status import HealthSnapshot, HealthStatus, claim_status_entries
-from dra_driver.core.observers import ClaimOperation
-from dra_driver.core.plan import Mode, PlannedDevice
+from dra_driver.core.prepare import (
+    ClaimOperation,
+    HealthSnapshot,
+    HealthStatus,
+    Mode,
+    PlannedDevice,
+    claim_status_entries,
+)
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter
 from dra_driver.k8s.events import NORMAL, WARNING, EventRecorder, InvolvedObject, now_rfc3339
 from dra_driver.k8s.rest import JsonObj

@@ -41,9 +41,17 @@ from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.cdi import CdiSpec, render_spec
 from dra_driver.core.model import Inventory, ResourceClaim
-from dra_driver.core.observers import ClaimOperation, DriverObserver, error_reason, notify
-from dra_driver.core.plan import Mode, NodeContext, PlannedDevice, plan_prepare
 from dra_driver.core.ports import ClaimSource
+from dra_driver.core.prepare import (
+    ClaimOperation,
+    DriverObserver,
+    Mode,
+    NodeContext,
+    PlannedDevice,
+    error_reason,
+    notify,
+    plan_prepare,
+)
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.cdi_store import CdiStore

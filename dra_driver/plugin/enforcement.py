@@ -40,12 +40,19 @@ from typing import Protocol
 
 from dra_driver.base.errors import DriverError, InventoryError
 from dra_driver.base.ids import ClaimRef, GpuUUID, MigUUID
-from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, Mount, merge_edits
-from dra_driver.core.driver_edits import fake_device_node
-from dra_driver.core.mig_edits import CapNode, mig_device_edits
+from dra_driver.core.cdi import (
+    CapNode,
+    CdiDevice,
+    CdiSpec,
+    ContainerEdits,
+    Mount,
+    fake_device_node,
+    merge_edits,
+    mig_device_edits,
+)
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement
-from dra_driver.core.plan import DmemHookSettings, Mode, PlannedDevice
 from dra_driver.core.ports import GpuBackend
+from dra_driver.core.prepare import DmemHookSettings, Mode, PlannedDevice
 from dra_driver.dmemhook import install_hook
 from dra_driver.gpu.dmem import detect_dmem
 from dra_driver.gpu.mig_caps import MigCapabilities

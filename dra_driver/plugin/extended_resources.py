@@ -3,7 +3,7 @@
 The chart passes the extended resource names its DeviceClasses serve
 (``--extended-resource-names``). If this node's ``status.allocatable`` or
 ``status.capacity`` has one of them, a device plugin advertises it here too
-(:mod:`dra_driver.core.extended_resources` says why that is a trap): the
+(:mod:`dra_driver.core.slices.extended_resources` says why that is a trap): the
 plugin logs a warning and writes a Warning Event ``ExtendedResourceConflict``
 on the Node. It only warns: the plugin still serves normal claims, and the
 operator decides which of the two goes. A Node that cannot be read is logged
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from dra_driver.base.errors import ApiError
-from dra_driver.core.extended_resources import EVENT_REASON, advertised, conflict_message
+from dra_driver.core.slices import EVENT_REASON, advertised, conflict_message
 from dra_driver.k8s.events import WARNING, EventRecorder, InvolvedObject
 from dra_driver.k8s.rest import JsonObj
 

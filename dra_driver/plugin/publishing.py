@@ -21,8 +21,7 @@ from typing import Any, NoReturn
 
 from dra_driver.core.model import Inventory
 from dra_driver.core.settings import Capabilities, NodeSettings
-from dra_driver.core.slice_rules import validate_pool
-from dra_driver.core.slices import DesiredSlice, build_slices
+from dra_driver.core.slices import DesiredSlice, build_slices, validate_pool
 from dra_driver.k8s.publisher import PublishResult, SlicePublisher
 
 log = logging.getLogger(__name__)

@@ -18,17 +18,18 @@ from typing import Any
 
 from dra_driver.base.errors import ConfigError, DriverError
 from dra_driver.base.ids import ClaimRef, ClaimUID, PoolName
-from dra_driver.core.cdi import ContainerEdits, cdi_kind_for_driver
-from dra_driver.core.driver_edits import (
+from dra_driver.core.cdi import (
     DEFAULT_HOOK_PATH,
+    ContainerEdits,
+    cdi_kind_for_driver,
     edits_from_driver_files,
     edits_from_toolkit_spec,
     fake_common_edits,
 )
 from dra_driver.core.health import HealthSettings, unhealthy_taint_key
 from dra_driver.core.model import Inventory
-from dra_driver.core.plan import NodeContext
 from dra_driver.core.ports import ClaimSource, GpuBackend
+from dra_driver.core.prepare import NodeContext
 from dra_driver.core.settings import NodeSettings
 from dra_driver.dmemhook import DEFAULT_HOOK_DIR
 from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT

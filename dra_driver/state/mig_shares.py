@@ -2,7 +2,7 @@
 
 Several claims can be MPS clients of one MIG instance. The first prepare of a
 share of a free placement creates the instance (its checkpoint entry records
-``mig.created``); later shares join it (:func:`~dra_driver.core.plan.plan_prepare`
+``mig.created``); later shares join it (:func:`~dra_driver.core.prepare.plan_prepare`
 takes the instance from the checkpoint, ``created`` false). The instance must
 outlive every share, so ownership moves with the shares: when a claim leaves
 (unprepare, or a half-done prepare rolled back at start-up) while other claims
@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from dra_driver.base.ids import DeviceName, GpuUUID
-from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
+from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim
 
 

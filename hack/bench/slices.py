@@ -25,8 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from dra_driver.core.settings import Capabilities, NodeSettings
-from dra_driver.core.slice_rules import validate_pool
-from dra_driver.core.slices import build_slices
+from dra_driver.core.slices import build_slices, validate_pool
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher

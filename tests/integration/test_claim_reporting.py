@@ -14,11 +14,9 @@ import pytest
 from kubernetes.client import ApiClient
 
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.claim_status import check_entry
 from dra_driver.core.health import DeviceHealth, Status
 from dra_driver.core.model import HealthEvent
-from dra_driver.core.observers import ClaimOperation
-from dra_driver.core.plan import Mode, PlannedDevice
+from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice, check_entry
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.claim_status import ClaimStatusWriter

@@ -8,7 +8,7 @@ from kubernetes.client import ApiClient
 from dra_driver.base.errors import ConfigError
 from dra_driver.cli import build_parser, claim_reporting
 from dra_driver.cli.plugin import disruption_guard
-from dra_driver.core.disruption_guard import GuardMode
+from dra_driver.core.prepare import GuardMode
 from dra_driver.plugin.disruption_guard import DisruptionGuard
 from tests.support.node import DRIVER, NODE
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from dra_driver.core.disruption_guard import (
+from dra_driver.core.prepare import (
     CA_SAFE_TO_EVICT,
     KARPENTER_DO_NOT_DISRUPT,
     GuardMode,

@@ -13,7 +13,7 @@ from dra_driver.base.errors import (
     OvercommitError,
 )
 from dra_driver.base.ids import ClaimRef, ClaimUID
-from dra_driver.core.observers import ClaimOperation, error_reason, notify
+from dra_driver.core.prepare import ClaimOperation, error_reason, notify
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import claim_ref, resource_claim, share

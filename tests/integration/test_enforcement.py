@@ -10,7 +10,7 @@ from typing import Any
 
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import MigPlacement
-from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
+from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.mpsagent.agent import AgentConfig

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from dra_driver.core.extended_resources import EVENT_REASON
+from dra_driver.core.slices import EVENT_REASON
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource

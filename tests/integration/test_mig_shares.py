@@ -21,7 +21,7 @@ import pytest
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import MigPlacement
-from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
+from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.mpsagent import fake_control_path

@@ -22,7 +22,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.plan import Mode, PlannedDevice
+from dra_driver.core.prepare import Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.claims import KubernetesClaimSource

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from dra_driver.core.settings import Capabilities
-from dra_driver.core.slice_rules import pool_problems, validate_pool
-from dra_driver.core.slices import DesiredSlice
+from dra_driver.core.slices import DesiredSlice, pool_problems, validate_pool
 
 NODE = "node-a"
 DRIVER = "gpu.fractional.dev"

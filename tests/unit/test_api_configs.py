@@ -20,7 +20,8 @@ from dra_driver.api import (
     encode_config,
 )
 from dra_driver.base.ids import DeviceName, PoolName
-from dra_driver.core.configs import (
+from dra_driver.core.model import DeviceResult, OpaqueConfig
+from dra_driver.core.prepare import (
     FROM_CLAIM,
     FROM_CLASS,
     EffectiveConfig,
@@ -30,7 +31,6 @@ from dra_driver.core.configs import (
     granted_limits,
     limits_for,
 )
-from dra_driver.core.model import DeviceResult, OpaqueConfig
 
 GI = 2**30
 DRIVER = "gpu.fractional.dev"

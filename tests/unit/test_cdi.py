@@ -1,4 +1,4 @@
-"""CDI spec rendering (``dra_driver.core.cdi``).
+"""CDI spec rendering (``dra_driver.core.cdi.spec``).
 
 Rendered specs are also run through a small CDI checker written here from the
 fact sheet (dra-facts.md §9) and the CDI validator (``pkg/parser``): the
@@ -31,7 +31,7 @@ from dra_driver.core.cdi import (
     transient_spec_prefix,
     validate_kind,
 )
-from dra_driver.core.plan import NodeContext, plan_prepare
+from dra_driver.core.prepare import NodeContext, plan_prepare
 from dra_driver.gpu.fake import build_inventory
 from dra_driver.k8s.convert import claim_from_dict
 from dra_driver.testing.objects import Allocated, resource_claim

@@ -11,9 +11,14 @@ import yaml
 
 from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import PoolName
-from dra_driver.core.cdi import cdi_kind_for_driver, render_spec
-from dra_driver.core.cdi_rules import CdiSpecInvalidError, cdi_spec_problems, validate_cdi_spec
-from dra_driver.core.plan import NodeContext, plan_prepare
+from dra_driver.core.cdi import (
+    CdiSpecInvalidError,
+    cdi_kind_for_driver,
+    cdi_spec_problems,
+    render_spec,
+    validate_cdi_spec,
+)
+from dra_driver.core.prepare import NodeContext, plan_prepare
 from dra_driver.gpu.fake import build_inventory
 from dra_driver.k8s.convert import claim_from_dict
 from dra_driver.testing.objects import Allocated, resource_claim

@@ -17,7 +17,7 @@ import pytest
 
 from dra_driver.base.errors import CheckpointCorruptError, CheckpointError
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.plan import DeviceUse, MigPlan, Mode, PlannedDevice, ShareLimits
+from dra_driver.core.prepare import DeviceUse, MigPlan, Mode, PlannedDevice, ShareLimits
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,

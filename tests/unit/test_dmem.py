@@ -18,10 +18,9 @@ import pytest
 
 from dra_driver.base.errors import AllocationError
 from dra_driver.base.ids import GpuUUID, PoolName
-from dra_driver.core.cdi import Hook, render_spec
-from dra_driver.core.cdi_rules import validate_cdi_spec
+from dra_driver.core.cdi import Hook, render_spec, validate_cdi_spec
 from dra_driver.core.model import Inventory, ResourceClaim
-from dra_driver.core.plan import (
+from dra_driver.core.prepare import (
     DmemHookSettings,
     Mode,
     NodeContext,

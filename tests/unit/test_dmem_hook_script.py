@@ -20,7 +20,7 @@ import pytest
 
 from dra_driver.base.ids import PoolName
 from dra_driver.core.cdi import render_spec
-from dra_driver.core.plan import DmemHookSettings, NodeContext, plan_prepare
+from dra_driver.core.prepare import DmemHookSettings, NodeContext, plan_prepare
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.dmemhook import HOOK_FILE
 from dra_driver.gpu.fake import build_inventory, load_spec

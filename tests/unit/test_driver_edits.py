@@ -16,20 +16,18 @@ from dra_driver.core.cdi import (
     CdiSpec,
     ContainerEdits,
     DeviceNode,
-    Hook,
-    Mount,
-    merge_edits,
-    render_spec,
-)
-from dra_driver.core.cdi_rules import cdi_spec_problems
-from dra_driver.core.driver_edits import (
     DriverFile,
     DriverFiles,
     FoundNode,
+    Hook,
+    Mount,
+    cdi_spec_problems,
     edits_from_driver_files,
     edits_from_toolkit_spec,
     fake_common_edits,
     fake_device_node,
+    merge_edits,
+    render_spec,
 )
 from dra_driver.gpu.driver_files import (
     discover_driver_files,

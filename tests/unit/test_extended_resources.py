@@ -5,7 +5,7 @@
 * the chart's whole-GPU and MIG classes evaluated by the project's CEL against the
   slices the plugin builds, on 1.34 and 1.36 rules, and what a request without
   capacity gets on a shareable GPU (why the whole-GPU class leaves those out);
-* the double-advertising check (``core/extended_resources.py``).
+* the double-advertising check (``core/slices/extended_resources.py``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from dra_driver.allocator.capacity import consumed_capacity, fits
 from dra_driver.allocator.cel import SelectorCache
 from dra_driver.allocator.model import Device, gather_pools
 from dra_driver.base.ids import PoolName
-from dra_driver.core.extended_resources import advertised, conflict_message, parse_names
 from dra_driver.core.model import ResourceClaim
-from dra_driver.core.plan import Mode, NodeContext, plan_prepare
+from dra_driver.core.prepare import Mode, NodeContext, plan_prepare
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
-from dra_driver.core.slices import build_slices
+from dra_driver.core.slices import advertised, build_slices, conflict_message, parse_names
 from dra_driver.gpu.fake import build_inventory, load_spec
 from dra_driver.k8s.convert import claim_from_dict
 from dra_driver.testing.extended_resources import (

@@ -28,9 +28,9 @@ from dra_driver.core.health import (
     unhealthy_taint_key,
 )
 from dra_driver.core.model import HealthEvent, Inventory
+from dra_driver.core.published import device_names
 from dra_driver.core.settings import Capabilities, NodeSettings
-from dra_driver.core.slice_rules import validate_pool
-from dra_driver.core.slices import build_slices, device_names
+from dra_driver.core.slices import build_slices, validate_pool
 from dra_driver.gpu.fake import build_inventory, parse_shorthand
 
 DRIVER = "gpu.fractional.dev"

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.observers import ClaimOperation
-from dra_driver.core.plan import MigPlan, Mode, PlannedDevice, ShareLimits
+from dra_driver.core.prepare import ClaimOperation, MigPlan, Mode, PlannedDevice, ShareLimits
 from dra_driver.observability.claim_log import LOGGER, ClaimLog
 from dra_driver.observability.logs import JsonFormatter, configure_logging
 

@@ -13,8 +13,7 @@ from prometheus_client import generate_latest
 from dra_driver.base.errors import CheckpointCorruptError
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import GpuInfo, Inventory
-from dra_driver.core.observers import ClaimOperation
-from dra_driver.core.plan import Mode, PlannedDevice, ShareLimits
+from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice, ShareLimits
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim, ClaimState
 from tests.unit.test_metrics_server import Scrape

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.base.errors import InventoryError
-from dra_driver.core.mig_edits import CapNode
+from dra_driver.core.cdi import CapNode
 from dra_driver.gpu.mig_caps import MigCapabilities, parse_access, parse_char_major
 
 PROC = Path(__file__).resolve().parents[1] / "fixtures" / "proc"

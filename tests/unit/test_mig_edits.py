@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dra_driver.base.ids import GpuUUID, MigUUID
-from dra_driver.core.cdi import ContainerEdits, DeviceNode
-from dra_driver.core.mig_edits import NVIDIACTL, CapNode, mig_device_edits
+from dra_driver.core.cdi import NVIDIACTL, CapNode, ContainerEdits, DeviceNode, mig_device_edits
 from dra_driver.core.model import GpuInfo, MigDevice, MigPlacement
 
 MIG = MigDevice(MigUUID("MIG-1"), 2, 0, 9, "3g.40gb", MigPlacement(0, 4), 40192)

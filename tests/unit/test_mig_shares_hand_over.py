@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.plan import MigPlan, Mode, PlannedDevice
+from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim, ClaimState
 from dra_driver.state.mig_shares import hand_over, keep_handed_over
 

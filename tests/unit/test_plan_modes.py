@@ -11,7 +11,7 @@ import pytest
 from dra_driver.base.errors import AllocationError
 from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
 from dra_driver.core.model import Inventory, ResourceClaim
-from dra_driver.core.plan import (
+from dra_driver.core.prepare import (
     DeviceUse,
     MigPlan,
     Mode,

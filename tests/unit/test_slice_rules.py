@@ -12,7 +12,7 @@ import pytest
 from dra_driver.base.errors import DriverError
 from dra_driver.base.quantity import parse_quantity
 from dra_driver.core.settings import Capabilities
-from dra_driver.core.slice_rules import (
+from dra_driver.core.slices import (
     SliceInvalidError,
     pool_problems,
     slice_problems,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dra_driver.core.published import device_names
 from dra_driver.core.settings import Capabilities, NodeSettings
-from dra_driver.core.slices import build_slices, device_names
+from dra_driver.core.slices import build_slices
 from dra_driver.gpu.fake import build_inventory, load_spec
 from dra_driver.gpu.models import KNOWN_MODELS
 from tests.support.slice_checks import DRIVER, NODE, assert_publishable

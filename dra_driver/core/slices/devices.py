@@ -3,9 +3,9 @@
 The list: how many devices a slice may hold, unique names, and in 1.34 the
 counters all devices consume and whether the slice defines them. Each device:
 its name, fields, attributes and capacities
-(:mod:`dra_driver.core.slice_attributes`), counter consumption
-(:mod:`dra_driver.core.slice_counters`), taints, node selection
-(:mod:`dra_driver.core.slice_nodes`) and binding conditions.
+(:mod:`dra_driver.core.slices.attributes`), counter consumption
+(:mod:`dra_driver.core.slices.counters`), taints, node selection
+(:mod:`dra_driver.core.slices.nodes`) and binding conditions.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 
 from dra_driver.base.names import dns_label, label_name, label_value
 from dra_driver.core.settings import Capabilities
-from dra_driver.core.slice_attributes import check_attribute, check_capacity
-from dra_driver.core.slice_counters import (
+from dra_driver.core.slices.attributes import check_attribute, check_capacity
+from dra_driver.core.slices.counters import (
     check_consumptions,
     check_references,
     counter_sets_by_name,
 )
-from dra_driver.core.slice_grammar import Problems, as_list, as_mapping, unknown_fields
-from dra_driver.core.slice_limits import (
+from dra_driver.core.slices.grammar import Problems, as_list, as_mapping, unknown_fields
+from dra_driver.core.slices.limits import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_BINDING_CONDITIONS,
     MAX_CONSUMED_COUNTERS_PER_SLICE_1_34,
@@ -33,7 +33,7 @@ from dra_driver.core.slice_limits import (
     TAINT_EFFECTS,
     TAINT_EFFECTS_1_35,
 )
-from dra_driver.core.slice_nodes import check_device_nodes
+from dra_driver.core.slices.nodes import check_device_nodes
 
 _DEVICE_FIELDS = frozenset(
     {

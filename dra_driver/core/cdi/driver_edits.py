@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.base.errors import InventoryError
-from dra_driver.core.cdi import ContainerEdits, DeviceNode, Hook, Mount
-from dra_driver.core.cdi_rules import cdi_spec_problems
+from dra_driver.core.cdi.rules import cdi_spec_problems
+from dra_driver.core.cdi.spec import ContainerEdits, DeviceNode, Hook, Mount
 
 TOOLKIT_KIND = "nvidia.com/gpu"
 """The kind of the toolkit's generated spec."""

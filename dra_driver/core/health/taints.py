@@ -3,7 +3,7 @@
 :func:`device_taints` turns the devices' health into the ResourceSlice device taints:
 key ``<driver>/unhealthy``, value the reason (``xid-79``, ``gpu-lost``,
 ``mps-daemon-down``), effect ``NoSchedule``, or ``NoExecute`` for fatal
-problems when :attr:`~dra_driver.core.health.HealthSettings.fatal_effect` says
+problems when :attr:`~dra_driver.core.health.model.HealthSettings.fatal_effect` says
 so. Unknown health is not tainted: nothing is known to be wrong with the device.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from dra_driver.base.errors import ConfigError
 from dra_driver.base.names import LABEL_NAME_RE, MAX_DNS_SUBDOMAIN, dns_label
-from dra_driver.core.device_health import DeviceHealth, Status
+from dra_driver.core.health.device import DeviceHealth, Status
 
 
 class TaintEffect(enum.StrEnum):

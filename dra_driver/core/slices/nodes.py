@@ -12,7 +12,7 @@ from typing import Any
 
 from dra_driver.base.names import dns_subdomain
 from dra_driver.core.settings import Capabilities
-from dra_driver.core.slice_grammar import Problems, as_mapping
+from dra_driver.core.slices.grammar import Problems, as_mapping
 
 
 def check_node_selection(

@@ -16,8 +16,8 @@ from typing import Any
 
 from dra_driver.base.names import qualified_name
 from dra_driver.base.semver import is_semver
-from dra_driver.core.slice_grammar import Problems, is_int, quantity, unknown_fields
-from dra_driver.core.slice_limits import MAX_STRING_VALUE, MAX_VALID_VALUES
+from dra_driver.core.slices.grammar import Problems, is_int, quantity, unknown_fields
+from dra_driver.core.slices.limits import MAX_STRING_VALUE, MAX_VALID_VALUES
 
 _ATTRIBUTE_KINDS = ("int", "bool", "string", "version")
 _CAPACITY_FIELDS = frozenset({"value", "requestPolicy"})

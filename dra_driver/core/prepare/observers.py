@@ -31,9 +31,11 @@ from dra_driver.base.errors import (
 )
 from dra_driver.base.ids import ClaimRef
 from dra_driver.core.model import ResourceClaim
-from dra_driver.core.plan import PlannedDevice
+from dra_driver.core.prepare.plan import PlannedDevice
 
-log = logging.getLogger(__name__)
+# The name it logged under before core/ was split into packages: log lines say it, so
+# it stays (a move changes no output).
+log = logging.getLogger("dra_driver.core.observers")
 
 Operation = Literal["prepare", "unprepare"]
 

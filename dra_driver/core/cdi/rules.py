@@ -2,7 +2,7 @@
 
 Written from the CDI rules (dra-facts.md §9; CDI ``specs-go/config.go``,
 ``specs-go/version.go``, ``pkg/parser``), independently of the renderer in
-``dra_driver.core.cdi`` (its regexes are not reused), so that a mistake in one
+``dra_driver.core.cdi.spec`` (its regexes are not reused), so that a mistake in one
 does not hide in the other. It works on the loaded document (``dict`` from JSON
 or YAML), which lets it check both our rendered specs and the NVIDIA Container
 Toolkit's spec we compose with.

@@ -15,8 +15,8 @@ from typing import Any
 from dra_driver.base.names import dns_label
 from dra_driver.base.quantity import parse_quantity
 from dra_driver.core.settings import Capabilities
-from dra_driver.core.slice_grammar import Problems, as_list, quantity, unknown_fields
-from dra_driver.core.slice_limits import (
+from dra_driver.core.slices.grammar import Problems, as_list, quantity, unknown_fields
+from dra_driver.core.slices.limits import (
     MAX_CONSUMED_COUNTERS_PER_DEVICE_1_34,
     MAX_CONSUMPTIONS_PER_DEVICE,
     MAX_COUNTER_SETS,

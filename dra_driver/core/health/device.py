@@ -1,8 +1,8 @@
 """The health of one published device (pure): the record every health consumer reads.
 
-:class:`~dra_driver.core.health.HealthModel` produces a :class:`DeviceHealth` per
+:class:`~dra_driver.core.health.model.HealthModel` produces a :class:`DeviceHealth` per
 published device; the kubelet's health stream, the claim-status reporting and
-the ResourceSlice taints (:mod:`dra_driver.core.health_taints`) read it.
+the ResourceSlice taints (:mod:`dra_driver.core.health.taints`) read it.
 """
 
 from __future__ import annotations

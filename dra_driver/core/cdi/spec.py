@@ -9,7 +9,7 @@ Besides device nodes, container edits carry what CUDA needs in the container:
 bind mounts of the host driver's user-space libraries, firmware and tools, and
 OCI hooks (the NVIDIA ``update-ldcache`` hook). :func:`merge_edits` composes
 edits from several sources (the NVIDIA Container Toolkit's spec, our own
-discovery, the plan) without duplicates. ``dra_driver.core.cdi_rules`` checks a
+discovery, the plan) without duplicates. ``dra_driver.core.cdi.rules`` checks a
 rendered document against the CDI rules independently of this module.
 """
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dra_driver.core.cdi import ContainerEdits, DeviceNode
+from dra_driver.core.cdi.spec import ContainerEdits, DeviceNode
 from dra_driver.core.model import GpuInfo, MigDevice
 
 NVIDIA_MAJOR = 195

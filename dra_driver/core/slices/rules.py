@@ -19,12 +19,12 @@ them and the published slice would not be what we meant.
 
 A few rules are ours, not the API server's; their messages say "driver rule".
 
-The checks are split by what they look at: :mod:`~dra_driver.core.slice_limits`
+The checks are split by what they look at: :mod:`~dra_driver.core.slices.limits`
 (the API's limits), :mod:`~dra_driver.base.names` (names and labels, with their
-length limits), :mod:`~dra_driver.core.slice_grammar` (quantities and shapes),
-:mod:`~dra_driver.core.slice_nodes`,
-:mod:`~dra_driver.core.slice_devices`, :mod:`~dra_driver.core.slice_attributes`,
-:mod:`~dra_driver.core.slice_counters` and :mod:`~dra_driver.core.slice_pool`.
+length limits), :mod:`~dra_driver.core.slices.grammar` (quantities and shapes),
+:mod:`~dra_driver.core.slices.nodes`,
+:mod:`~dra_driver.core.slices.devices`, :mod:`~dra_driver.core.slices.attributes`,
+:mod:`~dra_driver.core.slices.counters` and :mod:`~dra_driver.core.slices.pool`.
 This module checks a slice's top-level fields and is the entry point; the
 limits are re-exported here.
 """
@@ -44,10 +44,10 @@ from dra_driver.base.names import (
     driver_name,
 )
 from dra_driver.core.settings import Capabilities
-from dra_driver.core.slice_counters import check_counter_sets
-from dra_driver.core.slice_devices import check_devices
-from dra_driver.core.slice_grammar import Problems, as_list, unknown_fields
-from dra_driver.core.slice_limits import (
+from dra_driver.core.slices.counters import check_counter_sets
+from dra_driver.core.slices.devices import check_devices
+from dra_driver.core.slices.grammar import Problems, as_list, unknown_fields
+from dra_driver.core.slices.limits import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_BINDING_CONDITIONS,
     MAX_CONSUMED_COUNTERS_PER_DEVICE_1_34,
@@ -67,8 +67,8 @@ from dra_driver.core.slice_limits import (
     TAINT_EFFECTS,
     TAINT_EFFECTS_1_35,
 )
-from dra_driver.core.slice_nodes import check_node_selection
-from dra_driver.core.slice_pool import check_pool_consistency, check_pool_devices
+from dra_driver.core.slices.nodes import check_node_selection
+from dra_driver.core.slices.pool import check_pool_consistency, check_pool_devices
 
 __all__ = [
     "MAX_ATTRIBUTES_AND_CAPACITIES",

@@ -42,12 +42,20 @@ from dra_driver.base.errors import (
 )
 from dra_driver.base.ids import ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.base.quantity import format_bytes
-from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Hook, merge_edits
-from dra_driver.core.configs import effective_config, limits_for
-from dra_driver.core.driver_edits import fake_device_node
+from dra_driver.core.cdi import (
+    CdiDevice,
+    CdiSpec,
+    ContainerEdits,
+    DeviceNode,
+    Hook,
+    fake_device_node,
+    merge_edits,
+)
 from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClaim
+from dra_driver.core.prepare.configs import effective_config, limits_for
+from dra_driver.core.published import MigTarget, mig_targets
 from dra_driver.core.settings import NodeSettings, Sharing
-from dra_driver.core.slices import MIB, MigTarget, mig_share_policy, mig_targets
+from dra_driver.core.slices import MIB, mig_share_policy
 
 NVIDIA_MAJOR = 195
 """Character-device major of /dev/nvidia<N> and /dev/nvidiactl (fixed by the driver)."""

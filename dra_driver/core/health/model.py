@@ -8,7 +8,7 @@ Inputs, each with the time it was seen (``now``, unix seconds; never read here):
 * which GPUs' MPS control daemons are down (from the mps-agent's status).
 
 A problem belongs to a *subject*, a GPU or one MIG device. A published device
-(:func:`~dra_driver.core.slices.device_names`) sees the problems of its GPU and,
+(:func:`~dra_driver.core.published.device_names`) sees the problems of its GPU and,
 for an existing MIG instance, its own; its message says which is which. An XID
 that NVML attributes to one MIG device stays on that device unless it is fatal:
 a GPU that needs a reset takes all its MIG devices with it.
@@ -24,9 +24,10 @@ Recovery:
 * "GPU lost" clears when the probe answers again (which counts as a reset);
 * "MPS daemon down" clears when the mps-agent reports the daemon running.
 
-The XID catalogue lives in :mod:`dra_driver.core.xid`, the per-device record in
-:mod:`dra_driver.core.device_health` and the ResourceSlice taints made from it
-in :mod:`dra_driver.core.health_taints`; their names are re-exported here.
+The XID catalogue lives in :mod:`dra_driver.core.health.xid`, the per-device record in
+:mod:`dra_driver.core.health.device` and the ResourceSlice taints made from it
+in :mod:`dra_driver.core.health.taints`; the package (:mod:`dra_driver.core.health`)
+re-exports their names with this module's.
 """
 
 from __future__ import annotations
@@ -37,51 +38,21 @@ from dataclasses import dataclass, replace
 
 from dra_driver.base.errors import ConfigError
 from dra_driver.base.ids import DeviceName, GpuUUID, MigUUID
-from dra_driver.core.device_health import DeviceHealth, Status
-from dra_driver.core.health_taints import (
-    TAINT_NAME,
-    TaintEffect,
-    device_taints,
-    unhealthy_taint_key,
-)
+from dra_driver.core.health.device import DeviceHealth, Status
+from dra_driver.core.health.taints import TaintEffect
+from dra_driver.core.health.xid import NOT_AN_XID, XidClass, classify_xid, describe_xid
 from dra_driver.core.model import GpuInfo, HealthEvent, Inventory
-from dra_driver.core.slices import device_names, mig_targets
-from dra_driver.core.xid import (
-    APPLICATION_XIDS,
-    FATAL_XIDS,
-    INFORMATIONAL_XIDS,
-    NOT_AN_XID,
-    XID_NAMES,
-    XidClass,
-    classify_xid,
-    describe_xid,
-    parse_xid_list,
-)
+from dra_driver.core.published import device_names, mig_targets
 
 __all__ = [
-    "APPLICATION_XIDS",
     "EVENTS_FAILED",
-    "FATAL_XIDS",
     "GPU_LOST",
-    "INFORMATIONAL_XIDS",
     "MPS_DAEMON_DOWN",
-    "NOT_AN_XID",
     "PROBE_FAILED",
-    "TAINT_NAME",
-    "XID_NAMES",
-    "DeviceHealth",
     "HealthModel",
     "HealthSettings",
     "Problem",
     "Source",
-    "Status",
-    "TaintEffect",
-    "XidClass",
-    "classify_xid",
-    "describe_xid",
-    "device_taints",
-    "parse_xid_list",
-    "unhealthy_taint_key",
     "xid_reason",
 ]
 

@@ -7,7 +7,7 @@ Unmarked limits hold in every release we support. ``# 1.35+`` marks those that
 apply only with :attr:`~dra_driver.core.settings.Capabilities.counters_in_own_slice`
 and a ``_1_34`` suffix those that apply only without it; the checks choose
 between them. The taint effects are the exception: ``TAINT_EFFECTS`` is the 1.34
-list and ``TAINT_EFFECTS_1_35`` the 1.35+ one. :mod:`dra_driver.core.slice_rules`
+list and ``TAINT_EFFECTS_1_35`` the 1.35+ one. :mod:`dra_driver.core.slices.rules`
 says what changed in 1.35.
 """
 

@@ -7,15 +7,14 @@ metadata and the pool's generation; everything else is decided here.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from dra_driver.base.ids import DeviceName
 from dra_driver.base.quantity import format_bytes, format_count
 from dra_driver.base.semver import normalise_version
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement, MigProfile
+from dra_driver.core.published import free_placements, mig_device_name
 from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
 
 _T = TypeVar("_T")
@@ -315,8 +314,8 @@ def _partitioned_gpu(
             counters[counter] = {"value": format_count(most)}
 
     devices = _static_mig_devices(gpu, gpu_settings, set_name, settings, capabilities)
-    for profile, placement in _free_placements(gpu):
-        name = _mig_device_name(gpu, profile.name, profile.id, placement.start)
+    for profile, placement in free_placements(gpu):
+        name = mig_device_name(gpu, profile.name, profile.id, placement.start)
         device = _mig_device(
             gpu,
             gpu_settings,
@@ -334,56 +333,6 @@ def _partitioned_gpu(
     return {"name": set_name, "counters": counters}, [device for _, device in devices]
 
 
-def _free_placements(gpu: GpuInfo) -> list[tuple[MigProfile, MigPlacement]]:
-    """Placements that overlap no MIG instance that exists now."""
-    taken = [existing.placement for existing in gpu.mig_devices]
-    return [
-        (profile, placement)
-        for profile in gpu.mig_profiles
-        for placement in profile.placements
-        if not any(placement.overlaps(other) for other in taken)
-    ]
-
-
-@dataclass(frozen=True)
-class MigTarget:
-    """What a published MIG device name stands for."""
-
-    gpu: GpuInfo
-    profile_id: int
-    profile_name: str
-    placement: MigPlacement
-    existing: MigDevice | None
-    """The instance, when it exists now; None for a placement to create at prepare."""
-
-
-def mig_targets(inventory: Inventory) -> dict[DeviceName, MigTarget]:
-    """Every MIG device name this node can publish: existing instances and free placements."""
-    targets: dict[DeviceName, MigTarget] = {}
-    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        if not gpu.mig_enabled:
-            continue
-        for d in gpu.mig_devices:
-            name = DeviceName(
-                _mig_device_name(gpu, d.profile_name, d.profile_id, d.placement.start)
-            )
-            targets[name] = MigTarget(gpu, d.profile_id, d.profile_name, d.placement, d)
-        for profile, placement in _free_placements(gpu):
-            name = DeviceName(_mig_device_name(gpu, profile.name, profile.id, placement.start))
-            targets[name] = MigTarget(gpu, profile.id, profile.name, placement, None)
-    return targets
-
-
-def device_names(inventory: Inventory) -> list[DeviceName]:
-    """Every device name this node can publish, whatever the cluster keeps.
-
-    Whole GPUs without MIG, then the MIG targets. The health stream reports these.
-    """
-    whole = [gpu.device_name for gpu in sorted(inventory.gpus, key=lambda g: g.index)]
-    mig_gpus = {gpu.device_name for gpu in inventory.gpus if gpu.mig_enabled}
-    return [n for n in whole if n not in mig_gpus] + list(mig_targets(inventory))
-
-
 def _static_mig_devices(
     gpu: GpuInfo,
     gpu_settings: GpuSettings,
@@ -399,7 +348,7 @@ def _static_mig_devices(
     devices = []
     for existing in gpu.mig_devices:
         profile = profiles.get(existing.profile_id)
-        name = _mig_device_name(
+        name = mig_device_name(
             gpu, existing.profile_name, existing.profile_id, existing.placement.start
         )
         device = _mig_device(
@@ -416,12 +365,6 @@ def _static_mig_devices(
             device["consumesCounters"] = [_consumption(set_name, profile, existing.placement)]
         devices.append(((existing.profile_id, existing.placement.start), device))
     return devices
-
-
-def _mig_device_name(gpu: GpuInfo, profile_name: str, profile_id: int, start: int) -> str:
-    """``gpu-<index>-mig-<profile, alphanumerics only>-<profile id>-<start>``, a DNS label."""
-    compact = re.sub(r"[^a-z0-9]", "", profile_name.lower())
-    return f"gpu-{gpu.index}-mig-{compact}-{profile_id}-{start}"
 
 
 def _mig_device(

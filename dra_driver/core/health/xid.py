@@ -2,7 +2,7 @@
 
 :func:`classify_xid` sorts an XID into an :class:`XidClass` from NVIDIA's
 catalogue (the tables below, with their source), so that the health model
-(:mod:`dra_driver.core.health`) knows whether a device needs a reset, clears by
+(:mod:`dra_driver.core.health.model`) knows whether a device needs a reset, clears by
 itself, or was never at fault. :func:`parse_xid_list` reads the operator's
 ``--ignored-xids``, which wins over the tables; :func:`describe_xid` names an
 XID in messages.

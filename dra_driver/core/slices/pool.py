@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_driver.core.settings import Capabilities
-from dra_driver.core.slice_counters import check_references, counter_sets_by_name
-from dra_driver.core.slice_grammar import Problems
+from dra_driver.core.slices.counters import check_references, counter_sets_by_name
+from dra_driver.core.slices.grammar import Problems
 
 
 def check_pool_consistency(specs: Sequence[Mapping[str, Any]], found: Problems) -> None:
