@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 from dra_driver.base.errors import DriverError
 from dra_driver.core.ports import GpuBackend
+from dra_driver.core.prepare import owned_shares
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.plugin.cdi_store import CdiStore
-from dra_driver.plugin.enforcement import owned_shares
 from dra_driver.state.checkpoint import CheckpointClaim, decode
 
 log = logging.getLogger(__name__)

@@ -50,12 +50,13 @@ from dra_driver.core.prepare import (
     PlannedDevice,
     error_reason,
     notify,
+    owned_shares,
     plan_prepare,
 )
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.cdi_store import CdiStore
-from dra_driver.plugin.enforcement import Enforcer, owned_shares
+from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,

@@ -46,13 +46,21 @@ from dra_driver.core.cdi import (
     CdiSpec,
     ContainerEdits,
     Mount,
-    fake_device_node,
+    fake_cap_nodes,
     merge_edits,
     mig_device_edits,
 )
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement
 from dra_driver.core.ports import GpuBackend
-from dra_driver.core.prepare import DmemHookSettings, Mode, PlannedDevice
+from dra_driver.core.prepare import (
+    DmemHookSettings,
+    Mode,
+    MpsNamespace,
+    PlannedDevice,
+    leftover_mig_instances,
+    mps_namespaces,
+    namespace_of,
+)
 from dra_driver.dmemhook import install_hook
 from dra_driver.gpu.dmem import detect_dmem
 from dra_driver.gpu.mig_caps import MigCapabilities
@@ -121,44 +129,6 @@ class MpsPort(Protocol):
     async def list_shares(self) -> list[ShareInfo]: ...
 
 
-def _mps_group(devices: Sequence[PlannedDevice], gpu_uuid: str) -> list[PlannedDevice]:
-    """A claim's MPS shares of a whole GPU (shares inside MIG instances: :func:`_mig_group`)."""
-    return [d for d in devices if d.mode is Mode.MPS and d.mig is None and d.gpu_uuid == gpu_uuid]
-
-
-def _mig_group(devices: Sequence[PlannedDevice], device_name: str) -> list[PlannedDevice]:
-    """A claim's MPS shares inside one MIG instance: one namespace at its daemon."""
-    return [
-        d
-        for d in devices
-        if d.mode is Mode.MPS and d.mig is not None and d.device_name == device_name
-    ]
-
-
-def _share_key(group: Sequence[PlannedDevice]) -> str | None:
-    """The agent's key for a claim's namespace on a GPU: its lowest share key (the
-    shareID, or the grant's for shares known by their grant); None: it has none."""
-    return min((k for d in group if (k := d.share_key)), default=None)
-
-
-def owned_shares(devices: Sequence[PlannedDevice]) -> list[tuple[str, str]]:
-    """(GPU UUID, share key) of every namespace ``devices`` hold."""
-    gpus = {d.gpu_uuid for d in devices if d.mode is Mode.MPS and d.mig is None}
-    keys: list[tuple[str, str | None]] = [
-        (gpu, _share_key(_mps_group(devices, gpu))) for gpu in sorted(gpus)
-    ]
-    # Shares inside a MIG instance live at the instance's daemon, named by its UUID.
-    instances = {
-        (d.device_name, d.mig.mig_uuid)
-        for d in devices
-        if d.mode is Mode.MPS and d.mig is not None and d.mig.mig_uuid is not None
-    }
-    keys += [
-        (mig_uuid, _share_key(_mig_group(devices, name))) for name, mig_uuid in sorted(instances)
-    ]
-    return [(gpu, key) for gpu, key in keys if key is not None]
-
-
 class Enforcer:
     def __init__(
         self,
@@ -181,21 +151,24 @@ class Enforcer:
         """Run each device's side effects; on failure undo this claim's and raise."""
         done: list[PlannedDevice] = []
         cdi_devices = list(spec.devices)
-        shares: dict[str, ContainerEdits] = {}
+        namespaces = mps_namespaces(devices)
+        shares: dict[MpsNamespace, ContainerEdits] = {}
         instances: dict[str, tuple[PlannedDevice, ContainerEdits]] = {}
         try:
             for i, device in enumerate(devices):
                 extra: ContainerEdits | None
                 if device.mode is Mode.MPS and device.mig is not None:
-                    applied, extra = await self._mig_share(claim, device, devices, instances)
+                    namespace = namespace_of(namespaces, device)
+                    applied, extra = await self._mig_share(claim, device, namespace, instances)
                 elif device.mode is Mode.MPS:
                     # All of a claim's shares of one GPU are one MPS namespace:
                     # a container sees one pipe directory.
-                    if device.gpu_uuid not in shares:
-                        shares[device.gpu_uuid] = await self._ensure_share(
-                            claim, _mps_group(devices, device.gpu_uuid)
+                    namespace = namespace_of(namespaces, device)
+                    if namespace not in shares:
+                        shares[namespace] = await self._ensure_share(
+                            claim, namespace, namespace.gpu_uuid
                         )
-                    applied, extra = device, shares[device.gpu_uuid]
+                    applied, extra = device, shares[namespace]
                 else:
                     applied, extra = await self._apply_one(device)
                 done.append(applied)
@@ -212,18 +185,20 @@ class Enforcer:
     async def release(self, claim: ClaimRef, devices: Sequence[PlannedDevice]) -> None:
         """Undo ``devices``' side effects; errors are logged and raised after trying all."""
         failures: list[str] = []
+        namespaces = mps_namespaces(devices)
         released: set[str] = set()
         destroyed: set[tuple[str, int]] = set()
         for device in devices:
             try:
                 if device.mode is Mode.MPS and device.mig is not None:
-                    await self._release_mig_share(device, devices, released, destroyed)
+                    namespace = namespace_of(namespaces, device)
+                    await self._release_mig_share(device, namespace, released, destroyed)
                 elif device.mode is Mode.MPS:
+                    namespace = namespace_of(namespaces, device)
                     if self.mps is not None and device.gpu_uuid not in released:
                         released.add(device.gpu_uuid)
-                        key = _share_key(_mps_group(devices, device.gpu_uuid))
-                        if key is not None:
-                            await self.mps.release_share(device.gpu_uuid, key)
+                        if namespace.key is not None:
+                            await self.mps.release_share(device.gpu_uuid, namespace.key)
                 else:
                     await self._release_one(device)
             except DriverError as err:
@@ -259,30 +234,26 @@ class Enforcer:
     # --- MPS -------------------------------------------------------------------
 
     async def _ensure_share(
-        self, claim: ClaimRef, group: Sequence[PlannedDevice], daemon_uuid: str | None = None
+        self, claim: ClaimRef, namespace: MpsNamespace, daemon_uuid: str
     ) -> ContainerEdits:
-        """One namespace for ``group`` (a claim's shares of one GPU, or of one MIG
-        instance: then ``daemon_uuid`` is the instance's UUID, which names its daemon):
-        the sum of their memory, and of their SM caps (none if any share has none)."""
-        first = group[0]
+        """Ask the agent for ``namespace`` (a claim's shares of one GPU, or of one MIG
+        instance) at the daemon ``daemon_uuid`` names (the GPU's, or the instance's)."""
         if self.mps is None:
             raise InventoryError(
-                f"{first.device_name} is MPS-shared but this plugin has no mps-agent "
+                f"{namespace.device_name} is MPS-shared but this plugin has no mps-agent "
                 "(--mps-agent-socket); deploy the mps-agent DaemonSet on this node"
             )
-        key = _share_key(group)
-        if key is None:
+        if namespace.key is None:
             raise InventoryError(
-                f"the MPS share of {first.device_name} has neither a shareID nor a "
+                f"the MPS share of {namespace.device_name} has neither a shareID nor a "
                 "GpuShareGrant to name it; delete the claim so it is allocated again"
             )
-        percents = [d.limits.compute_percent for d in group if d.limits is not None]
         share = await self.mps.ensure_share(
-            daemon_uuid or first.gpu_uuid,
-            key,
+            daemon_uuid,
+            namespace.key,
             claim_uid=claim.uid,
-            memory_limit_bytes=sum(d.limits.memory_bytes for d in group if d.limits is not None),
-            active_thread_percentage=100 if 0 in percents else min(100, sum(percents)),
+            memory_limit_bytes=namespace.memory_limit_bytes,
+            active_thread_percentage=namespace.active_thread_percentage,
         )
         edits = share_cdi_edits(share)
         return ContainerEdits(
@@ -296,7 +267,7 @@ class Enforcer:
         self,
         claim: ClaimRef,
         device: PlannedDevice,
-        devices: Sequence[PlannedDevice],
+        namespace: MpsNamespace,
         instances: dict[str, tuple[PlannedDevice, ContainerEdits]],
     ) -> tuple[PlannedDevice, ContainerEdits]:
         """A share inside a MIG instance: the instance (made if it does not exist yet),
@@ -306,8 +277,7 @@ class Enforcer:
         if seen is None:
             applied, mig_edits = await self._mig(device)
             assert applied.mig is not None and applied.mig.mig_uuid is not None
-            group = _mig_group(devices, device.device_name)
-            share_edits = await self._ensure_share(claim, group, applied.mig.mig_uuid)
+            share_edits = await self._ensure_share(claim, namespace, applied.mig.mig_uuid)
             seen = applied, merge_edits(share_edits, mig_edits)
             instances[device.device_name] = seen
             return seen
@@ -319,7 +289,7 @@ class Enforcer:
     async def _release_mig_share(
         self,
         device: PlannedDevice,
-        devices: Sequence[PlannedDevice],
+        namespace: MpsNamespace,
         released: set[str],
         destroyed: set[tuple[str, int]],
     ) -> None:
@@ -331,9 +301,8 @@ class Enforcer:
         assert mig is not None
         if self.mps is not None and mig.mig_uuid is not None and mig.mig_uuid not in released:
             released.add(mig.mig_uuid)
-            key = _share_key(_mig_group(devices, device.device_name))
-            if key is not None:
-                await self.mps.release_share(mig.mig_uuid, key)
+            if namespace.key is not None:
+                await self.mps.release_share(mig.mig_uuid, namespace.key)
         instance = (device.gpu_uuid, mig.gi_id) if mig.gi_id is not None else None
         if mig.created and instance is not None and instance not in destroyed:
             destroyed.add(instance)
@@ -384,17 +353,7 @@ class Enforcer:
         if self.mig_caps is not None:
             return self.mig_caps.cap_nodes(gpu.minor, gi_id, ci_id)
         # Fake backend: stand-ins with /dev/null's numbers at distinct paths.
-        stand_in = fake_device_node("/dev/null")
-        major, minor = stand_in.major or 1, stand_in.minor or 3
-        return (
-            CapNode(f"/dev/nvidia-caps/nvidia-cap-gpu{gpu.minor}-gi{gi_id}", major, minor, 0o444),
-            CapNode(
-                f"/dev/nvidia-caps/nvidia-cap-gpu{gpu.minor}-gi{gi_id}-ci{ci_id}",
-                major,
-                minor,
-                0o444,
-            ),
-        )
+        return fake_cap_nodes(gpu.minor, gi_id, ci_id)
 
     async def _release_one(self, device: PlannedDevice) -> None:
         if device.mode is Mode.MIG and device.mig is not None and device.mig.created:
@@ -408,23 +367,7 @@ class Enforcer:
         A planned MIG device without a UUID was to be created at a placement
         that was free when planned; an instance there now is ours.
         """
-        inventory = self.inventory()
-        for device in devices:
-            plan = device.mig
-            if device.mode not in (Mode.MIG, Mode.MPS) or plan is None:
-                continue
-            if plan.created and plan.gi_id is not None:
-                await self.backend.destroy_mig_device(device.gpu_uuid, plan.gi_id)
-                continue
-            if plan.mig_uuid is not None:
-                continue  # an instance that existed before: not ours
-            for gpu in inventory.gpus:
-                for found in gpu.mig_devices if gpu.uuid == device.gpu_uuid else ():
-                    if (found.profile_id, found.placement.start) == (
-                        plan.profile_id,
-                        plan.placement_start,
-                    ):
-                        await self.backend.destroy_mig_device(gpu.uuid, found.gi_id)
-                        log.warning(
-                            "destroyed MIG device %s left by a half-done prepare", found.uuid
-                        )
+        for leftover in leftover_mig_instances(devices, self.inventory()):
+            await self.backend.destroy_mig_device(leftover.gpu_uuid, leftover.gi_id)
+            if leftover.found is not None:
+                log.warning("destroyed MIG device %s left by a half-done prepare", leftover.found)

@@ -16,11 +16,18 @@ import pytest
 from dra_driver.base.errors import AllocationError, OvercommitError
 from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
 from dra_driver.core.model import Inventory
-from dra_driver.core.prepare import DeviceUse, MigPlan, Mode, NodeContext, PreparePlan, plan_prepare
+from dra_driver.core.prepare import (
+    DeviceUse,
+    MigPlan,
+    Mode,
+    NodeContext,
+    PreparePlan,
+    owned_shares,
+    plan_prepare,
+)
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import build_inventory
 from dra_driver.k8s.convert import claim_from_dict
-from dra_driver.plugin.enforcement import owned_shares
 from dra_driver.testing.objects import Allocated, resource_claim, share
 
 DRIVER = "gpu.fractional.dev"

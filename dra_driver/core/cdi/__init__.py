@@ -17,7 +17,7 @@ from dra_driver.core.cdi.driver_edits import (
     fake_common_edits,
     fake_device_node,
 )
-from dra_driver.core.cdi.mig_edits import NVIDIACTL, CapNode, mig_device_edits
+from dra_driver.core.cdi.mig_edits import NVIDIACTL, CapNode, fake_cap_nodes, mig_device_edits
 from dra_driver.core.cdi.rules import CdiSpecInvalidError, cdi_spec_problems, validate_cdi_spec
 from dra_driver.core.cdi.spec import (
     CdiDevice,
@@ -56,6 +56,7 @@ __all__ = [
     "cdi_spec_problems",
     "edits_from_driver_files",
     "edits_from_toolkit_spec",
+    "fake_cap_nodes",
     "fake_common_edits",
     "fake_device_node",
     "merge_edits",

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dra_driver.core.cdi.driver_edits import fake_device_node
 from dra_driver.core.cdi.spec import ContainerEdits, DeviceNode
 from dra_driver.core.model import GpuInfo, MigDevice
 
@@ -100,3 +101,19 @@ def mig_device_edits(
     nodes = (parent_node, gi.device_node(), ci.device_node())
     extra = tuple(node for node in control_nodes if node.path not in {n.path for n in nodes})
     return ContainerEdits(device_nodes=nodes + extra)
+
+
+def fake_cap_nodes(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[CapNode, CapNode]:
+    """Stand-in GI and CI capability nodes for the fake backend: ``/dev/null``'s
+    numbers (as :func:`~dra_driver.core.cdi.fake_device_node`) at distinct paths."""
+    stand_in = fake_device_node("/dev/null")
+    major, minor = stand_in.major or 1, stand_in.minor or 3
+    return (
+        CapNode(f"/dev/nvidia-caps/nvidia-cap-gpu{gpu_minor}-gi{gi_id}", major, minor, 0o444),
+        CapNode(
+            f"/dev/nvidia-caps/nvidia-cap-gpu{gpu_minor}-gi{gi_id}-ci{ci_id}",
+            major,
+            minor,
+            0o444,
+        ),
+    )

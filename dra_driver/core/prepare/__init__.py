@@ -1,6 +1,8 @@
 """Prepare time (pure): what a claim gets on this node and what is said about it.
 
-``plan`` is the prepare plan, ``configs`` the opaque configs that apply to an
+``plan`` is the prepare plan, ``mps_namespaces`` the MPS namespaces a plan's
+devices hold at the mps-agent, ``mig_instances`` the MIG instances a half-done
+prepare may have left, ``configs`` the opaque configs that apply to an
 allocation result, ``claim_status`` the ``status.devices`` entries of a
 prepared claim, ``disruption_guard`` the node autoscaler annotations on the
 pods that use a guarded claim, and ``observers`` what the prepare/unprepare
@@ -44,6 +46,13 @@ from dra_driver.core.prepare.disruption_guard import (
     pod_finished,
     pod_uses_claim,
 )
+from dra_driver.core.prepare.mig_instances import LeftoverMig, leftover_mig_instances
+from dra_driver.core.prepare.mps_namespaces import (
+    MpsNamespace,
+    mps_namespaces,
+    namespace_of,
+    owned_shares,
+)
 from dra_driver.core.prepare.observers import ClaimOperation, DriverObserver, error_reason, notify
 from dra_driver.core.prepare.plan import (
     DeviceUse,
@@ -72,9 +81,11 @@ __all__ = [
     "GuardMode",
     "HealthSnapshot",
     "HealthStatus",
+    "LeftoverMig",
     "Marker",
     "MigPlan",
     "Mode",
+    "MpsNamespace",
     "NodeContext",
     "PlannedDevice",
     "PreparePlan",
@@ -97,10 +108,14 @@ __all__ = [
     "granted_limits",
     "guard_keys",
     "guarded_claims",
+    "leftover_mig_instances",
     "limits_for",
     "marker_key",
+    "mps_namespaces",
+    "namespace_of",
     "notify",
     "opt_in_key",
+    "owned_shares",
     "plan_prepare",
     "pod_finished",
     "pod_uses_claim",
