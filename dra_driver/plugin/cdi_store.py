@@ -29,6 +29,10 @@ class CdiStore:
         atomic_write(path, blob, mode=0o644, fsync=self.fsync)
         return path
 
+    def exists(self, path: str) -> bool:
+        """Whether the spec file at ``path`` (one :meth:`write` returned) is there."""
+        return os.path.exists(path)
+
     def remove(self, path: str) -> bool:
         return remove_if_exists(path)
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -535,7 +534,7 @@ class Driver:
             if (
                 recorded.cdi_spec is not None
                 and recorded.cdi_spec_file
-                and not os.path.exists(recorded.cdi_spec_file)
+                and not self.cdi.exists(recorded.cdi_spec_file)
             ):
                 # Someone emptied the CDI dir under a prepared claim: the
                 # runtime would fail to start the container, so write it again.
@@ -584,7 +583,7 @@ class Driver:
                 log.warning("rolled back half-prepared claim %s", entry.ref)
             elif entry.cdi_spec is not None and (
                 self.cdi.path_for(uid) != entry.cdi_spec_file
-                or not os.path.exists(entry.cdi_spec_file)
+                or not self.cdi.exists(entry.cdi_spec_file)
             ):
                 path = self.cdi.write(uid, entry.cdi_spec)
                 if entry.cdi_spec_file and entry.cdi_spec_file != path:
@@ -604,7 +603,7 @@ class Driver:
                 log.warning("removed orphan CDI spec %s (no checkpoint entry)", path)
         for path in self.cdi.stale_temp_files():
             self.cdi.remove(path)
-        if checkpoint is not original or not os.path.exists(self.checkpoints.path):
+        if checkpoint is not original or not self.checkpoints.exists():
             self.checkpoints.save(checkpoint)
         report = ReconcileReport(tuple(rolled_back), tuple(rewritten), tuple(orphans))
         return report, rolled_back_entries

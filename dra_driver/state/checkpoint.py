@@ -27,6 +27,7 @@ import enum
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -276,6 +277,10 @@ class CheckpointStore:
         self.boot_id = boot_id
         self._last: tuple[bytes, Checkpoint] | None = None
         self._fragments: Fragments = {}
+
+    def exists(self) -> bool:
+        """Whether the checkpoint file is there (:meth:`load` reads a missing one as empty)."""
+        return os.path.exists(self.path)
 
     def load(self) -> Checkpoint:
         try:

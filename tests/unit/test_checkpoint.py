@@ -17,7 +17,15 @@ import pytest
 
 from dra_driver.base.errors import CheckpointCorruptError, CheckpointError
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.prepare import DeviceUse, MigPlan, Mode, PlannedDevice, ShareLimits
+from dra_driver.core.prepare import (
+    DeviceUse,
+    MigPlan,
+    Mode,
+    PlannedDevice,
+    ShareLimits,
+    mps_namespaces,
+    owned_shares,
+)
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,
@@ -475,3 +483,144 @@ def test_limits_and_mig_plans_round_trip() -> None:
     assert decode(encode(checkpoint), "cp.json") == checkpoint
     uses = checkpoint.device_uses()
     assert uses[DeviceName("gpu-0")] == [DeviceUse(UID_A, Mode.MPS, 10 * 2**30)]
+
+
+# A checkpoint as written before the MPS namespaces moved into core/prepare
+# (commit 07c48a9): the format did not change; its devices still give the
+# namespaces the engine releases (recomputed, never recorded).
+BEFORE_MPS_NAMESPACES = """
+{
+ "checksum": "sha256:c116754ba06b07a41fa476976bd5124aaf9fa56cfc1cccb2e67c7741d4a87aa4",
+ "data": {
+  "bootId": "boot",
+  "claims": {
+   "uid-1": {
+    "cdiSpec": null,
+    "cdiSpecFile": "/cdi/x.json",
+    "devices": [
+     {
+      "cdiDeviceIDs": [
+       "k8s.gpu.fractional.dev/claim=u-gpu-0"
+      ],
+      "deviceName": "gpu-0",
+      "gpuUUID": "GPU-2ad1e3bc-8320-5c36-9778-88e8c4fbdb0a",
+      "limits": {
+       "computePercent": 25,
+       "memoryBytes": 1073741824
+      },
+      "mig": null,
+      "mode": "mps",
+      "poolName": "node-a",
+      "requestNames": [
+       "gpu"
+      ],
+      "shareID": "s2"
+     },
+     {
+      "cdiDeviceIDs": [
+       "k8s.gpu.fractional.dev/claim=u-gpu-0"
+      ],
+      "deviceName": "gpu-0",
+      "gpuUUID": "GPU-2ad1e3bc-8320-5c36-9778-88e8c4fbdb0a",
+      "limits": {
+       "computePercent": 50,
+       "memoryBytes": 2147483648
+      },
+      "mig": null,
+      "mode": "mps",
+      "poolName": "node-a",
+      "requestNames": [
+       "gpu"
+      ],
+      "shareID": "s1"
+     },
+     {
+      "cdiDeviceIDs": [
+       "k8s.gpu.fractional.dev/claim=u-gpu-3-mig-1g10gb-19-1"
+      ],
+      "deviceName": "gpu-3-mig-1g10gb-19-1",
+      "gpuUUID": "GPU-2ad1e3bc-8320-5c36-9778-88e8c4fbdb0a",
+      "limits": {
+       "computePercent": 30,
+       "memoryBytes": 1073741824
+      },
+      "mig": {
+       "ciID": 0,
+       "created": true,
+       "giID": 13,
+       "migUUID": "MIG-a2df5fd2-c5c6-5c84-9803-852fc27d9a9d",
+       "placementSize": 1,
+       "placementStart": 1,
+       "profileID": 19,
+       "profileName": "1g.10gb"
+      },
+      "mode": "mps",
+      "poolName": "node-a",
+      "requestNames": [
+       "gpu"
+      ],
+      "shareID": "m1"
+     }
+    ],
+    "name": "c",
+    "namespace": "default",
+    "state": "PrepareCompleted",
+    "uid": "uid-1"
+   },
+   "uid-2": {
+    "cdiSpec": null,
+    "cdiSpecFile": "/cdi/y.json",
+    "devices": [
+     {
+      "cdiDeviceIDs": [
+       "k8s.gpu.fractional.dev/claim=u-gpu-0"
+      ],
+      "deviceName": "gpu-0",
+      "gpuUUID": "GPU-2ad1e3bc-8320-5c36-9778-88e8c4fbdb0a",
+      "grantShareID": "g1",
+      "limits": {
+       "computePercent": 0,
+       "memoryBytes": 1073741824
+      },
+      "mig": null,
+      "mode": "mps",
+      "poolName": "node-a",
+      "requestNames": [
+       "gpu"
+      ],
+      "shareID": null
+     }
+    ],
+    "name": "g",
+    "namespace": "default",
+    "state": "PrepareCompleted",
+    "uid": "uid-2"
+   }
+  }
+ },
+ "kind": "FractionalGpuDraCheckpoint",
+ "version": 1
+}
+"""
+
+
+def test_a_checkpoint_of_the_earlier_code_loads_and_gives_its_namespaces() -> None:
+    checkpoint = decode(BEFORE_MPS_NAMESPACES.encode(), "checkpoint.json")
+    assert sorted(checkpoint.claims) == ["uid-1", "uid-2"]
+    devices = checkpoint.claims[ClaimUID("uid-1")].devices
+    gpu = "GPU-2ad1e3bc-8320-5c36-9778-88e8c4fbdb0a"
+    mig = "MIG-a2df5fd2-c5c6-5c84-9803-852fc27d9a9d"
+    assert owned_shares(devices) == [(gpu, "s1"), (mig, "m1")]
+    whole, inside = mps_namespaces(devices)
+    assert (whole.memory_limit_bytes, whole.active_thread_percentage) == (3 * 2**30, 75)
+    assert (inside.daemon_uuid, inside.memory_limit_bytes) == (mig, 2**30)
+    granted = checkpoint.claims[ClaimUID("uid-2")].devices
+    assert owned_shares(granted) == [(gpu, "g1")]
+    assert mps_namespaces(granted)[0].active_thread_percentage == 100
+
+
+def test_the_store_says_whether_its_file_exists(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    assert not s.exists()
+    s.save(CHECKPOINT)
+    assert s.exists()
