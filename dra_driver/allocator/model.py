@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.api.decode import decode_config
-from dra_driver.api.types import GpuShareGrant
-from dra_driver.base.errors import DriverError
 from dra_driver.base.quantity import parse_quantity
+from dra_driver.core.allocation import allocation_devices, share_grant_for
 
 
 @dataclass(frozen=True)
@@ -316,14 +314,13 @@ def allocated_results(obj: Mapping[str, Any]) -> list[AllocatedResult]:
     config: such a result is read as the share the grant says, not as the
     whole device (which is what a result without shareID otherwise means).
     """
-    allocation = (obj.get("status") or {}).get("allocation") or {}
-    devices = allocation.get("devices") or {}
+    devices = allocation_devices(obj)
     results = []
     for r in devices.get("results") or ():
         share_id = r.get("shareID")
         consumed = {k: parse_quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()}
         if not share_id:
-            grant = _grant_for(devices.get("config") or (), r)
+            grant = share_grant_for(devices.get("config") or (), r)
             if grant is not None:
                 share_id = grant.share_id
                 consumed = consumed or {
@@ -343,33 +340,6 @@ def allocated_results(obj: Mapping[str, Any]) -> list[AllocatedResult]:
             )
         )
     return results
-
-
-def _grant_for(
-    configs: Sequence[Mapping[str, Any]], result: Mapping[str, Any]
-) -> GpuShareGrant | None:
-    """The controller's grant for ``result``: FromClaim, our driver, the same device."""
-    for config in configs:
-        opaque = config.get("opaque") or {}
-        params = opaque.get("parameters") or {}
-        if (
-            config.get("source") != "FromClaim"
-            or opaque.get("driver") != result.get("driver")
-            or params.get("kind") != "GpuShareGrant"
-        ):
-            continue
-        requests = config.get("requests") or ()
-        if requests and str(result.get("request", "")).split("/")[0] not in {
-            str(q).split("/")[0] for q in requests
-        }:
-            continue
-        try:
-            grant = decode_config(params, str(result.get("driver")))
-        except DriverError:
-            continue
-        if isinstance(grant, GpuShareGrant) and grant.device == result.get("device"):
-            return grant
-    return None
 
 
 def names(items: Sequence[ExactRequest]) -> list[str]:

@@ -1,8 +1,8 @@
 """The driver's own view of the objects it works with.
 
-These are frozen dataclasses built at the adapters (``k8s/convert.py`` for
-ResourceClaims, ``gpu/`` for inventory), so the pure core never sees the
-untyped official client's models or raw JSON.
+These are frozen dataclasses built from the API's JSON (``core/allocation.py`` for
+ResourceClaims) and at the adapters (``gpu/`` for inventory), so the rest of the
+core never sees the untyped official client's models or raw JSON.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from kubernetes.client import ApiClient
 
 from dra_driver.base.errors import ApiNotFoundError, ClaimNotFoundError
 from dra_driver.base.ids import ClaimRef
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.ports import ensure_same_claim
-from dra_driver.k8s.convert import claim_from_dict
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
