@@ -4,6 +4,6 @@ Sub-packages, each with its face in its ``__init__.py``: ``slices`` (the
 ResourceSlices and the API's rules for them), ``cdi`` (CDI specs and container
 edits), ``health`` (device health) and ``prepare`` (what a claim gets at
 prepare); ``slices``, ``cdi`` and ``health`` are independent of each other.
-They stand on the basics here: ``model``, ``ports``, ``settings`` and
-``published``.
+They stand on the basics here: ``model``, ``ports``, ``settings``,
+``published`` and ``allocation``.
 """
