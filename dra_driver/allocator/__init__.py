@@ -12,6 +12,13 @@ from dra_driver.allocator.allocate import (
     requested_size,
 )
 from dra_driver.allocator.cel import CelError, SelectorCache, is_sentinel, sentinel_expression
+from dra_driver.allocator.k8s_rules import (
+    keeps_off,
+    node_fits_pod,
+    tolerated,
+    tolerates,
+    why_node_unfit,
+)
 from dra_driver.allocator.packing import Placement, Policy, best_fit, first_fit
 from dra_driver.allocator.quota import (
     InvalidQuotaError,
@@ -37,8 +44,13 @@ __all__ = [
     "best_fit",
     "first_fit",
     "is_sentinel",
+    "keeps_off",
+    "node_fits_pod",
     "parse_vram_quota",
     "quota_annotation",
     "requested_size",
     "sentinel_expression",
+    "tolerated",
+    "tolerates",
+    "why_node_unfit",
 ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from dra_driver.allocator.capacity import effective_capacity, fits
 from dra_driver.allocator.cel import CelError, SelectorCache, is_sentinel
+from dra_driver.allocator.k8s_rules import keeps_off
 from dra_driver.allocator.ledger import Ledger
 from dra_driver.allocator.model import Capacity, Device, DeviceClass, ExactRequest
 from dra_driver.allocator.packing import Placement, first_fit
@@ -68,8 +69,7 @@ def _memory_floor(
 
 def _tolerated(request: ExactRequest, device: Device) -> bool:
     return all(
-        taint.effect not in ("NoSchedule", "NoExecute")
-        or any(t.tolerates(taint) for t in request.tolerations)
+        not keeps_off(taint.effect) or any(t.tolerates(taint) for t in request.tolerations)
         for taint in device.taints
     )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dra_driver.allocator.k8s_rules import tolerates
 from dra_driver.base.quantity import parse_quantity
 from dra_driver.core.allocation import allocation_devices, share_grant_for
 
@@ -197,13 +198,15 @@ class Toleration:
     effect: str | None
 
     def tolerates(self, taint: Taint) -> bool:
-        if self.effect and self.effect != taint.effect:
-            return False
-        if self.key is None:  # empty key with Exists tolerates everything
-            return self.operator == "Exists"
-        if self.key != taint.key:
-            return False
-        return self.operator == "Exists" or (self.value or "") == taint.value
+        return tolerates(
+            self.key,
+            self.operator,
+            self.value,
+            self.effect,
+            taint_key=taint.key,
+            taint_value=taint.value,
+            taint_effect=taint.effect,
+        )
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from dra_driver.allocator import (
     best_fit,
     parse_vram_quota,
     requested_size,
+    why_node_unfit,
 )
 
 JsonObj = dict[str, Any]
@@ -187,88 +188,6 @@ def placement_order(batch: Sequence[tuple[str, JsonObj | None]], driver_name: st
         return (1, -whole, -memory, str(meta.get("creationTimestamp") or ""), uid)
 
     return [uid for uid, _ in sorted(batch, key=key)]
-
-
-# --- node filtering (pure) -------------------------------------------------------------
-
-
-def _match_expression(expr: Mapping[str, Any], value: str | None) -> bool:  # noqa: PLR0911
-    op, values = expr.get("operator"), [str(v) for v in expr.get("values") or []]
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt") and value is not None and values:
-        try:
-            a, b = int(value), int(values[0])
-        except ValueError:
-            return False
-        return a > b if op == "Gt" else a < b
-    return False
-
-
-def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    fields = {"metadata.name": (node.get("metadata") or {}).get("name")}
-    exprs = term.get("matchExpressions") or []
-    field_exprs = term.get("matchFields") or []
-    if not exprs and not field_exprs:
-        return False  # an empty term matches nothing
-    return all(_match_expression(e, labels.get(e.get("key"))) for e in exprs) and all(
-        _match_expression(e, fields.get(e.get("key"))) for e in field_exprs
-    )
-
-
-def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t.get("key") == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (
-            taint.get("value") or ""
-        ):
-            return True
-    return False
-
-
-def node_fits_pod(node: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
-    """The pod's nodeSelector, required node affinity and tolerations allow ``node``."""
-    return why_node_unfit(node, pod) is None
-
-
-def why_node_unfit(node: Mapping[str, Any], pod: Mapping[str, Any]) -> str | None:
-    """What keeps ``pod`` off ``node`` (its selector, affinity, an untolerated taint), or None."""
-    spec = pod.get("spec") or {}
-    pod_name = (pod.get("metadata") or {}).get("name", "")
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    for key, value in (spec.get("nodeSelector") or {}).items():
-        if labels.get(key) != value:
-            return f"pod {pod_name}'s nodeSelector {key}={value} does not match"
-    required = (
-        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    ).get("nodeSelectorTerms")
-    if required is not None and not any(_term_matches(t, node) for t in required):
-        return f"pod {pod_name}'s required node affinity does not match"
-    tolerations = spec.get("tolerations") or []
-    taints = list((node.get("spec") or {}).get("taints") or [])
-    if (node.get("spec") or {}).get("unschedulable"):
-        taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
-    for t in taints:
-        if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, t):
-            value = f"={t['value']}" if t.get("value") else ""
-            return (
-                f"taint {t.get('key')}{value}:{t.get('effect')} is not tolerated by pod {pod_name}"
-            )
-    return None
 
 
 # --- decide (pure) ---------------------------------------------------------------------

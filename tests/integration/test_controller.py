@@ -15,15 +15,12 @@ from fractions import Fraction
 
 import pytest
 
+from dra_driver.allocator import node_fits_pod
 from dra_driver.base.quantity import parse_quantity
 from dra_driver.controller.informer import CLAIMS, Informer
 from dra_driver.controller.leader import lease_action, micro_time
 from dra_driver.controller.queue import WorkQueue
-from dra_driver.controller.reconcile import (
-    FINALIZER,
-    REJECTED_ANNOTATION,
-    node_fits_pod,
-)
+from dra_driver.controller.reconcile import FINALIZER, REJECTED_ANNOTATION
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.watch import MERGE_PATCH
 from tests.support import controller_env
