@@ -73,12 +73,12 @@ from dra_driver.controller.reconcile import (
     finalizer_patch,
     finalizer_removal_patch,
     is_ours,
-    now_rfc3339,
     placement_order,
     pod_uses,
     rejected_patch,
 )
 from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
 from dra_driver.observability.metrics_server import serve_metrics

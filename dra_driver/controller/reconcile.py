@@ -21,7 +21,6 @@ namespace, the annotation and the expected format, and nothing else.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -273,11 +272,6 @@ def decide(  # noqa: PLR0911 (one return per decision)
 
 
 # --- writing (pure builders) -----------------------------------------------------------
-
-
-def now_rfc3339(now: datetime.datetime | None = None) -> str:
-    now = now or datetime.datetime.now(datetime.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _guarded(claim: JsonObj, **metadata: Any) -> JsonObj:
