@@ -12,6 +12,7 @@ which runs as ``python -m dra_driver.mpsagent.fake_control``, stays light):
 * :class:`.agent.AgentConfig`, :func:`.agent.run_agent`
 * :class:`.client.MpsAgentClient`, :class:`.client.MpsAgentError`,
   :class:`.client.MpsAgentUnavailableError`
+* :class:`.port.MpsAgentPort`: the client as the plugin depends on it (one Protocol)
 * :func:`.commands.share_cdi_edits` (pure: env and mounts for a share's containers)
 * :class:`.compute_mode.ComputeMode`, :class:`.compute_mode.FakeComputeMode`,
   :class:`.compute_mode.NvidiaSmiComputeMode`

@@ -36,7 +36,6 @@ import enum
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from dra_driver.base.errors import DriverError, InventoryError
 from dra_driver.base.ids import ClaimRef, GpuUUID, MigUUID
@@ -65,7 +64,7 @@ from dra_driver.dmemhook import install_hook
 from dra_driver.gpu.dmem import detect_dmem
 from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.mpsagent.commands import share_cdi_edits
-from dra_driver.mpsagent.protocol import ShareInfo
+from dra_driver.mpsagent.port import MpsAgentPort
 
 log = logging.getLogger(__name__)
 
@@ -110,25 +109,6 @@ async def dmem_hook_settings(
     )
 
 
-class MpsPort(Protocol):
-    """What the plugin needs of the mps-agent (``MpsAgentClient``)."""
-
-    async def ensure_share(
-        self,
-        gpu_uuid: str,
-        share_id: str,
-        *,
-        claim_uid: str,
-        memory_limit_bytes: int,
-        active_thread_percentage: int,
-        uid: int | None = None,
-    ) -> ShareInfo: ...
-
-    async def release_share(self, gpu_uuid: str, share_id: str) -> bool: ...
-
-    async def list_shares(self) -> list[ShareInfo]: ...
-
-
 class Enforcer:
     def __init__(
         self,
@@ -136,7 +116,7 @@ class Enforcer:
         backend: GpuBackend,
         inventory: Callable[[], Inventory],
         mig_caps: MigCapabilities | None,
-        mps: MpsPort | None,
+        mps: MpsAgentPort | None,
     ) -> None:
         """``mig_caps`` None: stand-in capability nodes (fake backend);
         ``mps`` None: MPS shares fail with a message naming the missing agent."""

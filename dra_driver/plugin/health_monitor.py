@@ -25,7 +25,6 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol
 
 from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import GpuUUID
@@ -43,6 +42,7 @@ from dra_driver.core.health import (
 from dra_driver.core.model import HealthEvent, Inventory
 from dra_driver.core.ports import GpuBackend
 from dra_driver.kubeletplugin.health import DeviceHealthState, HealthHub, health_states
+from dra_driver.mpsagent.port import MpsAgentPort
 from dra_driver.mpsagent.protocol import AgentStatus
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,6 @@ TIMEOUT_INTERVALS = 3
 """Reports the kubelet may miss before it calls our devices Unknown."""
 
 _Taints = Mapping[str, Sequence[Mapping[str, str]]]
-
-
-class MpsStatusSource(Protocol):
-    """The mps-agent's status (``MpsAgentClient``)."""
-
-    async def status(self) -> AgentStatus: ...
 
 
 def report_timeout(interval: float) -> int:
@@ -94,7 +88,7 @@ class HealthMonitor:
         pool_name: str,
         settings: HealthSettings,
         probe_interval: float = DEFAULT_INTERVAL_S,
-        mps: MpsStatusSource | None = None,
+        mps: MpsAgentPort | None = None,
         clock: Callable[[], float] = time.time,
         listeners: list[HealthListener] | None = None,
     ) -> None:

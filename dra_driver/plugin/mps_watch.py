@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dra_driver.base.errors import DriverError
+from dra_driver.mpsagent.port import MpsAgentPort
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ProtocolError, ShareInfo
 
 log = logging.getLogger(__name__)
@@ -91,12 +92,6 @@ class MpsUidWaitListener(Protocol):
         ...
 
 
-class ShareSource(Protocol):
-    """The mps-agent's live shares (``MpsAgentClient``)."""
-
-    async def list_shares(self) -> list[ShareInfo]: ...
-
-
 def waiting_claims(
     gpu_uuid: str, waiting_uids: Sequence[int], shares: Iterable[ShareInfo]
 ) -> frozenset[str] | None:
@@ -116,7 +111,7 @@ class MpsUidWatch:
 
     def __init__(
         self,
-        shares: ShareSource | None = None,
+        shares: MpsAgentPort | None = None,
         listeners: list[MpsUidWaitListener] | None = None,
     ) -> None:
         self.shares = shares

@@ -269,6 +269,25 @@ class Shares:
             raise MpsAgentUnavailableError("the agent is away")
         return self.shares
 
+    # The rest of the agent's port: the watch reads only the share list.
+    async def ensure_share(
+        self,
+        gpu_uuid: str,
+        share_id: str,
+        *,
+        claim_uid: str,
+        memory_limit_bytes: int,
+        active_thread_percentage: int,
+        uid: int | None = None,
+    ) -> ShareInfo:
+        raise NotImplementedError
+
+    async def release_share(self, gpu_uuid: str, share_id: str) -> bool:
+        raise NotImplementedError
+
+    async def status(self) -> AgentStatus:
+        raise NotImplementedError
+
 
 def status(*daemons: DaemonStatus) -> AgentStatus:
     return AgentStatus(version=1, protocol="legacy", daemons=daemons)

@@ -38,7 +38,7 @@ from dra_driver.gpu.dmem import (
 )
 from dra_driver.gpu.fake import FakeGpuBackend, build_inventory, load_spec
 from dra_driver.k8s.convert import claim_from_dict
-from dra_driver.mpsagent.protocol import ShareInfo
+from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
 from dra_driver.plugin.enforcement import DmemLimits, Enforcer, dmem_hook_settings
 from dra_driver.testing.objects import Allocated, resource_claim, share
 
@@ -451,6 +451,9 @@ class _Agent:
 
     async def list_shares(self) -> list[ShareInfo]:
         return []
+
+    async def status(self) -> AgentStatus:
+        return AgentStatus(version=1, protocol="v3", daemons=())
 
 
 def test_the_engine_keeps_the_hook_beside_the_shares_mounts() -> None:
