@@ -113,6 +113,19 @@ class MigPlacementBusyError(InventoryError):
     """
 
 
+class MpsAgentError(DriverError):
+    """The mps-agent answered with an error; ``kind`` is the protocol's error kind.
+
+    Defined here so that the core names it (its reason, ``MpsAgentError``)
+    without importing the agent's client (:mod:`dra_driver.mpsagent.client`
+    raises it, and its subclass ``MpsAgentUnavailableError``).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class ConfigError(DriverError):
     """A flag, environment variable or file given to the driver is invalid."""
 

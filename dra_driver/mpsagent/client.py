@@ -12,17 +12,9 @@ import asyncio
 import contextlib
 from typing import Any
 
-from dra_driver.base.errors import DriverError
+from dra_driver.base.errors import MpsAgentError
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
-
-
-class MpsAgentError(DriverError):
-    """The agent answered with an error; ``kind`` is the protocol's error kind."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class MpsAgentUnavailableError(MpsAgentError):
@@ -30,6 +22,9 @@ class MpsAgentUnavailableError(MpsAgentError):
 
     def __init__(self, message: str) -> None:
         super().__init__("unavailable", message)
+
+
+__all__ = ["MpsAgentClient", "MpsAgentError", "MpsAgentUnavailableError"]
 
 
 class MpsAgentClient:

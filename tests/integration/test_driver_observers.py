@@ -9,11 +9,14 @@ import pytest
 from dra_driver.base.errors import (
     ApiUnavailableError,
     ClaimNotFoundError,
+    DriverError,
     InvalidConfigError,
+    MpsAgentError,
     OvercommitError,
 )
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.prepare import ClaimOperation, error_reason, notify
+from dra_driver.mpsagent.client import MpsAgentUnavailableError
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import claim_ref, resource_claim, share
@@ -88,6 +91,9 @@ def test_prepare_repeat_error_and_unprepare_are_reported(node_dirs: NodeDirs) ->
         (OvercommitError(ClaimRef("n", "c", ClaimUID("u")), "full"), "Overcommit"),
         (InvalidConfigError("bad", "mps.computePercent"), "InvalidConfig"),
         (ApiUnavailableError("503"), "ApiError"),
+        (MpsAgentError("internal", "no daemon"), "MpsAgentError"),
+        (MpsAgentUnavailableError("away"), "MpsAgentError"),
+        (DriverError("other"), "DriverError"),
         (ValueError("bug"), "InternalError"),
     ],
 )

@@ -27,6 +27,7 @@ from dra_driver.base.errors import (
     InvalidConfigError,
     InventoryError,
     MigPlacementBusyError,
+    MpsAgentError,
     OvercommitError,
 )
 from dra_driver.base.ids import ClaimRef
@@ -52,6 +53,7 @@ _REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (InventoryError, "GpuError"),
     (ApiError, "ApiError"),
     (CheckpointError, "CheckpointError"),
+    (MpsAgentError, "MpsAgentError"),
 )
 
 
@@ -60,9 +62,6 @@ def error_reason(err: BaseException) -> str:
     for kind, reason in _REASONS:
         if isinstance(err, kind):
             return reason
-    # MpsAgentError lives in mpsagent/ (it imports nothing of ours beyond core).
-    if type(err).__name__.startswith("MpsAgent"):
-        return "MpsAgentError"
     if isinstance(err, DriverError):
         return "DriverError"
     return "InternalError"
