@@ -9,6 +9,7 @@ import pytest
 
 from dra_driver.allocator.model import allocated_results
 from dra_driver.core.allocation import allocation_devices, claim_from_dict, share_grant_for
+from dra_driver.core.prepare import trusted_grant
 
 DRIVER = "gpu.fractional.dev"
 GRANT = {
@@ -81,7 +82,10 @@ def test_both_paths_read_the_same_results() -> None:
 
 def test_a_grant_keyed_share_reads_as_the_grants_share_on_the_controller() -> None:
     obj = claim([RESULT], [config()])
-    assert claim_from_dict(obj).results[0].share_id is None  # the node asks effective_config
+    node = claim_from_dict(obj)
+    assert node.results[0].share_id is None  # the node asks its trusted grant
+    grant = trusted_grant(node.results[0], node.configs, DRIVER)
+    assert grant is not None and grant.share_id == GRANT["shareID"]
     (controller,) = allocated_results(obj)
     assert controller.share_id == GRANT["shareID"]
     assert controller.consumed["memory"] == 10 * 2**30

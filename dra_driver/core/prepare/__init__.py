@@ -30,6 +30,7 @@ from dra_driver.core.prepare.configs import (
     effective_config,
     granted_limits,
     limits_for,
+    trusted_grant,
 )
 from dra_driver.core.prepare.disruption_guard import (
     CA_SAFE_TO_EVICT,
@@ -119,4 +120,5 @@ __all__ = [
     "plan_prepare",
     "pod_finished",
     "pod_uses_claim",
+    "trusted_grant",
 ]

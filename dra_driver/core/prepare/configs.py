@@ -215,6 +215,16 @@ def effective_config(
     )
 
 
+def trusted_grant(
+    result: DeviceResult,
+    configs: Sequence[OpaqueConfig],
+    driver_name: str = DEFAULT_DRIVER_NAME,
+) -> GpuShareGrant | None:
+    """The ``GpuShareGrant`` the node trusts for ``result`` (:func:`effective_config`'s
+    rules), or None: what names a share whose ``shareID`` the API dropped."""
+    return effective_config(result, configs, driver_name).grant
+
+
 def _capacity(consumed: Mapping[str, str], key: str, absent: int, device: str) -> int:
     if key not in consumed:
         return absent

@@ -52,7 +52,7 @@ from dra_driver.core.cdi import (
     merge_edits,
 )
 from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClaim
-from dra_driver.core.prepare.configs import effective_config, limits_for
+from dra_driver.core.prepare.configs import effective_config, limits_for, trusted_grant
 from dra_driver.core.published import MigTarget, mig_targets
 from dra_driver.core.settings import NodeSettings, Sharing
 from dra_driver.core.slices import MIB, mig_share_policy
@@ -371,7 +371,7 @@ def _takes_all(
     grant) stays a share."""
     granted = any(
         "memory" in r.consumed_capacity
-        or effective_config(r, claim.configs, ctx.driver_name).grant is not None
+        or trusted_grant(r, claim.configs, ctx.driver_name) is not None
         for r in group
     )
     left = usable - limits.memory_bytes
@@ -438,7 +438,7 @@ def _grant_share_id(
     ids = [
         grant.share_id
         for result in group
-        if (grant := effective_config(result, claim.configs, ctx.driver_name).grant) is not None
+        if (grant := trusted_grant(result, claim.configs, ctx.driver_name)) is not None
     ]
     return min(ids) if ids else None
 
@@ -446,7 +446,7 @@ def _grant_share_id(
 def _has_grant(result: DeviceResult, claim: ResourceClaim, ctx: NodeContext) -> bool:
     """A share without shareID: the controller's grant, on clusters whose API drops it."""
     try:
-        return effective_config(result, claim.configs, ctx.driver_name).grant is not None
+        return trusted_grant(result, claim.configs, ctx.driver_name) is not None
     except InvalidConfigError as err:
         raise AllocationError(claim.ref, f"request {result.request}: {err}") from err
 
