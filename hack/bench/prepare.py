@@ -151,19 +151,14 @@ def timed(owner: Any, name: str, key: str) -> None:
 
 
 def serve_plugin(args: argparse.Namespace) -> int:
-    """The kubelet plugin as on a node, with its ports timed; timings to --timings at exit."""
-    from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-    from dra_driver.gpu.fake import FakeGpuBackend
+    """``dra-driver kubelet-plugin`` as on a node (the chart's flags, fake GPUs), its
+    ports timed; timings to --timings at exit."""
+    from dra_driver import cli
     from dra_driver.k8s.claim_status import ClaimStatusWriter
     from dra_driver.k8s.claims import KubernetesClaimSource
-    from dra_driver.k8s.client import make_api_client
-    from dra_driver.k8s.events import EventRecorder
     from dra_driver.mpsagent.client import MpsAgentClient
     from dra_driver.plugin import driver
-    from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.cdi_store import CdiStore
-    from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
-    from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
     from dra_driver.state.checkpoint import CheckpointStore
 
     timed(KubernetesClaimSource, "get_claim", "get")
@@ -176,35 +171,32 @@ def serve_plugin(args: argparse.Namespace) -> int:
     timed(ClaimStatusWriter, "apply", "status")
 
     root = args.serve_plugin
-    api = make_api_client(None, host=args.api)
-    sharing = Sharing.TIMESLICING if args.mode == "timesliced" else Sharing.MPS
-    config = PluginConfig(
-        driver_name=DRIVER,
-        node_name=NODE,
-        registry_dir=os.path.join(root, "reg"),
-        plugin_dir=os.path.join(root, "plugin"),
-        cdi_root=os.path.join(root, "cdi"),
-        boot_id_file=os.path.join(root, "boot_id"),
-        settings=NodeSettings(default=GpuSettings(sharing)),
-        mps_agent_socket=args.agent_socket or None,
-    )
-    claims = KubernetesClaimSource(api)
-    events = EventRecorder(api, component=COMPONENT, instance=NODE, interval_s=60, aggregate=True)
-    activity = CallActivity()  # as `dra-driver kubelet-plugin` wires it
-    reporter = ClaimReporter(
-        driver_name=DRIVER,
-        node_name=NODE,
-        status=ClaimStatusWriter(api, driver_name=DRIVER, node_name=NODE),
-        events=events,
-        activity=activity,
-    )
-    runtime = PluginRuntime(
-        config,
-        FakeGpuBackend(FAKE_GPUS, NODE),
-        claims,
-        reporting=reporter,
-        activity=activity,
-    )
+    kubeconfig = os.path.join(root, "kubeconfig")
+    with open(kubeconfig, "w", encoding="utf-8") as f:
+        f.write(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: bench, cluster: {{server: '{args.api}'}}}}]\n"
+            "users: [{name: bench, user: {}}]\n"
+            "contexts: [{name: bench, context: {cluster: bench, user: bench}}]\n"
+            "current-context: bench\n"
+        )
+    argv = [
+        "kubelet-plugin",
+        *("--driver-name", DRIVER, "--node-name", NODE, "--kubeconfig", kubeconfig),
+        *(
+            "--registry-dir",
+            os.path.join(root, "reg"),
+            "--plugin-dir",
+            os.path.join(root, "plugin"),
+        ),
+        *("--cdi-root", os.path.join(root, "cdi"), "--boot-id-file", os.path.join(root, "boot_id")),
+        *("--backend", "fake", "--fake-gpus", FAKE_GPUS),
+        *("--sharing", "timeslicing" if args.mode == "timesliced" else "mps"),
+        # As the chart runs it: metrics and /readyz served, claim status and Events on.
+        *("--metrics-port", str(free_port()), "--readiness-port", str(free_port())),
+        *("--metrics-address", "127.0.0.1", "--log-level", "WARNING"),
+        *(("--mps-agent-socket", args.agent_socket) if args.agent_socket else ()),
+    ]
     profiler = None
     if args.profile:
         import cProfile
@@ -212,15 +204,22 @@ def serve_plugin(args: argparse.Namespace) -> int:
         profiler = cProfile.Profile()
         profiler.enable()
     try:
-        asyncio.run(run_until_signalled(runtime))
+        return cli.main(argv)
     finally:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
-        claims.close()
         with open(args.timings, "w") as f:
             json.dump(TIMINGS, f)
-    return 0
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def serve_engine(root: str, count: int) -> None:
@@ -295,6 +294,7 @@ def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
             *("--mps-protocol", "v3", "--socket", socket),
             # A tmpfs, as on a node (the chart's /run/fractional-gpu-dra/mps).
             *("--state-dir", os.path.join(state_root(root), "mps"), "--log-level", "WARNING"),
+            *("--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1"),
         ],
         cwd=ROOT,
     )
