@@ -5,17 +5,19 @@ Modes (``--modes``, default all):
 
 * ``mps``: the kubelet's pattern. Claims are created in the fake API server
   from the tests (over HTTP, Kubernetes 1.36 rules), each allocated a 4Gi MPS
-  share of one of 8 fake H200s. The plugin runs in its own process (fake GPU
-  backend, checkpoint and CDI specs on the real disk with fsync): it GETs each
-  claim through the official client, enforces the share through the real
-  mps-agent process (``dra-driver mps-agent --mps-control fake``: one fake
+  share of one of 8 fake H200s. The plugin is ``dra-driver kubelet-plugin`` in
+  its own process with the chart's flags (fake GPU backend; metrics, ``/readyz``,
+  ResourceSlices, claim status and Events on; checkpoint and CDI specs on the
+  real disk with fsync): it GETs each claim through the official client's
+  transport, enforces the share through the real mps-agent process
+  (``dra-driver mps-agent --mps-control fake``: one fake
   ``nvidia-cuda-mps-control`` daemon per GPU and one control shell each),
   writes the CDI spec and the checkpoint, and writes ``status.devices`` and
-  Events through the claim reporter. Each round makes N concurrent
-  ``NodePrepareResources`` calls of one claim each (one call per pod, as the
-  kubelet does), then N concurrent unprepares. Every GPU holds a resident
-  share during the run, as on a node already serving MPS pods, so its daemon
-  is up.
+  Events through the claim reporter (after a lull in the calls). Each round
+  makes N concurrent ``NodePrepareResources`` calls of one claim each (one call
+  per pod, as the kubelet does), then N concurrent unprepares. Every GPU holds a
+  resident share during the run, as on a node already serving MPS pods, so its
+  daemon is up.
 * ``mps-cold``: the same without resident shares: the first share on a GPU
   starts its daemon (a fake daemon process, a control shell), the last release
   stops it.
