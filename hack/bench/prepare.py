@@ -153,7 +153,7 @@ def timed(owner: Any, name: str, key: str) -> None:
 def serve_plugin(args: argparse.Namespace) -> int:
     """The kubelet plugin as on a node, with its ports timed; timings to --timings at exit."""
     from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-    from dra_driver.gpu.fake import FakeGpuBackend
+    from dra_driver.fakes.gpu import FakeGpuBackend
     from dra_driver.k8s.claim_status import ClaimStatusWriter
     from dra_driver.k8s.claims import KubernetesClaimSource
     from dra_driver.k8s.client import make_api_client
@@ -226,9 +226,9 @@ def serve_plugin(args: argparse.Namespace) -> int:
 def serve_engine(root: str, count: int) -> None:
     """The earlier benchmark's plugin: in-memory claims, time-sliced shares."""
     from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-    from dra_driver.gpu.fake import FakeGpuBackend
+    from dra_driver.fakes.claims import InMemoryClaimSource
+    from dra_driver.fakes.gpu import FakeGpuBackend
     from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
-    from dra_driver.testing.memory_claims import InMemoryClaimSource
 
     config = PluginConfig(
         driver_name=DRIVER,
@@ -244,7 +244,7 @@ def serve_engine(root: str, count: int) -> None:
 
 
 def engine_claims(count: int) -> list[dict[str, Any]]:
-    from dra_driver.testing.objects import resource_claim, share
+    from dra_driver.fakes.objects import resource_claim, share
 
     # Deterministic UIDs: the parent and the plugin process build the same claims.
     return [
@@ -332,7 +332,7 @@ async def kubelet_rounds(
     """Prepare ``resident`` (and unprepare them at the end unless ``keep``) around
     rounds of ``burst`` concurrent one-claim calls; returns prepare and unprepare
     latencies (ms) and each round's wall time (ms)."""
-    from dra_driver.testing.kubelet import FakeKubelet
+    from dra_driver.fakes.kubelet import FakeKubelet
 
     kubelet = FakeKubelet(registry)
     plugin = await kubelet.wait_for_plugin(DRIVER, timeout=60)
@@ -377,7 +377,7 @@ async def kubelet_rounds(
 def run_kubelet_mode(
     mode: str, rounds: int, burst: int, warmup: int, *, profile: str | None, gap: float
 ) -> dict[str, Any]:
-    from dra_driver.testing.objects import claim_ref, node_object, resource_claim, share
+    from dra_driver.fakes.objects import claim_ref, node_object, resource_claim, share
     from tests.support.fakekube import FakeKubeApi
 
     root = node_root()
@@ -484,7 +484,7 @@ def run_engine(claims: int, levels: list[int]) -> list[dict[str, Any]]:
 
 
 async def engine_level(registry: str, refs: list[Any], concurrency: int) -> dict[str, Any]:
-    from dra_driver.testing.kubelet import FakeKubelet
+    from dra_driver.fakes.kubelet import FakeKubelet
 
     kubelet = FakeKubelet(registry)
     plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)

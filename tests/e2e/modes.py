@@ -42,7 +42,7 @@ import pytest
 import yaml
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
-from dra_driver.testing.kubelet import FakeKubelet, PrepareResult
+from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
 from tests.e2e.conftest import (
     POLL_S,
     Cluster,

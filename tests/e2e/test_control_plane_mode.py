@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.testing.kubelet import PrepareResult
-from dra_driver.testing.objects import node_object
+from dra_driver.fakes.kubelet import PrepareResult
+from dra_driver.fakes.objects import node_object
 from tests.e2e.conftest import Cluster, Obj
 from tests.e2e.modes import (
     OPT_IN_LABEL,

@@ -3,7 +3,7 @@
 The fake backend applies fault-injection files dropped in its directory
 (``FAKE_HEALTH_DIR``, by default ``<PLUGIN_DIR>/fake-health``: under the chart's
 plugin-dir hostPath, mounted at the same path; format in
-``dra_driver/gpu/fake_health.py``). The test writes an XID 79 file for one whole
+``dra_driver/fakes/gpu_faults.py``). The test writes an XID 79 file for one whole
 GPU from inside a kubelet-plugin pod (``kubectl exec`` through the official
 client's ``stream`` API), waits for the device to carry our
 ``<driver>/unhealthy`` taint in its node's ResourceSlice, then writes a reset

@@ -21,7 +21,10 @@ from dra_driver.core.health import (
 from dra_driver.core.model import HealthEvent
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import HealthReport, health_reports
+from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
@@ -29,9 +32,6 @@ from dra_driver.kubeletplugin.health import Health
 from dra_driver.plugin.health_monitor import HealthMonitor, report_timeout
 from dra_driver.plugin.publishing import SlicePublishing
 from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
-from dra_driver.testing.kubelet import HealthReport, health_reports
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import node_object
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked, serving
 

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from dra_driver.core.settings import NodeSettings
-from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet, HealthReport, health_reports
+from dra_driver.fakes.mps_control import fake_control_path
+from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode, Mode
 from dra_driver.plugin.runtime import PluginRuntime
-from dra_driver.testing.kubelet import FakeKubelet, HealthReport, health_reports
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import claim_ref, resource_claim, share
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient, MpsAgentError, MpsAgentUnavailableError

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import PREVIOUS_MODE_FILE
 from dra_driver.mpsagent.procs import alive

@@ -18,7 +18,7 @@ from dra_driver.controller import Controller, ControllerConfig
 from dra_driver.controller.reconcile import CONTROLLER_CLASS
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
 from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import build_inventory, load_spec
+from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.k8s.client import make_api_client
 from tests.support.fakekube import FakeKubeApi
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.metrics import AgentMetrics

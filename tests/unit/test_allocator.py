@@ -9,7 +9,7 @@ from typing import Any
 from dra_driver.allocator import AllocationOutcome, allocate, first_fit, sentinel_expression
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
 from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import build_inventory, load_spec
+from dra_driver.fakes.gpu import build_inventory, load_spec
 
 DRIVER = "gpu.fractional.dev"
 GI = 2**30
