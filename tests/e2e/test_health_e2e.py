@@ -24,11 +24,12 @@ import functools
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from tests.e2e.conftest import _REPORTS, Cluster, Obj, _plugin_logs, _section
+from tests.support.eventually import eventually_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -195,15 +196,6 @@ def our_taints(cluster: Cluster, node: str, device: str) -> list[Obj]:
     return unhealthy_taints(found, cluster.driver)
 
 
-def wait_for(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
 # --- diagnostics ------------------------------------------------------------------------
 
 
@@ -283,9 +275,12 @@ def test_xid_taints_the_device_and_a_reset_clears_it(
     try:
         pod.drop(f"{stamp}-xid.json", {"gpu": gpu, "xid": 79, "message": "e2e: fell off"})
         pod.wait_applied(f"{stamp}-xid.json")
-        assert wait_for(lambda: bool(our_taints(cluster, pod.node, device)), TAINTED_S), (
-            f"node {pod.node}: device {device} ({gpu}) has no {cluster.driver}/unhealthy"
-            f" taint {TAINTED_S:.0f}s after XID 79 was applied"
+        eventually_sync(
+            lambda: bool(our_taints(cluster, pod.node, device)),
+            f"node {pod.node}: device {device} ({gpu}) to get a {cluster.driver}/unhealthy"
+            " taint after XID 79 was applied",
+            timeout=TAINTED_S,
+            interval=POLL_S,
         )
         (taint,) = our_taints(cluster, pod.node, device)
         assert (taint["value"], taint["effect"]) == ("xid-79", effect), taint
@@ -297,14 +292,22 @@ def test_xid_taints_the_device_and_a_reset_clears_it(
         pod.drop(f"{stamp}-reset.json", {"gpu": gpu, "reset": True})
         reset = True
         pod.wait_applied(f"{stamp}-reset.json")
-        assert wait_for(lambda: not our_taints(cluster, pod.node, device), cleared_s), (
-            f"node {pod.node}: device {device} still tainted {cleared_s:.0f}s after the reset"
-            f" (HEALTH_PROBE_INTERVAL={probe_s:g}: two probes must see it)"
+        eventually_sync(
+            lambda: not our_taints(cluster, pod.node, device),
+            f"node {pod.node}: device {device} to lose its taint after the reset"
+            f" (HEALTH_PROBE_INTERVAL={probe_s:g}: two probes must see it)",
+            timeout=cleared_s,
+            interval=POLL_S,
         )
     finally:
         if not reset:  # leave the GPU as found for the tests after this one
             try:
                 pod.drop(f"{stamp}-cleanup-reset.json", {"gpu": gpu, "reset": True})
-                wait_for(lambda: not our_taints(cluster, pod.node, device), cleared_s)
+                eventually_sync(
+                    lambda: not our_taints(cluster, pod.node, device),
+                    f"{device} on {pod.node} to lose its taint",
+                    timeout=cleared_s,
+                    interval=POLL_S,
+                )
             except Exception as err:  # never hide the real failure
                 print(f"cleanup: resetting {device} on {pod.node} failed: {err!r:.300}")

@@ -32,6 +32,7 @@ from dra_driver.kubeletplugin.health import Health
 from dra_driver.plugin.health_monitor import HealthMonitor, report_timeout
 from dra_driver.plugin.publishing import SlicePublishing
 from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked, serving
 
@@ -46,14 +47,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-async def eventually(check: Callable[[], object], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def hub_health(monitor: HealthMonitor) -> dict[str, tuple[Health, str]]:

@@ -26,9 +26,9 @@ from tests.integration.test_mps_agent import (
     Node,
     cleanup,
     daemon_pid,
-    eventually,
     make_node,
 )
+from tests.support.eventually import eventually
 from tests.support.mps import agent_running
 from tests.unit.test_metrics_server import Scrape, scrape
 

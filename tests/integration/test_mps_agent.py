@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +31,7 @@ from dra_driver.mpsagent.commands import namespace_name, share_cdi_edits
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import PID_FILE
 from dra_driver.mpsagent.procs import alive
+from tests.support.eventually import eventually
 from tests.support.mps import agent_running
 
 GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
@@ -101,13 +102,6 @@ def legacy_node() -> Iterator[Node]:
     made = make_node("legacy")
     yield made
     cleanup(made)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def daemon_pid(client: MpsAgentClient, gpu: str) -> int | None:

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -40,6 +40,7 @@ from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ShareInfo
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from dra_driver.plugin.mps_watch import MpsUidWait, MpsUidWatch, waiting_claims
 from dra_driver.plugin.runtime import PluginRuntime
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
@@ -76,16 +77,6 @@ def events(fake: FakeKubeApi, reason: str, kind: str = "", name: str = "") -> li
         and (not kind or e["involvedObject"]["kind"] == kind)
         and (not name or e["involvedObject"]["name"] == name)
     ]
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float = 15) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        done = check()
-        if done if isinstance(done, bool) else await done:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
