@@ -11,7 +11,7 @@ kubelet plugin (``--backend fake``) and the mps-agent (``--mps-control fake``),
 against the cluster at ``KUBECONFIG``. The DeviceClasses come from the chart
 (rendered with helm from ``hack/bin/``; only the missing ones are created, and
 only those are deleted afterwards). The examples are applied as written, with
-the driver name substituted (``conftest.render_example``) and their pods kept
+the driver name substituted (``tests.support.examples.render_example``) and their pods kept
 on the node under test; ``E2E_IMAGE`` replaces the pods' images and sets
 ``imagePullPolicy: Never`` (clusters without a registry).
 
@@ -43,16 +43,8 @@ import yaml
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
-from tests.e2e.conftest import (
-    POLL_S,
-    Cluster,
-    Example,
-    Obj,
-    _apply,
-    _delete_namespace,
-    diagnostics,
-    render_example,
-)
+from tests.e2e.conftest import POLL_S, Cluster, Example, _apply, _delete_namespace, diagnostics
+from tests.support.examples import Obj, render_example
 
 MODES = ("chart", "control-plane", "host-process")
 DEFAULT_MODE = "chart"

@@ -28,7 +28,7 @@ import pytest
 
 from dra_driver.fakes.kubelet import PrepareResult
 from dra_driver.fakes.objects import node_object
-from tests.e2e.conftest import Cluster, Obj
+from tests.e2e.conftest import Cluster
 from tests.e2e.modes import (
     OPT_IN_LABEL,
     Case,
@@ -47,6 +47,7 @@ from tests.e2e.modes import (
     spec_path,
     wait_allocated,
 )
+from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 E2E_MODE_OF = "control-plane"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import Cluster, Obj
+from tests.e2e.conftest import Cluster
 from tests.e2e.extended import (
     EXAMPLE,
     RESOURCE,
@@ -43,6 +43,7 @@ from tests.e2e.modes import (
     require_cluster_kubeconfig,
     spec_path,
 )
+from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 E2E_MODE_OF = "host-process"

@@ -28,8 +28,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.conftest import _REPORTS, Cluster, Obj, _plugin_logs, _section
+from tests.e2e.conftest import _REPORTS, Cluster, _plugin_logs, _section
 from tests.support.eventually import eventually_sync
+from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 

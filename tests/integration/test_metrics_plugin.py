@@ -18,10 +18,9 @@ from dra_driver.observability.claim_log import LOGGER
 from dra_driver.observability.metrics_server import MetricsServer, serve_metrics
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.plugin.runtime import PluginRuntime
-from tests.integration.test_enforcement import agent_config, mps_runtime
-from tests.support.mps import agent_running
+from tests.support.metrics import Scrape, scrape
+from tests.support.mps import agent_config, agent_running, mps_runtime
 from tests.support.node import DRIVER, NodeDirs, run_checked
-from tests.unit.test_metrics_server import Scrape, scrape
 
 P = "fractional_gpu_dra_"
 GIB = 1 << 30
