@@ -28,8 +28,8 @@ import pytest
 
 from dra_driver.fakes.kubelet import PrepareResult
 from dra_driver.fakes.objects import node_object
-from tests.e2e.conftest import Cluster
-from tests.e2e.modes import (
+from tests.support.cluster import Cluster
+from tests.support.e2e_local_modes import (
     OPT_IN_LABEL,
     Case,
     LocalDriver,

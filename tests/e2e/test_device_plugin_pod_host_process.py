@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import Cluster
-from tests.e2e.extended import (
+from tests.support.cluster import Cluster
+from tests.support.e2e_device_plugin_pod import (
     EXAMPLE,
     RESOURCE,
     check_claim,
@@ -33,7 +33,7 @@ from tests.e2e.extended import (
     require_extended_class,
     require_whole_gpu,
 )
-from tests.e2e.modes import (
+from tests.support.e2e_local_modes import (
     CHART,
     LocalDriver,
     applied,

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.conftest import _REPORTS, Cluster, _plugin_logs, _section
+from tests.support.cluster import REPORTS, Cluster, plugin_logs, section
 from tests.support.eventually import eventually_sync
 from tests.support.examples import Obj
 
@@ -210,20 +210,20 @@ def on_failure(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[lis
     """After a failed test: the fault directory, the node's slices, the plugin logs."""
     seen: list[PluginPod] = []
     yield seen
-    reports = request.node.stash.get(_REPORTS, {})
+    reports = request.node.stash.get(REPORTS, {})
     if not any(r.failed for r in reports.values()):
         return
     sections = []
     for pod in seen:
-        sections.append(_section(f"{pod.fault_dir} in {pod.name}", pod.listing))
+        sections.append(section(f"{pod.fault_dir} in {pod.name}", pod.listing))
         sections.append(
-            _section(
+            section(
                 f"taints of the devices on node {pod.node}",
                 functools.partial(taints_by_device, cluster, pod.node),
             )
         )
     sections.append(
-        _section(f"driver pods in {cluster.driver_namespace}", lambda: _plugin_logs(cluster))
+        section(f"driver pods in {cluster.driver_namespace}", lambda: plugin_logs(cluster))
     )
     text = "".join(sections)
     print(text)
