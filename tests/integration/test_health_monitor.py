@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -23,7 +23,6 @@ from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import build_slices
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
-from dra_driver.fakes.kubelet import HealthReport, health_reports
 from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
@@ -34,6 +33,7 @@ from dra_driver.plugin.publishing import SlicePublishing
 from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
+from tests.support.health_stream import until_health
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked, serving
 
 KEY = f"{DRIVER}/unhealthy"
@@ -219,17 +219,6 @@ def test_run_consumes_events_and_checks_periodically() -> None:
 # --- the kubelet's health streams over the real socket ----------------------------------
 
 
-async def until(stream: AsyncIterator[Any], device: str, health: str) -> dict[str, HealthReport]:
-    async def read() -> dict[str, HealthReport]:
-        async for message in stream:
-            reports = health_reports(message)
-            if reports[device].health == health:
-                return reports
-        raise AssertionError("the health stream ended")
-
-    return await asyncio.wait_for(read(), 10)
-
-
 @pytest.mark.parametrize("version", ["v1alpha1", "v1"])
 def test_health_stream_reports_xid_and_recovery(node_dirs: NodeDirs, version: str) -> None:
     async def scenario() -> None:
@@ -241,13 +230,13 @@ def test_health_stream_reports_xid_and_recovery(node_dirs: NodeDirs, version: st
             monitor = runtime.health_monitor
             assert isinstance(backend, FakeGpuBackend) and monitor is not None
             stream = plugin.watch_health(version)
-            reports = await until(stream, "gpu-1", "Healthy")
+            reports = await until_health(stream, "gpu-1", "Healthy")
             assert sorted(reports) == ["gpu-0", "gpu-1", "gpu-2"]
             assert {r.pool_name for r in reports.values()} == {NODE}
             assert {r.timeout_seconds for r in reports.values()} == {90}
 
             backend.inject_xid(1, 79, "GPU has fallen off the bus")
-            reports = await until(stream, "gpu-1", "Unhealthy")
+            reports = await until_health(stream, "gpu-1", "Unhealthy")
             assert reports["gpu-1"].message == (
                 "xid-79: XID 79 (GPU has fallen off the bus) (needs a GPU reset)"
             )
@@ -257,7 +246,7 @@ def test_health_stream_reports_xid_and_recovery(node_dirs: NodeDirs, version: st
             backend.inject_reset(1)
             await monitor.probe_once()
             await monitor.probe_once()
-            reports = await until(stream, "gpu-1", "Healthy")
+            reports = await until_health(stream, "gpu-1", "Healthy")
             assert reports["gpu-1"].message == ""
             await stream.aclose()
 
