@@ -227,9 +227,9 @@ def free_port() -> int:
 def serve_engine(root: str, count: int) -> None:
     """The earlier benchmark's plugin: in-memory claims, time-sliced shares."""
     from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-    from dra_driver.gpu.fake import FakeGpuBackend
+    from dra_driver.fakes.claims import InMemoryClaimSource
+    from dra_driver.fakes.gpu import FakeGpuBackend
     from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
-    from dra_driver.testing.memory_claims import InMemoryClaimSource
 
     config = PluginConfig(
         driver_name=DRIVER,
@@ -245,7 +245,7 @@ def serve_engine(root: str, count: int) -> None:
 
 
 def engine_claims(count: int) -> list[dict[str, Any]]:
-    from dra_driver.testing.objects import resource_claim, share
+    from dra_driver.fakes.objects import resource_claim, share
 
     # Deterministic UIDs: the parent and the plugin process build the same claims.
     return [
@@ -334,7 +334,7 @@ async def kubelet_rounds(
     """Prepare ``resident`` (and unprepare them at the end unless ``keep``) around
     rounds of ``burst`` concurrent one-claim calls; returns prepare and unprepare
     latencies (ms) and each round's wall time (ms)."""
-    from dra_driver.testing.kubelet import FakeKubelet
+    from dra_driver.fakes.kubelet import FakeKubelet
 
     kubelet = FakeKubelet(registry)
     plugin = await kubelet.wait_for_plugin(DRIVER, timeout=60)
@@ -379,7 +379,7 @@ async def kubelet_rounds(
 def run_kubelet_mode(
     mode: str, rounds: int, burst: int, warmup: int, *, profile: str | None, gap: float
 ) -> dict[str, Any]:
-    from dra_driver.testing.objects import claim_ref, node_object, resource_claim, share
+    from dra_driver.fakes.objects import claim_ref, node_object, resource_claim, share
     from tests.support.fakekube import FakeKubeApi
 
     root = node_root()
@@ -486,7 +486,7 @@ def run_engine(claims: int, levels: list[int]) -> list[dict[str, Any]]:
 
 
 async def engine_level(registry: str, refs: list[Any], concurrency: int) -> dict[str, Any]:
-    from dra_driver.testing.kubelet import FakeKubelet
+    from dra_driver.fakes.kubelet import FakeKubelet
 
     kubelet = FakeKubelet(registry)
     plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)
