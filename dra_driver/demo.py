@@ -31,9 +31,18 @@ from dra_driver.core.prepare import Mode, PlannedDevice
 from dra_driver.core.published import device_names
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import DesiredSlice, build_slices, validate_pool
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import (
+    FakeKubelet,
+    HealthReport,
+    PrepareResult,
+    RegisteredPlugin,
+    health_reports,
+)
+from dra_driver.fakes.mps_control import fake_control_path
+from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.k8s.slice_plan import slice_name
-from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
@@ -41,15 +50,6 @@ from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME
 from dra_driver.plugin.health_monitor import HealthMonitor
 from dra_driver.plugin.runtime import PluginConfig, PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim
-from dra_driver.testing.kubelet import (
-    FakeKubelet,
-    HealthReport,
-    PrepareResult,
-    RegisteredPlugin,
-    health_reports,
-)
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 
 NODE = "demo-node"
 MIG_SHARED = "gpu-3-mig-1g10gb-19-1"

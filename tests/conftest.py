@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.fakekube import FakeKubeApi
+from tests.support.leaks import leaked_threads, watching_asyncio_run
 
 
 @pytest.fixture
@@ -27,3 +29,24 @@ def _root_logger_restored() -> Iterator[None]:
     root.setLevel(level)
     for handler in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves non-daemon threads running or asyncio tasks pending
+    (the rules: tests/support/leaks.py). ``@pytest.mark.allow_leaks("why")`` exempts one."""
+    marker = request.node.get_closest_marker("allow_leaks")
+    if marker is not None:
+        if not (marker.args and str(marker.args[0]).strip()):
+            pytest.fail("allow_leaks needs a reason: @pytest.mark.allow_leaks('why')")
+        yield
+        return
+    before = set(threading.enumerate())
+    tasks: list[str] = []
+    with watching_asyncio_run(tasks):
+        yield
+    threads = leaked_threads(before)
+    problems = [f"thread still running: {t}" for t in threads]
+    problems += [f"asyncio task still pending when asyncio.run returned: {t}" for t in tasks]
+    if problems:
+        pytest.fail("the test left work behind:\n  " + "\n  ".join(problems), pytrace=False)

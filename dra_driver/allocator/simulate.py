@@ -30,7 +30,7 @@ from dra_driver.base.errors import ConfigError
 from dra_driver.base.quantity import format_bytes, parse_quantity
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
 from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import build_inventory, load_spec
+from dra_driver.fakes.gpu import build_inventory, load_spec
 
 DRIVER = "gpu.fractional.dev"
 CLASS = "share.gpu.fractional.dev"

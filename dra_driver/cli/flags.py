@@ -165,6 +165,6 @@ def _backend(args: argparse.Namespace, node_name: str) -> GpuBackend:
         from dra_driver.gpu.nvml import NvmlGpuBackend
 
         return NvmlGpuBackend()
-    from dra_driver.gpu.fake import FakeGpuBackend
+    from dra_driver.fakes.gpu import FakeGpuBackend
 
     return FakeGpuBackend(args.fake_gpus, node_name)

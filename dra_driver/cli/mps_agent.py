@@ -65,7 +65,7 @@ def _agent_parser(sub: Any) -> None:
 
 
 def _run_mps_agent(args: argparse.Namespace) -> int:
-    from dra_driver.mpsagent import fake_control_path
+    from dra_driver.fakes.mps_control import fake_control_path
     from dra_driver.mpsagent.agent import AgentConfig, run_agent
     from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT
     from dra_driver.mpsagent.compute_mode import FakeComputeMode, NvidiaSmiComputeMode

@@ -149,7 +149,7 @@ def _plugin_parser(sub: Any) -> None:
         plugin,
         "--fake-health-dir",
         "fake backend: directory watched for fault-injection files (XIDs, lost GPUs, resets; "
-        "format in dra_driver/gpu/fake_health.py); default <plugin dir>/fake-health; "
+        "format in dra_driver/fakes/gpu_faults.py); default <plugin dir>/fake-health; "
         "ignored with --backend nvml",
     )
     add_flag(plugin, "--kubeconfig", "kubeconfig file; in-cluster config when unset")
@@ -333,8 +333,8 @@ def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -
     """The GPU backend; the fake one watches ``--fake-health-dir`` for injected faults."""
     if args.backend != "fake":
         return _backend(args, node_name)
-    from dra_driver.gpu.fake import FakeGpuBackend
-    from dra_driver.gpu.fake_health import DIR_NAME
+    from dra_driver.fakes.gpu import FakeGpuBackend
+    from dra_driver.fakes.gpu_faults import DIR_NAME
 
     health_dir = args.fake_health_dir or os.path.join(plugin_dir, DIR_NAME)
     return FakeGpuBackend(args.fake_gpus, node_name, health_dir=health_dir)

@@ -7,7 +7,7 @@ limits, and to release them; the agent (:mod:`.agent`) supervises one daemon per
 GPU (:mod:`.daemon`) and restores every live share's limits after a daemon dies.
 
 Public surface (imported from the modules, so that the fake control executable,
-which runs as ``python -m dra_driver.mpsagent.fake_control``, stays light):
+:mod:`dra_driver.fakes.mps_control`, which imports :mod:`.procs`, stays light):
 
 * :class:`.agent.AgentConfig`, :func:`.agent.run_agent`
 * :class:`.client.MpsAgentClient`, :class:`.client.MpsAgentError`,
@@ -18,14 +18,8 @@ which runs as ``python -m dra_driver.mpsagent.fake_control``, stays light):
   :class:`.compute_mode.NvidiaSmiComputeMode`
 * :class:`.metrics.AgentMetrics`: the agent's Prometheus metrics (beside the agent, so
   that ``observability/`` never imports ``mpsagent/``)
-* :func:`fake_control_path`: the shipped fake ``nvidia-cuda-mps-control``
+
+The fake ``nvidia-cuda-mps-control`` (``--mps-control fake``) is
+:mod:`dra_driver.fakes.mps_control`; its launcher is
+:func:`dra_driver.fakes.mps_control.fake_control_path`.
 """
-
-from __future__ import annotations
-
-import os
-
-
-def fake_control_path() -> str:
-    """The fake ``nvidia-cuda-mps-control`` launcher shipped in this package."""
-    return os.path.join(os.path.dirname(__file__), "bin", "nvidia-cuda-mps-control")

@@ -54,7 +54,8 @@ class AgentConfig:
     state_dir: str
     """Per-GPU daemon directories and the agent's state file."""
     control_binary: str = "nvidia-cuda-mps-control"
-    """The real binary, or the fake launcher (:func:`dra_driver.mpsagent.fake_control_path`)."""
+    """The real binary, or the fake launcher
+    (:func:`dra_driver.fakes.mps_control.fake_control_path`)."""
     protocol: str = "auto"
     """``v3``, ``legacy``, or ``auto`` (v3 from driver 615, by ``driver_version``)."""
     compute_mode: ComputeMode = field(default_factory=NvidiaSmiComputeMode)

@@ -18,7 +18,7 @@ Provenance of every command form is marked where it is rendered:
 ``docs:<page>`` names the NVIDIA MPS documentation page (docs.nvidia.com/deploy/mps,
 release 615/620) the form was taken from. **None of the forms has been run
 against a real GPU yet** (``gpu-unverified``); the fake control executable
-(:mod:`dra_driver.mpsagent.fake_control`) implements them as documented.
+(:mod:`dra_driver.fakes.mps_control`) implements them as documented.
 """
 
 from __future__ import annotations

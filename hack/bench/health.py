@@ -14,7 +14,7 @@ the GPUs, and times until every device of that GPU is
 
 then resets the GPU (two liveness probes, called at once) and times the way
 back (reset → stream healthy, reset → taint removed). ``--via-file`` injects
-through the fault directory (``dra_driver/gpu/fake_health.py``) instead, as
+through the fault directory (``dra_driver/fakes/gpu_faults.py``) instead, as
 the e2e test does: add its 0.5 s poll (0.25 s on average).
 
 Everything shares one process (plugin, kubelet client, API server, watch):
@@ -50,15 +50,15 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from dra_driver.core.settings import NodeSettings
-from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.gpu.fake_health import POLL_S
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.gpu_faults import POLL_S
+from dra_driver.fakes.kubelet import FakeKubelet, health_reports
+from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, SliceOptions
-from dra_driver.testing.kubelet import FakeKubelet, health_reports
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import node_object
 from tests.support.fakekube import FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"

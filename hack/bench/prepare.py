@@ -5,17 +5,19 @@ Modes (``--modes``, default all):
 
 * ``mps``: the kubelet's pattern. Claims are created in the fake API server
   from the tests (over HTTP, Kubernetes 1.36 rules), each allocated a 4Gi MPS
-  share of one of 8 fake H200s. The plugin runs in its own process (fake GPU
-  backend, checkpoint and CDI specs on the real disk with fsync): it GETs each
-  claim through the official client, enforces the share through the real
-  mps-agent process (``dra-driver mps-agent --mps-control fake``: one fake
+  share of one of 8 fake H200s. The plugin is ``dra-driver kubelet-plugin`` in
+  its own process with the chart's flags (fake GPU backend; metrics, ``/readyz``,
+  ResourceSlices, claim status and Events on; checkpoint and CDI specs on the
+  real disk with fsync): it GETs each claim through the official client's
+  transport, enforces the share through the real mps-agent process
+  (``dra-driver mps-agent --mps-control fake``: one fake
   ``nvidia-cuda-mps-control`` daemon per GPU and one control shell each),
   writes the CDI spec and the checkpoint, and writes ``status.devices`` and
-  Events through the claim reporter. Each round makes N concurrent
-  ``NodePrepareResources`` calls of one claim each (one call per pod, as the
-  kubelet does), then N concurrent unprepares. Every GPU holds a resident
-  share during the run, as on a node already serving MPS pods, so its daemon
-  is up.
+  Events through the claim reporter (after a lull in the calls). Each round
+  makes N concurrent ``NodePrepareResources`` calls of one claim each (one call
+  per pod, as the kubelet does), then N concurrent unprepares. Every GPU holds a
+  resident share during the run, as on a node already serving MPS pods, so its
+  daemon is up.
 * ``mps-cold``: the same without resident shares: the first share on a GPU
   starts its daemon (a fake daemon process, a control shell), the last release
   stops it.
@@ -151,19 +153,14 @@ def timed(owner: Any, name: str, key: str) -> None:
 
 
 def serve_plugin(args: argparse.Namespace) -> int:
-    """The kubelet plugin as on a node, with its ports timed; timings to --timings at exit."""
-    from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-    from dra_driver.gpu.fake import FakeGpuBackend
+    """``dra-driver kubelet-plugin`` as on a node (the chart's flags, fake GPUs), its
+    ports timed; timings to --timings at exit."""
+    from dra_driver import cli
     from dra_driver.k8s.claim_status import ClaimStatusWriter
     from dra_driver.k8s.claims import KubernetesClaimSource
-    from dra_driver.k8s.client import make_api_client
-    from dra_driver.k8s.events import EventRecorder
     from dra_driver.mpsagent.client import MpsAgentClient
     from dra_driver.plugin import driver
-    from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.cdi_store import CdiStore
-    from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
-    from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
     from dra_driver.state.checkpoint import CheckpointStore
 
     timed(KubernetesClaimSource, "get_claim", "get")
@@ -176,35 +173,32 @@ def serve_plugin(args: argparse.Namespace) -> int:
     timed(ClaimStatusWriter, "apply", "status")
 
     root = args.serve_plugin
-    api = make_api_client(None, host=args.api)
-    sharing = Sharing.TIMESLICING if args.mode == "timesliced" else Sharing.MPS
-    config = PluginConfig(
-        driver_name=DRIVER,
-        node_name=NODE,
-        registry_dir=os.path.join(root, "reg"),
-        plugin_dir=os.path.join(root, "plugin"),
-        cdi_root=os.path.join(root, "cdi"),
-        boot_id_file=os.path.join(root, "boot_id"),
-        settings=NodeSettings(default=GpuSettings(sharing)),
-        mps_agent_socket=args.agent_socket or None,
-    )
-    claims = KubernetesClaimSource(api)
-    events = EventRecorder(api, component=COMPONENT, instance=NODE, interval_s=60, aggregate=True)
-    activity = CallActivity()  # as `dra-driver kubelet-plugin` wires it
-    reporter = ClaimReporter(
-        driver_name=DRIVER,
-        node_name=NODE,
-        status=ClaimStatusWriter(api, driver_name=DRIVER, node_name=NODE),
-        events=events,
-        activity=activity,
-    )
-    runtime = PluginRuntime(
-        config,
-        FakeGpuBackend(FAKE_GPUS, NODE),
-        claims,
-        reporting=reporter,
-        activity=activity,
-    )
+    kubeconfig = os.path.join(root, "kubeconfig")
+    with open(kubeconfig, "w", encoding="utf-8") as f:
+        f.write(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: bench, cluster: {{server: '{args.api}'}}}}]\n"
+            "users: [{name: bench, user: {}}]\n"
+            "contexts: [{name: bench, context: {cluster: bench, user: bench}}]\n"
+            "current-context: bench\n"
+        )
+    argv = [
+        "kubelet-plugin",
+        *("--driver-name", DRIVER, "--node-name", NODE, "--kubeconfig", kubeconfig),
+        *(
+            "--registry-dir",
+            os.path.join(root, "reg"),
+            "--plugin-dir",
+            os.path.join(root, "plugin"),
+        ),
+        *("--cdi-root", os.path.join(root, "cdi"), "--boot-id-file", os.path.join(root, "boot_id")),
+        *("--backend", "fake", "--fake-gpus", FAKE_GPUS),
+        *("--sharing", "timeslicing" if args.mode == "timesliced" else "mps"),
+        # As the chart runs it: metrics and /readyz served, claim status and Events on.
+        *("--metrics-port", str(free_port()), "--readiness-port", str(free_port())),
+        *("--metrics-address", "127.0.0.1", "--log-level", "WARNING"),
+        *(("--mps-agent-socket", args.agent_socket) if args.agent_socket else ()),
+    ]
     profiler = None
     if args.profile:
         import cProfile
@@ -212,23 +206,30 @@ def serve_plugin(args: argparse.Namespace) -> int:
         profiler = cProfile.Profile()
         profiler.enable()
     try:
-        asyncio.run(run_until_signalled(runtime))
+        return cli.main(argv)
     finally:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
-        claims.close()
         with open(args.timings, "w") as f:
             json.dump(TIMINGS, f)
-    return 0
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def serve_engine(root: str, count: int) -> None:
     """The earlier benchmark's plugin: in-memory claims, time-sliced shares."""
     from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-    from dra_driver.gpu.fake import FakeGpuBackend
+    from dra_driver.fakes.claims import InMemoryClaimSource
+    from dra_driver.fakes.gpu import FakeGpuBackend
     from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
-    from dra_driver.testing.memory_claims import InMemoryClaimSource
 
     config = PluginConfig(
         driver_name=DRIVER,
@@ -244,7 +245,7 @@ def serve_engine(root: str, count: int) -> None:
 
 
 def engine_claims(count: int) -> list[dict[str, Any]]:
-    from dra_driver.testing.objects import resource_claim, share
+    from dra_driver.fakes.objects import resource_claim, share
 
     # Deterministic UIDs: the parent and the plugin process build the same claims.
     return [
@@ -295,6 +296,7 @@ def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
             *("--mps-protocol", "v3", "--socket", socket),
             # A tmpfs, as on a node (the chart's /run/fractional-gpu-dra/mps).
             *("--state-dir", os.path.join(state_root(root), "mps"), "--log-level", "WARNING"),
+            *("--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1"),
         ],
         cwd=ROOT,
     )
@@ -332,7 +334,7 @@ async def kubelet_rounds(
     """Prepare ``resident`` (and unprepare them at the end unless ``keep``) around
     rounds of ``burst`` concurrent one-claim calls; returns prepare and unprepare
     latencies (ms) and each round's wall time (ms)."""
-    from dra_driver.testing.kubelet import FakeKubelet
+    from dra_driver.fakes.kubelet import FakeKubelet
 
     kubelet = FakeKubelet(registry)
     plugin = await kubelet.wait_for_plugin(DRIVER, timeout=60)
@@ -377,7 +379,7 @@ async def kubelet_rounds(
 def run_kubelet_mode(
     mode: str, rounds: int, burst: int, warmup: int, *, profile: str | None, gap: float
 ) -> dict[str, Any]:
-    from dra_driver.testing.objects import claim_ref, node_object, resource_claim, share
+    from dra_driver.fakes.objects import claim_ref, node_object, resource_claim, share
     from tests.support.fakekube import FakeKubeApi
 
     root = node_root()
@@ -484,7 +486,7 @@ def run_engine(claims: int, levels: list[int]) -> list[dict[str, Any]]:
 
 
 async def engine_level(registry: str, refs: list[Any], concurrency: int) -> dict[str, Any]:
-    from dra_driver.testing.kubelet import FakeKubelet
+    from dra_driver.fakes.kubelet import FakeKubelet
 
     kubelet = FakeKubelet(registry)
     plugin = await kubelet.wait_for_plugin(DRIVER, timeout=30)

@@ -26,10 +26,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import build_slices, validate_pool
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.testing.objects import node_object
 from tests.support.fakekube import FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.testing.kubelet import PrepareResult
-from dra_driver.testing.objects import node_object
-from tests.e2e.conftest import Cluster, Obj
-from tests.e2e.modes import (
+from dra_driver.fakes.kubelet import PrepareResult
+from dra_driver.fakes.objects import node_object
+from tests.support.cluster import Cluster
+from tests.support.e2e_local_modes import (
     OPT_IN_LABEL,
     Case,
     LocalDriver,
@@ -47,6 +47,7 @@ from tests.e2e.modes import (
     spec_path,
     wait_allocated,
 )
+from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 E2E_MODE_OF = "control-plane"

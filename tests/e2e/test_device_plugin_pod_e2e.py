@@ -3,7 +3,7 @@
 Install the chart with ``extendedResources.enabled=true``; any free GPU of ours
 serves the pod (on a shared one the request takes all the memory and is prepared
 as the whole GPU). Skips, saying why, where the class or such a GPU is missing
-(``tests/e2e/extended.py``).
+(``tests/support/e2e_device_plugin_pod.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.e2e.conftest import Cluster, Example
-from tests.e2e.extended import (
+from tests.support.cluster import Cluster, Example
+from tests.support.e2e_device_plugin_pod import (
     EXAMPLE,
     check_claim,
     check_logs,

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import Cluster, Obj
-from tests.e2e.extended import (
+from tests.support.cluster import Cluster
+from tests.support.e2e_device_plugin_pod import (
     EXAMPLE,
     RESOURCE,
     check_claim,
@@ -33,7 +33,7 @@ from tests.e2e.extended import (
     require_extended_class,
     require_whole_gpu,
 )
-from tests.e2e.modes import (
+from tests.support.e2e_local_modes import (
     CHART,
     LocalDriver,
     applied,
@@ -43,6 +43,7 @@ from tests.e2e.modes import (
     require_cluster_kubeconfig,
     spec_path,
 )
+from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 E2E_MODE_OF = "host-process"

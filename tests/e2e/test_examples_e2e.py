@@ -19,7 +19,8 @@ from collections.abc import Callable
 import pytest
 
 from dra_driver.base.quantity import parse_whole
-from tests.e2e.conftest import Cluster, Example, Obj, pod_image
+from tests.support.cluster import Cluster, Example
+from tests.support.examples import Obj, pod_image
 
 pytestmark = pytest.mark.e2e
 

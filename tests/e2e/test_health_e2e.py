@@ -3,7 +3,7 @@
 The fake backend applies fault-injection files dropped in its directory
 (``FAKE_HEALTH_DIR``, by default ``<PLUGIN_DIR>/fake-health``: under the chart's
 plugin-dir hostPath, mounted at the same path; format in
-``dra_driver/gpu/fake_health.py``). The test writes an XID 79 file for one whole
+``dra_driver/fakes/gpu_faults.py``). The test writes an XID 79 file for one whole
 GPU from inside a kubelet-plugin pod (``kubectl exec`` through the official
 client's ``stream`` API), waits for the device to carry our
 ``<driver>/unhealthy`` taint in its node's ResourceSlice, then writes a reset
@@ -24,11 +24,13 @@ import functools
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.conftest import _REPORTS, Cluster, Obj, _plugin_logs, _section
+from tests.support.cluster import REPORTS, Cluster, plugin_logs, section
+from tests.support.eventually import eventually_sync
+from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 
@@ -195,15 +197,6 @@ def our_taints(cluster: Cluster, node: str, device: str) -> list[Obj]:
     return unhealthy_taints(found, cluster.driver)
 
 
-def wait_for(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
 # --- diagnostics ------------------------------------------------------------------------
 
 
@@ -217,20 +210,20 @@ def on_failure(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[lis
     """After a failed test: the fault directory, the node's slices, the plugin logs."""
     seen: list[PluginPod] = []
     yield seen
-    reports = request.node.stash.get(_REPORTS, {})
+    reports = request.node.stash.get(REPORTS, {})
     if not any(r.failed for r in reports.values()):
         return
     sections = []
     for pod in seen:
-        sections.append(_section(f"{pod.fault_dir} in {pod.name}", pod.listing))
+        sections.append(section(f"{pod.fault_dir} in {pod.name}", pod.listing))
         sections.append(
-            _section(
+            section(
                 f"taints of the devices on node {pod.node}",
                 functools.partial(taints_by_device, cluster, pod.node),
             )
         )
     sections.append(
-        _section(f"driver pods in {cluster.driver_namespace}", lambda: _plugin_logs(cluster))
+        section(f"driver pods in {cluster.driver_namespace}", lambda: plugin_logs(cluster))
     )
     text = "".join(sections)
     print(text)
@@ -283,9 +276,12 @@ def test_xid_taints_the_device_and_a_reset_clears_it(
     try:
         pod.drop(f"{stamp}-xid.json", {"gpu": gpu, "xid": 79, "message": "e2e: fell off"})
         pod.wait_applied(f"{stamp}-xid.json")
-        assert wait_for(lambda: bool(our_taints(cluster, pod.node, device)), TAINTED_S), (
-            f"node {pod.node}: device {device} ({gpu}) has no {cluster.driver}/unhealthy"
-            f" taint {TAINTED_S:.0f}s after XID 79 was applied"
+        eventually_sync(
+            lambda: bool(our_taints(cluster, pod.node, device)),
+            f"node {pod.node}: device {device} ({gpu}) to get a {cluster.driver}/unhealthy"
+            " taint after XID 79 was applied",
+            timeout=TAINTED_S,
+            interval=POLL_S,
         )
         (taint,) = our_taints(cluster, pod.node, device)
         assert (taint["value"], taint["effect"]) == ("xid-79", effect), taint
@@ -297,14 +293,22 @@ def test_xid_taints_the_device_and_a_reset_clears_it(
         pod.drop(f"{stamp}-reset.json", {"gpu": gpu, "reset": True})
         reset = True
         pod.wait_applied(f"{stamp}-reset.json")
-        assert wait_for(lambda: not our_taints(cluster, pod.node, device), cleared_s), (
-            f"node {pod.node}: device {device} still tainted {cleared_s:.0f}s after the reset"
-            f" (HEALTH_PROBE_INTERVAL={probe_s:g}: two probes must see it)"
+        eventually_sync(
+            lambda: not our_taints(cluster, pod.node, device),
+            f"node {pod.node}: device {device} to lose its taint after the reset"
+            f" (HEALTH_PROBE_INTERVAL={probe_s:g}: two probes must see it)",
+            timeout=cleared_s,
+            interval=POLL_S,
         )
     finally:
         if not reset:  # leave the GPU as found for the tests after this one
             try:
                 pod.drop(f"{stamp}-cleanup-reset.json", {"gpu": gpu, "reset": True})
-                wait_for(lambda: not our_taints(cluster, pod.node, device), cleared_s)
+                eventually_sync(
+                    lambda: not our_taints(cluster, pod.node, device),
+                    f"{device} on {pod.node} to lose its taint",
+                    timeout=cleared_s,
+                    interval=POLL_S,
+                )
             except Exception as err:  # never hide the real failure
                 print(f"cleanup: resetting {device} on {pod.node} failed: {err!r:.300}")

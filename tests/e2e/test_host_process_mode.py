@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import POLL_S, Cluster, Example, Obj
-from tests.e2e.modes import (
+from tests.support.cluster import POLL_S, Cluster, Example
+from tests.support.e2e_local_modes import (
     GPU_NODE,
     MPS_ENV,
     Case,
@@ -51,6 +51,7 @@ from tests.e2e.modes import (
     wait_allocated,
     wait_status_devices,
 )
+from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 E2E_MODE_OF = "host-process"

@@ -18,7 +18,9 @@ from dra_driver.core.health import DeviceHealth, Status
 from dra_driver.core.model import HealthEvent
 from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice, check_entry
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
+from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import make_api_client
@@ -30,8 +32,6 @@ from dra_driver.plugin.claim_reporting import (
     DeviceHealthReport,
 )
 from dra_driver.plugin.runtime import PluginRuntime
-from dra_driver.testing.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

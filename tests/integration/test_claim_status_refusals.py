@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
+from dra_driver.fakes.objects import claim_ref, resource_claim
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter
 from dra_driver.k8s.client import make_api_client
-from dra_driver.testing.objects import claim_ref, resource_claim
 from tests.support.fakekube import FakeKubeApi
 from tests.support.http import send
 

@@ -9,19 +9,19 @@ import sys
 from dra_driver.cli import main
 from dra_driver.core.cdi import cdi_kind_for_driver
 from dra_driver.core.settings import NodeSettings
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.mps_control import fake_control_path
+from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim, share
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.cleanup import cleanup_node
 from dra_driver.plugin.runtime import PluginRuntime
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim, share
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked

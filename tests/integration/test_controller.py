@@ -30,13 +30,13 @@ from tests.support.controller_env import (
     JsonObj,
     allocation_of,
     events_for,
-    eventually,
     make_pod,
     running,
     seed_node,
     settled,
     share_class,
 )
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 
 # --- seeding: nodes with zone labels, the class and claims with config -----------------

@@ -24,13 +24,13 @@ from tests.support.controller_env import (
     DRIVER,
     allocation_of,
     events_for,
-    eventually,
     make_claim,
     make_pod,
     running,
     seed_cluster,
     settled,
 )
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 
 JsonObj = dict[str, Any]

@@ -17,12 +17,12 @@ from dra_driver.k8s.client import make_api_client
 from tests.support.controller_env import (
     GI,
     controller_config,
-    eventually,
     make_claim,
     make_namespace,
     make_pod,
     seed_cluster,
 )
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

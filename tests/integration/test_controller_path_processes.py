@@ -34,9 +34,9 @@ import pytest
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.controller.reconcile import CONTROLLER_CLASS, FINALIZER
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.objects import node_object
 from dra_driver.mpsagent.client import MpsAgentClient
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.objects import node_object
 from tests.support.controller_env import share_class
 from tests.support.fakekube import FakeApiError, FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs

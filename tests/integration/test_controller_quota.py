@@ -8,7 +8,6 @@ from tests.support.controller_env import (
     QUOTA,
     allocation_of,
     events_for,
-    eventually,
     make_claim,
     make_namespace,
     make_pod,
@@ -17,6 +16,7 @@ from tests.support.controller_env import (
     set_quota,
     settled,
 )
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 
 

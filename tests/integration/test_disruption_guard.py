@@ -21,7 +21,9 @@ from dra_driver.core.prepare import (
     marker_key,
     opt_in_key,
 )
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
+from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.events import EventRecorder
@@ -30,8 +32,6 @@ from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.plugin.claim_reporting import COMPONENT
 from dra_driver.plugin.disruption_guard import DisruptionGuard
 from dra_driver.plugin.runtime import PluginRuntime
-from dra_driver.testing.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

@@ -16,12 +16,11 @@ from dra_driver.base.errors import (
 )
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.prepare import ClaimOperation, error_reason, notify
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import claim_ref, resource_claim, share
-from tests.integration.test_enforcement import agent_config, mps_runtime
-from tests.support.mps import agent_running
+from tests.support.mps import agent_config, agent_running, mps_runtime
 from tests.support.node import DRIVER, NodeDirs, run_checked
 
 

@@ -3,7 +3,6 @@ fake nvidia-cuda-mps-control (real processes), the fake GPU backend's MIG."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any
@@ -11,35 +10,20 @@ from typing import Any
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
-from dra_driver.core.settings import NodeSettings
-from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.mpsagent.agent import AgentConfig
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
-from tests.support.mps import agent_running, fake_agent_config
+from tests.support.mps import agent_config, agent_running, mps_runtime
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 
 def spec_of(dirs: NodeDirs, uid: str) -> Any:
     with open(os.path.join(dirs.cdi, f"k8s.gpu.fractional.dev-claim_{uid}.json")) as handle:
         return json.load(handle)
-
-
-def agent_config(dirs: NodeDirs) -> AgentConfig:
-    return fake_agent_config(dirs.plugin, dirs.root)
-
-
-def mps_runtime(dirs: NodeDirs, source: InMemoryClaimSource) -> PluginRuntime:
-    config = dataclasses.replace(
-        dirs.config(),
-        settings=NodeSettings(),
-        mps_agent_socket=os.path.join(dirs.plugin, "mps-agent.sock"),
-    )
-    return PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)
 
 
 async def daemon_pids(client: MpsAgentClient) -> list[int | None]:

@@ -6,25 +6,13 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.plugin.runtime import PluginRuntime
-from dra_driver.testing.kubelet import FakeKubelet, HealthReport, health_reports
-from dra_driver.testing.memory_claims import InMemoryClaimSource
+from tests.support.health_stream import until_health
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
-
-
-async def until(stream: AsyncIterator[Any], device: str, health: str) -> dict[str, HealthReport]:
-    async def read() -> dict[str, HealthReport]:
-        async for message in stream:
-            reports = health_reports(message)
-            if reports[device].health == health:
-                return reports
-        raise AssertionError("the health stream ended")
-
-    return await asyncio.wait_for(read(), 10)
 
 
 def drop(directory: str, name: str, text: str) -> None:
@@ -56,12 +44,12 @@ def test_a_dropped_xid_file_makes_the_device_unhealthy_and_a_reset_file_heals_it
         try:
             plugin = await kubelet.wait_for_plugin(DRIVER)
             stream = plugin.watch_health("v1")
-            reports = await until(stream, "gpu-1", "Healthy")
+            reports = await until_health(stream, "gpu-1", "Healthy")
             await renamed(health_dir)  # the backend made its directory
 
             drop(health_dir, "typo.json", '{"gpu": "gpu-1", "xdi": 79}')
             drop(health_dir, "xid.json", '{"gpu": "gpu-1", "xid": 79}')
-            reports = await until(stream, "gpu-1", "Unhealthy")
+            reports = await until_health(stream, "gpu-1", "Unhealthy")
             assert reports["gpu-1"].message == (
                 "xid-79: XID 79 (GPU has fallen off the bus) (needs a GPU reset)"
             )
@@ -72,12 +60,12 @@ def test_a_dropped_xid_file_makes_the_device_unhealthy_and_a_reset_file_heals_it
             drop(health_dir, "mig.json", '{"gpu": "gpu-2", "xid": 48}')
             mig_names = [n for n in reports if n.startswith("gpu-2-mig-")]  # MIG is on
             assert mig_names
-            reports = await until(stream, mig_names[0], "Unhealthy")
+            reports = await until_health(stream, mig_names[0], "Unhealthy")
             assert {reports[n].health for n in mig_names} == {"Unhealthy"}  # fatal: all
 
             drop(health_dir, "reset.json", '{"reset": true}')  # every GPU
-            reports = await until(stream, "gpu-1", "Healthy")
-            reports = await until(stream, mig_names[0], "Healthy")
+            reports = await until_health(stream, "gpu-1", "Healthy")
+            reports = await until_health(stream, mig_names[0], "Healthy")
             assert {r.health for r in reports.values()} == {"Healthy"}
             assert sorted(os.listdir(health_dir)) == [
                 "mig.json.done",

@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -21,7 +21,9 @@ from dra_driver.core.health import (
 from dra_driver.core.model import HealthEvent
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
@@ -29,10 +31,9 @@ from dra_driver.kubeletplugin.health import Health
 from dra_driver.plugin.health_monitor import HealthMonitor, report_timeout
 from dra_driver.plugin.publishing import SlicePublishing
 from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
-from dra_driver.testing.kubelet import HealthReport, health_reports
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import node_object
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
+from tests.support.health_stream import until_health
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked, serving
 
 KEY = f"{DRIVER}/unhealthy"
@@ -46,14 +47,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-async def eventually(check: Callable[[], object], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def hub_health(monitor: HealthMonitor) -> dict[str, tuple[Health, str]]:
@@ -226,17 +219,6 @@ def test_run_consumes_events_and_checks_periodically() -> None:
 # --- the kubelet's health streams over the real socket ----------------------------------
 
 
-async def until(stream: AsyncIterator[Any], device: str, health: str) -> dict[str, HealthReport]:
-    async def read() -> dict[str, HealthReport]:
-        async for message in stream:
-            reports = health_reports(message)
-            if reports[device].health == health:
-                return reports
-        raise AssertionError("the health stream ended")
-
-    return await asyncio.wait_for(read(), 10)
-
-
 @pytest.mark.parametrize("version", ["v1alpha1", "v1"])
 def test_health_stream_reports_xid_and_recovery(node_dirs: NodeDirs, version: str) -> None:
     async def scenario() -> None:
@@ -248,13 +230,13 @@ def test_health_stream_reports_xid_and_recovery(node_dirs: NodeDirs, version: st
             monitor = runtime.health_monitor
             assert isinstance(backend, FakeGpuBackend) and monitor is not None
             stream = plugin.watch_health(version)
-            reports = await until(stream, "gpu-1", "Healthy")
+            reports = await until_health(stream, "gpu-1", "Healthy")
             assert sorted(reports) == ["gpu-0", "gpu-1", "gpu-2"]
             assert {r.pool_name for r in reports.values()} == {NODE}
             assert {r.timeout_seconds for r in reports.values()} == {90}
 
             backend.inject_xid(1, 79, "GPU has fallen off the bus")
-            reports = await until(stream, "gpu-1", "Unhealthy")
+            reports = await until_health(stream, "gpu-1", "Unhealthy")
             assert reports["gpu-1"].message == (
                 "xid-79: XID 79 (GPU has fallen off the bus) (needs a GPU reset)"
             )
@@ -264,7 +246,7 @@ def test_health_stream_reports_xid_and_recovery(node_dirs: NodeDirs, version: st
             backend.inject_reset(1)
             await monitor.probe_once()
             await monitor.probe_once()
-            reports = await until(stream, "gpu-1", "Healthy")
+            reports = await until_health(stream, "gpu-1", "Healthy")
             assert reports["gpu-1"].message == ""
             await stream.aclose()
 

@@ -11,21 +11,20 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from dra_driver.core.settings import NodeSettings
-from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.mps_control import fake_control_path
+from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode, Mode
 from dra_driver.plugin.runtime import PluginRuntime
-from dra_driver.testing.kubelet import FakeKubelet, HealthReport, health_reports
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import claim_ref, resource_claim, share
+from tests.support.health_stream import until_health
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -41,17 +40,6 @@ class GatedComputeMode(FakeComputeMode):
     async def set_mode(self, gpu_uuid: str, mode: Mode) -> None:
         await self.gate.wait()
         await super().set_mode(gpu_uuid, mode)
-
-
-async def until(stream: AsyncIterator[Any], device: str, health: str) -> dict[str, HealthReport]:
-    async def read() -> dict[str, HealthReport]:
-        async for message in stream:
-            reports = health_reports(message)
-            if reports[device].health == health:
-                return reports
-        raise AssertionError("the health stream ended")
-
-    return await asyncio.wait_for(read(), 20)
 
 
 def test_killed_mps_daemon_makes_its_share_device_unhealthy_until_restarted(
@@ -90,11 +78,11 @@ def test_killed_mps_daemon_makes_its_share_device_unhealthy_until_restarted(
                 (daemon,) = (await MpsAgentClient(agent.socket_path).status()).daemons
                 assert daemon.running and daemon.pid is not None
                 stream = plugin.watch_health("v1alpha1")
-                await until(stream, "gpu-0", "Healthy")
+                await until_health(stream, "gpu-0", "Healthy", timeout=20)
 
                 modes.gate.clear()  # the agent cannot bring the daemon back yet
                 os.kill(daemon.pid, signal.SIGKILL)
-                down = await until(stream, "gpu-0", "Unhealthy")
+                down = await until_health(stream, "gpu-0", "Unhealthy", timeout=20)
                 message = down["gpu-0"].message
                 assert message.startswith("mps-daemon-down: MPS control daemon down:")
                 assert "serving 1 share(s) is not running" in message
@@ -106,7 +94,7 @@ def test_killed_mps_daemon_makes_its_share_device_unhealthy_until_restarted(
                 }
 
                 modes.gate.set()  # the agent restarts it and restores the share
-                up = await until(stream, "gpu-0", "Healthy")
+                up = await until_health(stream, "gpu-0", "Healthy", timeout=20)
                 assert up["gpu-0"].message == ""
                 await stream.aclose()
                 # Running again is enough for health; the agent counts the restart once

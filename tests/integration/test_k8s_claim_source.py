@@ -26,10 +26,10 @@ from dra_driver.base.errors import (
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, PoolName
 from dra_driver.core.model import DeviceResult, OpaqueConfig, ResourceClaim
 from dra_driver.core.ports import ClaimSource
+from dra_driver.fakes.objects import Allocated, resource_claim
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.errors import BODY_MAX_CHARS, translate_api_errors
-from dra_driver.testing.objects import Allocated, resource_claim
 from tests.support.fakekube import DEFAULT_KINDS, FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"

@@ -10,6 +10,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.fakes.objects import Allocated, resource_claim
 from dra_driver.k8s.claim_status import (
     ApplyResult,
     ClaimStatusWriter,
@@ -19,7 +20,6 @@ from dra_driver.k8s.claim_status import (
 )
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.events import EventRecorder, InvolvedObject, event_object
-from dra_driver.testing.objects import Allocated, resource_claim
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import run_checked
 

@@ -19,18 +19,18 @@ import pytest
 from dra_driver import __version__
 from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.observability.metrics_server import serve_metrics
-from tests.integration.test_mps_agent import (
+from tests.support.eventually import eventually
+from tests.support.metrics import Scrape, scrape
+from tests.support.mps import (
     GIB,
     GPU0,
     GPU1,
     Node,
+    agent_running,
     cleanup,
     daemon_pid,
-    eventually,
     make_node,
 )
-from tests.support.mps import agent_running
-from tests.unit.test_metrics_server import Scrape, scrape
 
 P = "fractional_gpu_dra_"
 RUNNING = P + "mps_daemon_running"

@@ -11,17 +11,16 @@ import uuid
 import pytest
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
+from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.observability.claim_log import LOGGER
 from dra_driver.observability.metrics_server import MetricsServer, serve_metrics
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.plugin.runtime import PluginRuntime
-from dra_driver.testing.kubelet import FakeKubelet, RegisteredPlugin
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import claim_ref, resource_claim, share
-from tests.integration.test_enforcement import agent_config, mps_runtime
-from tests.support.mps import agent_running
+from tests.support.metrics import Scrape, scrape
+from tests.support.mps import agent_config, agent_running, mps_runtime
 from tests.support.node import DRIVER, NodeDirs, run_checked
-from tests.unit.test_metrics_server import Scrape, scrape
 
 P = "fractional_gpu_dra_"
 GIB = 1 << 30

@@ -23,16 +23,16 @@ from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.mps_control import fake_control_path
+from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import claim_ref, resource_claim, share
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

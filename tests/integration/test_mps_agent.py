@@ -8,78 +8,23 @@ directory and records every command in the log directory; the tests read both.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import glob
-import json
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent import protocol as wire
-from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient, MpsAgentError, MpsAgentUnavailableError
 from dra_driver.mpsagent.commands import namespace_name, share_cdi_edits
-from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import PID_FILE
 from dra_driver.mpsagent.procs import alive
-from tests.support.mps import agent_running
-
-GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
-GPU1 = "GPU-11111111-1111-2222-3333-444444444444"
-GIB = 1 << 30
-
-
-@dataclass
-class Node:
-    root: str
-    config: AgentConfig
-    modes: FakeComputeMode
-
-    def client(self) -> MpsAgentClient:
-        return MpsAgentClient(self.config.socket_path, timeout=20)
-
-    def fake_state(self, gpu: str) -> dict[str, Any]:
-        with open(os.path.join(self.config.state_dir, gpu, "pipe", "fake-mps-state.json")) as f:
-            state: dict[str, Any] = json.load(f)
-        return state
-
-    def records(self, gpu: str) -> list[dict[str, Any]]:
-        path = os.path.join(self.config.state_dir, gpu, "log", "fake-mps-commands.jsonl")
-        with open(path) as f:
-            return [json.loads(line) for line in f]
-
-
-def make_node(protocol: str) -> Node:
-    # Short paths: unix socket paths are limited to 107 bytes.
-    root = tempfile.mkdtemp(prefix="mps-", dir="/tmp")
-    modes = FakeComputeMode()
-    config = AgentConfig(
-        socket_path=os.path.join(root, "plugin", "mps-agent.sock"),
-        state_dir=os.path.join(root, "state"),
-        control_binary=fake_control_path(),
-        protocol=protocol,
-        compute_mode=modes,
-        daemon_env={**os.environ, "PYTHON": sys.executable},
-        restart_backoff_s=0.05,
-    )
-    return Node(root, config, modes)
-
-
-def cleanup(node: Node) -> None:
-    """Kill any fake daemon a failed test left behind, then remove the node's files."""
-    for pid_file in glob.glob(os.path.join(node.config.state_dir, "*", "pipe", PID_FILE)):
-        with contextlib.suppress(OSError, ValueError), open(pid_file) as f:
-            os.kill(int(f.read()), signal.SIGKILL)
-    shutil.rmtree(node.root, ignore_errors=True)
+from tests.support.eventually import eventually
+from tests.support.mps import GIB, GPU0, GPU1, Node, agent_running, cleanup, daemon_pid, make_node
 
 
 @pytest.fixture(params=["v3", "legacy"])
@@ -101,20 +46,6 @@ def legacy_node() -> Iterator[Node]:
     made = make_node("legacy")
     yield made
     cleanup(made)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
-async def daemon_pid(client: MpsAgentClient, gpu: str) -> int | None:
-    for daemon in (await client.status()).daemons:
-        if daemon.gpu_uuid == gpu:
-            return daemon.pid
-    return None
 
 
 def held_limits(node: Node, gpu: str) -> dict[str, Any]:

@@ -14,20 +14,20 @@ from typing import Any
 
 import pytest
 
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import PREVIOUS_MODE_FILE
 from dra_driver.mpsagent.procs import alive
-from tests.integration.test_mps_agent import (
+from tests.support.eventually import eventually
+from tests.support.mps import (
     GIB,
     GPU0,
     Node,
+    agent_running,
     cleanup,
     daemon_pid,
-    eventually,
     make_node,
 )
-from tests.support.mps import agent_running
 
 
 def _node(protocol: str, **config: Any) -> Iterator[Node]:

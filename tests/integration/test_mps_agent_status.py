@@ -9,8 +9,7 @@ from dataclasses import replace
 
 from dra_driver.mpsagent.compute_mode import FakeComputeMode, Mode
 from dra_driver.plugin.health_monitor import mps_daemons_down
-from tests.integration.test_mps_agent import GIB, GPU0, cleanup, make_node
-from tests.support.mps import agent_running
+from tests.support.mps import GIB, GPU0, agent_running, cleanup, make_node
 
 
 class SlowRestore(FakeComputeMode):

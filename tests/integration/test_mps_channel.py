@@ -15,12 +15,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from dra_driver.fakes.mps_control import DELAY_ENV, fake_control_path
 from dra_driver.mpsagent import commands as cmd
-from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.commands import ShareLimits
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import DaemonError, MpsDaemon
-from dra_driver.mpsagent.fake_control import DELAY_ENV
 
 GPU = "GPU-00000000-1111-2222-3333-444444444444"
 GIB = 1 << 30

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -24,11 +24,13 @@ from kubernetes.client import ApiClient
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.prepare import Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
+from dra_driver.fakes.mps_control import fake_control_path
+from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.events import EventRecorder
-from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
@@ -38,8 +40,7 @@ from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ShareInfo
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from dra_driver.plugin.mps_watch import MpsUidWait, MpsUidWatch, waiting_claims
 from dra_driver.plugin.runtime import PluginRuntime
-from dra_driver.testing.kubelet import FakeKubelet, RegisteredPlugin
-from dra_driver.testing.objects import claim_ref, resource_claim, share
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
@@ -76,16 +77,6 @@ def events(fake: FakeKubeApi, reason: str, kind: str = "", name: str = "") -> li
         and (not kind or e["involvedObject"]["kind"] == kind)
         and (not name or e["involvedObject"]["name"] == name)
     ]
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float = 15) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        done = check()
-        if done if isinstance(done, bool) else await done:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

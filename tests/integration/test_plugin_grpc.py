@@ -18,11 +18,11 @@ from dra_driver._gen.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._gen.pluginregistration.v1 import api_pb2 as reg_pb2
 from dra_driver._gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.kubelet import FakeKubelet, RegistrationFailed
+from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.kubeletplugin.health import DeviceHealthState, Health
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
-from dra_driver.testing.kubelet import FakeKubelet, RegistrationFailed
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked, serving
 
 KIND = "k8s.gpu.fractional.dev/claim"

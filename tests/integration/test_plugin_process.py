@@ -21,9 +21,9 @@ import grpc
 import pytest
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim, share
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim, share
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

@@ -5,21 +5,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from dra_driver.core.model import Inventory
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -50,14 +50,6 @@ def runtime_with_slices(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginRuntime
     return runtime, publisher
 
 
-async def wait_for(check: Callable[[], object], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def ours(api: FakeKubeApi) -> list[dict[str, Any]]:
     return [s for s in api.objects(SLICES) if s["spec"]["nodeName"] == NODE]
 
@@ -81,7 +73,7 @@ def test_publishes_at_start_and_again_after_each_registration(
         try:
             assert runtime.publishing is not None
             publishing = runtime.publishing
-            await wait_for(lambda: publishing.last_result is not None, "the first publish")
+            await eventually(lambda: publishing.last_result is not None, "the first publish")
             first = ours(api)
             assert {s["spec"]["pool"]["generation"] for s in first} == {1}
             counts = {s["spec"]["pool"]["resourceSliceCount"] for s in first}
@@ -98,7 +90,7 @@ def test_publishes_at_start_and_again_after_each_registration(
                 api.delete(SLICES, obj["metadata"]["name"])
             kubelet = FakeKubelet(node_dirs.registry)
             await kubelet.wait_for_plugin(DRIVER)
-            await wait_for(
+            await eventually(
                 lambda: (
                     publishing.last_result is not None and publishing.last_result.generation == 2
                 ),
@@ -149,11 +141,11 @@ def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) 
         try:
             assert runtime.publishing is not None
             publishing = runtime.publishing
-            await wait_for(lambda: publishing.last_result is not None, "the first publish")
+            await eventually(lambda: publishing.last_result is not None, "the first publish")
             backend.reset = True
             assert runtime.publishing is not None and runtime.publishing.capabilities is not None
             mig = runtime.publishing.capabilities.partitionable_devices
-            await wait_for(
+            await eventually(
                 lambda: {s["spec"]["pool"]["generation"] for s in ours(api)} == {2},
                 "the republish",
             )
@@ -194,12 +186,14 @@ def test_mig_instances_we_create_do_not_change_the_pool(node_dirs: NodeDirs) -> 
                 assert runtime.publishing is not None
                 publishing = runtime.publishing
                 plugin = await kubelet.wait_for_plugin(DRIVER)
-                await wait_for(lambda: publishing.last_result is not None, "the first publish")
+                await eventually(lambda: publishing.last_result is not None, "the first publish")
                 ref = claim_ref(claim)
                 assert (await plugin.prepare([ref]))[ref.uid].error == ""
                 assert len((await backend.inventory()).gpus[0].mig_devices) == 1
                 # The watcher sees the new instance, republishes: nothing changes.
-                await wait_for(lambda: publishing.inventory.gpus[0].mig_devices, "the re-discovery")
+                await eventually(
+                    lambda: publishing.inventory.gpus[0].mig_devices, "the re-discovery"
+                )
                 publishing.publisher.request_publish()
                 await asyncio.sleep(0.3)
                 assert {s["spec"]["pool"]["generation"] for s in ours(api)} == {1}

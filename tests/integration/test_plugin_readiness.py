@@ -13,20 +13,21 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin.readiness import check_readiness
 from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import node_object
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -117,7 +118,9 @@ def test_unready_until_registered_and_published_and_while_publishes_fail(
                 port = runtime.readiness_server.port
                 assert runtime.publishing is not None
                 publishing = runtime.publishing
-                await wait_until(lambda: publishing.last_result is not None, "the first publish")
+                await eventually(
+                    lambda: publishing.last_result is not None, "the first publish", timeout=20
+                )
                 # Slices published, but the kubelet has not registered us.
                 status, body = await aready(port)
                 assert (status, body) == (503, "not ready: not registered with the kubelet yet\n")
@@ -131,7 +134,9 @@ def test_unready_until_registered_and_published_and_while_publishes_fail(
                 api.fail_next("*", "resourceslices", 403, times=1_000_000, message="denied")
                 reg = os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock")
                 await kubelet.register_socket(reg, DRIVER)
-                await wait_until(lambda: publishing.failing is not None, "a failed publish")
+                await eventually(
+                    lambda: publishing.failing is not None, "a failed publish", timeout=20
+                )
                 status, body = await aready(port)
                 assert status == 503 and "ResourceSlices cannot be published" in body, body
                 assert "denied" in body
@@ -166,14 +171,6 @@ def test_only_readyz_is_served(node_dirs: NodeDirs) -> None:
             await runtime.stop()
 
     run_checked(scenario())
-
-
-async def wait_until(check: Callable[[], object], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # --- the real process, the API server unreachable ----------------------------------------

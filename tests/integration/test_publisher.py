@@ -21,7 +21,8 @@ from kubernetes.client import ApiClient
 from dra_driver.base.errors import ApiConflictError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import DesiredSlice, build_slices
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.objects import node_object, resource_claim
 from dra_driver.k8s.capabilities import parse_minor, probe_capabilities, read_server_minor
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import (
@@ -36,7 +37,6 @@ from dra_driver.k8s.publisher import (
     missing_fields,
     slice_name,
 )
-from dra_driver.testing.objects import node_object, resource_claim
 from tests.support.fakekube import FakeKubeApi, JsonObj
 from tests.support.http import send_json
 

@@ -11,10 +11,10 @@ import pytest
 
 from dra_driver.base.errors import CheckpointCorruptError
 from dra_driver.base.ids import ClaimRef
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
-from dra_driver.testing.kubelet import FakeKubelet
-from dra_driver.testing.memory_claims import InMemoryClaimSource
-from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 from tests.support.node import NodeDirs, run_checked, serving
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from dra_driver.allocator import quota_annotation, sentinel_expression
@@ -18,8 +18,9 @@ from dra_driver.controller import Controller, ControllerConfig
 from dra_driver.controller.reconcile import CONTROLLER_CLASS
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
 from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import build_inventory, load_spec
+from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.k8s.client import make_api_client
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"
@@ -195,14 +196,6 @@ async def running(
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
-
-
-async def eventually(cond: Callable[[], object], timeout: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.05)
 
 
 async def settled(controller: Controller, rounds: int = 3) -> None:

@@ -1,17 +1,34 @@
-"""Running the mps-agent in a test's event loop."""
+"""Running the mps-agent in a test's event loop; a scratch node for it (:func:`make_node`);
+the plugin runtime that talks to it (:func:`mps_runtime`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import glob
+import json
 import os
+import shutil
+import signal
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
-from dra_driver.mpsagent import fake_control_path
+from dra_driver.core.settings import NodeSettings
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, run_agent
+from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
+from dra_driver.mpsagent.daemon import PID_FILE
 from dra_driver.mpsagent.metrics import AgentMetrics
+from dra_driver.plugin.runtime import PluginRuntime
+from tests.support.node import NODE, NodeDirs
 
 
 def fake_agent_config(
@@ -48,3 +65,74 @@ async def agent_running(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
+GPU1 = "GPU-11111111-1111-2222-3333-444444444444"
+GIB = 1 << 30
+
+
+@dataclass
+class Node:
+    root: str
+    config: AgentConfig
+    modes: FakeComputeMode
+
+    def client(self) -> MpsAgentClient:
+        return MpsAgentClient(self.config.socket_path, timeout=20)
+
+    def fake_state(self, gpu: str) -> dict[str, Any]:
+        with open(os.path.join(self.config.state_dir, gpu, "pipe", "fake-mps-state.json")) as f:
+            state: dict[str, Any] = json.load(f)
+        return state
+
+    def records(self, gpu: str) -> list[dict[str, Any]]:
+        path = os.path.join(self.config.state_dir, gpu, "log", "fake-mps-commands.jsonl")
+        with open(path) as f:
+            return [json.loads(line) for line in f]
+
+
+def make_node(protocol: str) -> Node:
+    # Short paths: unix socket paths are limited to 107 bytes.
+    root = tempfile.mkdtemp(prefix="mps-", dir="/tmp")
+    modes = FakeComputeMode()
+    config = AgentConfig(
+        socket_path=os.path.join(root, "plugin", "mps-agent.sock"),
+        state_dir=os.path.join(root, "state"),
+        control_binary=fake_control_path(),
+        protocol=protocol,
+        compute_mode=modes,
+        daemon_env={**os.environ, "PYTHON": sys.executable},
+        restart_backoff_s=0.05,
+    )
+    return Node(root, config, modes)
+
+
+def cleanup(node: Node) -> None:
+    """Kill any fake daemon a failed test left behind, then remove the node's files."""
+    for pid_file in glob.glob(os.path.join(node.config.state_dir, "*", "pipe", PID_FILE)):
+        with contextlib.suppress(OSError, ValueError), open(pid_file) as f:
+            os.kill(int(f.read()), signal.SIGKILL)
+    shutil.rmtree(node.root, ignore_errors=True)
+
+
+async def daemon_pid(client: MpsAgentClient, gpu: str) -> int | None:
+    for daemon in (await client.status()).daemons:
+        if daemon.gpu_uuid == gpu:
+            return daemon.pid
+    return None
+
+
+def agent_config(dirs: NodeDirs) -> AgentConfig:
+    """:func:`fake_agent_config` in the dirs of the ``node_dirs`` fixture."""
+    return fake_agent_config(dirs.plugin, dirs.root)
+
+
+def mps_runtime(dirs: NodeDirs, source: InMemoryClaimSource) -> PluginRuntime:
+    """A plugin runtime on one fake H100 whose shares go to the agent of :func:`agent_config`."""
+    config = dataclasses.replace(
+        dirs.config(),
+        settings=NodeSettings(),
+        mps_agent_socket=os.path.join(dirs.plugin, "mps-agent.sock"),
+    )
+    return PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)

@@ -6,7 +6,7 @@ from typing import Any
 
 from dra_driver.allocator import allocate
 from dra_driver.controller.reconcile import ClusterView, Wait, decide
-from tests.unit.test_allocator import CLASSES, DRIVER, GI, claim, request, slices
+from tests.support.allocator import CLASSES, DRIVER, GI, claim, request, slices
 
 NODE = {"metadata": {"name": "node-a"}}
 

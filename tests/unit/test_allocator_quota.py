@@ -20,7 +20,7 @@ from dra_driver.allocator import (
 )
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import build_inventory, load_spec
+from dra_driver.fakes.gpu import build_inventory, load_spec
 
 DRIVER = "gpu.fractional.dev"
 CLASS = "share.gpu.fractional.dev"

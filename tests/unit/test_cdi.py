@@ -32,9 +32,9 @@ from dra_driver.core.cdi import (
     validate_kind,
 )
 from dra_driver.core.prepare import NodeContext, plan_prepare
-from dra_driver.gpu.fake import build_inventory
+from dra_driver.fakes.gpu import build_inventory
+from dra_driver.fakes.objects import Allocated, resource_claim
 from dra_driver.k8s.convert import claim_from_dict
-from dra_driver.testing.objects import Allocated, resource_claim
 
 KIND = "k8s.gpu.fractional.dev/claim"
 UID = "0b6e2c1d-55aa-4f7e-9c3b-1d2e3f405060"

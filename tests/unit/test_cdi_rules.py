@@ -19,9 +19,9 @@ from dra_driver.core.cdi import (
     validate_cdi_spec,
 )
 from dra_driver.core.prepare import NodeContext, plan_prepare
-from dra_driver.gpu.fake import build_inventory
+from dra_driver.fakes.gpu import build_inventory
+from dra_driver.fakes.objects import Allocated, resource_claim
 from dra_driver.k8s.convert import claim_from_dict
-from dra_driver.testing.objects import Allocated, resource_claim
 
 FIXTURE = pathlib.Path(__file__).parents[1] / "fixtures" / "toolkit-cdi" / "nvidia.yaml"
 

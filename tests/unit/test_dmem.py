@@ -30,17 +30,17 @@ from dra_driver.core.prepare import (
 )
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.dmemhook import HOOK_FILE, hook_script, install_hook
+from dra_driver.fakes.gpu import FakeGpuBackend, build_inventory, load_spec
+from dra_driver.fakes.objects import Allocated, resource_claim, share
 from dra_driver.gpu.dmem import (
     canonical_bus_id,
     detect_dmem,
     device_memory_regions,
     parse_capacity,
 )
-from dra_driver.gpu.fake import FakeGpuBackend, build_inventory, load_spec
 from dra_driver.k8s.convert import claim_from_dict
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
 from dra_driver.plugin.enforcement import DmemLimits, Enforcer, dmem_hook_settings
-from dra_driver.testing.objects import Allocated, resource_claim, share
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"

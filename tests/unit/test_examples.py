@@ -181,7 +181,7 @@ def test_readme_has_a_line_for_the_example(name: str) -> None:
 @examples
 def test_e2e_substitution_leaves_only_class_names(name: str) -> None:
     """The e2e tests' driver-name substitution covers every place an example names it."""
-    from tests.e2e.conftest import render_example
+    from tests.support.examples import render_example
 
     docs = render_example(name, "gpu.example.org")
     left = yaml.safe_dump_all(docs).replace("gpu.example.org", "")
@@ -197,17 +197,17 @@ def test_e2e_substitution_leaves_only_class_names(name: str) -> None:
 def test_e2e_substitution_fails_when_the_placeholder_survives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.e2e import conftest
+    from tests.support import examples
 
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "odd.yaml").write_text(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: fgd-odd\n"
         f"  labels: {{{DRIVER}/owner: me}}\n"
     )
-    monkeypatch.setattr(conftest, "EXAMPLES_DIR", tmp_path)
+    monkeypatch.setattr(examples, "EXAMPLES_DIR", tmp_path)
     with pytest.raises(pytest.fail.Exception, match="survives"):
-        conftest.render_example("odd", "gpu.example.org")
-    assert conftest.render_example("odd", DRIVER)  # the default name needs no substitution
+        examples.render_example("odd", "gpu.example.org")
+    assert examples.render_example("odd", DRIVER)  # the default name needs no substitution
 
 
 @examples
@@ -216,7 +216,7 @@ def test_e2e_image_replaces_every_container_image(
 ) -> None:
     """E2E_IMAGE reaches every container of every example pod (chart mode too), pulled
     never; without it the examples are applied as written."""
-    from tests.e2e.conftest import pod_image, render_example
+    from tests.support.examples import pod_image, render_example
 
     monkeypatch.delenv("E2E_IMAGE", raising=False)
     as_written = render_example(name, DRIVER)

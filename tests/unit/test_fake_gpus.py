@@ -19,7 +19,7 @@ from dra_driver.core.model import (
     MigPlacement,
     MigProfile,
 )
-from dra_driver.gpu.fake import (
+from dra_driver.fakes.gpu import (
     FakeGpuBackend,
     build_inventory,
     fake_mig_uuid,
@@ -27,7 +27,7 @@ from dra_driver.gpu.fake import (
     load_spec,
     parse_shorthand,
 )
-from dra_driver.gpu.models import KNOWN_MODELS, GpuModel, MigGeometry, MigProfileSpec
+from dra_driver.fakes.gpu_models import KNOWN_MODELS, GpuModel, MigGeometry, MigProfileSpec
 
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

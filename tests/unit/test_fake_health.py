@@ -13,8 +13,8 @@ from dra_driver.cli import build_parser
 from dra_driver.cli import plugin as plugin_cli
 from dra_driver.cli.plugin import _plugin_backend
 from dra_driver.core.model import HealthEvent
-from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.gpu.fake_health import (
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.gpu_faults import (
     SETTLE_S,
     Fault,
     FaultDirWatcher,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
+from dra_driver.fakes.objects import node_object, resource_claim
 from dra_driver.k8s.client import make_api_client
-from dra_driver.testing.objects import node_object, resource_claim
 from tests.support.fakekube import DEFAULT_KINDS, FakeApiError, FakeKubeApi, ResourceKind
 from tests.support.fakekube_patch import json_patch, merge_patch
 from tests.support.fakekube_selectors import parse_label_selector

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.testing.objects import Allocated, resource_claim
+from dra_driver.fakes.objects import Allocated, resource_claim
 from tests.support.fakekube import FakeKubeApi
 from tests.support.http import send_json
 

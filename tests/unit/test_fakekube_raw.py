@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.testing.objects import resource_claim
+from dra_driver.fakes.objects import resource_claim
 from tests.support.fakekube import FakeKubeApi
 from tests.support.fakekube_raw import (
     RawJson,

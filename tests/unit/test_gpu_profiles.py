@@ -9,7 +9,7 @@ import pytest
 
 from dra_driver.base.errors import ConfigError
 from dra_driver.core.model import MigPlacement, MigProfile
-from dra_driver.gpu.models import (
+from dra_driver.fakes.gpu_models import (
     KNOWN_MODELS,
     GpuModel,
     MigGeometry,

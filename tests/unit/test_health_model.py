@@ -31,7 +31,7 @@ from dra_driver.core.model import HealthEvent, Inventory
 from dra_driver.core.published import device_names
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import build_slices, validate_pool
-from dra_driver.gpu.fake import build_inventory, parse_shorthand
+from dra_driver.fakes.gpu import build_inventory, parse_shorthand
 
 DRIVER = "gpu.fractional.dev"
 KEY = f"{DRIVER}/unhealthy"

@@ -10,7 +10,7 @@ import pytest
 
 from dra_driver.base.errors import InventoryError
 from dra_driver.base.ids import GpuUUID
-from dra_driver.gpu.fake import FakeGpuBackend
+from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.gpu.nvml import NvmlGpuBackend
 from tests.support import fake_pynvml
 from tests.support.fake_pynvml import FakeNvml

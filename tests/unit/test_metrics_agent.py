@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus
-from tests.unit.test_metrics_server import Scrape
+from tests.support.metrics import Scrape
 
 P = "fractional_gpu_dra_"
 STATUS = AgentStatus(

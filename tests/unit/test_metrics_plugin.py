@@ -16,7 +16,7 @@ from dra_driver.core.model import GpuInfo, Inventory
 from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice, ShareLimits
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim, ClaimState
-from tests.unit.test_metrics_server import Scrape
+from tests.support.metrics import Scrape
 
 P = "fractional_gpu_dra_"
 GIB = 1 << 30

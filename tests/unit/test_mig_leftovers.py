@@ -13,7 +13,7 @@ from dra_driver.core.prepare import (
     PlannedDevice,
     leftover_mig_instances,
 )
-from dra_driver.gpu.fake import build_inventory
+from dra_driver.fakes.gpu import build_inventory
 
 INVENTORY: Inventory = build_inventory(
     [{"model": "h100-80gb", "mig": True, "migInstances": [{"profile": "3g.40gb", "start": 0}]}],

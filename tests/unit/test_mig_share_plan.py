@@ -26,9 +26,9 @@ from dra_driver.core.prepare import (
     plan_prepare,
 )
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
-from dra_driver.gpu.fake import build_inventory
+from dra_driver.fakes.gpu import build_inventory
+from dra_driver.fakes.objects import Allocated, resource_claim, share
 from dra_driver.k8s.convert import claim_from_dict
-from dra_driver.testing.objects import Allocated, resource_claim, share
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"

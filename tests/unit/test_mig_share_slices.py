@@ -21,7 +21,7 @@ from dra_driver.base.quantity import parse_quantity
 from dra_driver.core.model import Inventory
 from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import DesiredSlice, build_slices, mig_share_policy
-from dra_driver.gpu.fake import build_inventory
+from dra_driver.fakes.gpu import build_inventory
 from tests.support.slice_checks import DRIVER, NODE, assert_publishable
 
 MINORS = (34, 35, 36, 37)

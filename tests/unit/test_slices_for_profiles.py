@@ -7,8 +7,8 @@ import pytest
 from dra_driver.core.published import device_names
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import build_slices
-from dra_driver.gpu.fake import build_inventory, load_spec
-from dra_driver.gpu.models import KNOWN_MODELS
+from dra_driver.fakes.gpu import build_inventory, load_spec
+from dra_driver.fakes.gpu_models import KNOWN_MODELS
 from tests.support.slice_checks import DRIVER, NODE, assert_publishable
 
 MINORS = (34, 35, 36, 37)

@@ -53,7 +53,9 @@ from dataclasses import dataclass
 from dra_driver.base.ids import MigUUID
 from dra_driver.core.model import GpuInfo
 
-log = logging.getLogger(__name__)
+# The module was dra_driver.gpu.fake_health; its logger keeps that name so log
+# output (and the tests that select it) stay the same.
+log = logging.getLogger("dra_driver.gpu.fake_health")
 
 DIR_NAME = "fake-health"
 """The directory's name under the plugin dir, by default."""
@@ -221,7 +223,7 @@ class FaultDirWatcher:
         """Poll until cancelled."""
         log.info(
             "fake backend: applying fault-injection files dropped in %s (see "
-            "dra_driver/gpu/fake_health.py for the format, e.g. %s)",
+            "dra_driver/fakes/gpu_faults.py for the format, e.g. %s)",
             self.directory,
             EXAMPLE,
         )

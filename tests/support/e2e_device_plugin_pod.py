@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import POLL_S, Cluster, Example, Obj
+from tests.support.cluster import POLL_S, Cluster, Example
+from tests.support.examples import Obj
 
 EXAMPLE = "device-plugin-pod"
 RESOURCE = "nvidia.com/gpu"

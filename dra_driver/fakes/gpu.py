@@ -1,7 +1,7 @@
 """Fake GPU backend: GPUs described by a shorthand or a file, no hardware needed.
 
 Used by the demo, tests and kind CI. Each GPU is one of the models in
-``gpu/profiles/`` (see :mod:`dra_driver.gpu.models`) and reports what NVML
+``fakes/gpu_profiles/`` (see :mod:`dra_driver.fakes.gpu_models`) and reports what NVML
 would: product name, memory, architecture, versions, PCI bus id and, for
 MIG-capable models, MIG mode, profiles and existing MIG devices.
 
@@ -47,7 +47,7 @@ Health: :meth:`FakeGpuBackend.inject_xid` reports an XID as NVML would;
 next probe finds it unreachable, the one after answers again. The inventory
 keeps listing a lost GPU (NVML would fail the whole discovery instead).
 With ``health_dir`` the same faults come from files dropped in a directory, for
-a plugin running elsewhere (a pod on kind): see :mod:`dra_driver.gpu.fake_health`.
+a plugin running elsewhere (a pod on kind): see :mod:`dra_driver.fakes.gpu_faults`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from dra_driver.core.model import (
     MigPlacement,
     MigProfile,
 )
-from dra_driver.gpu.fake_health import (
+from dra_driver.fakes.gpu_faults import (
     POLL_S,
     Fault,
     FaultDirWatcher,
@@ -81,7 +81,7 @@ from dra_driver.gpu.fake_health import (
     gpu_index,
     mig_uuid,
 )
-from dra_driver.gpu.models import KNOWN_MODELS, GpuModel, MigGeometry, MigProfileSpec
+from dra_driver.fakes.gpu_models import KNOWN_MODELS, GpuModel, MigGeometry, MigProfileSpec
 
 _UUID_NAMESPACE = uuid.UUID("5b3f0c8e-1d7a-4c62-9a0e-6f1f2b9d7c41")
 
@@ -376,7 +376,7 @@ class FakeGpuBackend:
     """A :class:`~dra_driver.core.ports.GpuBackend` over a description, with dynamic MIG.
 
     ``health_dir``: a directory of fault-injection files
-    (:mod:`~dra_driver.gpu.fake_health`), checked every ``health_poll_s`` from
+    (:mod:`~dra_driver.fakes.gpu_faults`), checked every ``health_poll_s`` from
     when :meth:`health_events` is first read until :meth:`close`.
     """
 

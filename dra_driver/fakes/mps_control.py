@@ -1,7 +1,7 @@
 """A fake ``nvidia-cuda-mps-control`` for tests and ``--backend fake`` (stdlib only).
 
-Run as ``python -m dra_driver.mpsagent.fake_control`` (or through the shipped
-launcher ``dra_driver/mpsagent/bin/nvidia-cuda-mps-control``). It speaks both
+Run as ``python -m dra_driver.fakes.mps_control`` (or through the shipped
+launcher ``dra_driver/fakes/bin/nvidia-cuda-mps-control``). It speaks both
 protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
 615/620: "Legacy MPS v2 Interface", "MPS v3 Interface", "MPS v3 Namespaces"):
 
@@ -62,6 +62,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from dra_driver.mpsagent.procs import alive
+
+
+def fake_control_path() -> str:
+    """The launcher of this fake, ``fakes/bin/nvidia-cuda-mps-control``: the control
+    binary the mps-agent runs with ``--mps-control fake``."""
+    return os.path.join(os.path.dirname(__file__), "bin", "nvidia-cuda-mps-control")
+
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 STATE_FILE = "fake-mps-state.json"
@@ -216,7 +223,7 @@ def spawn_background(argv: list[str]) -> int:
     pipe, _ = _dirs()
     fg = ["-f" if a in ("-d", "--daemon") else a for a in argv]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dra_driver.mpsagent.fake_control", *fg],
+        [sys.executable, "-m", "dra_driver.fakes.mps_control", *fg],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
@@ -684,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
             protocol = int(args[i + 1])
             i += 1
         elif arg in ("-v", "--version"):
-            print("nvidia-cuda-mps-control (fake, dra_driver.mpsagent.fake_control)")
+            print("nvidia-cuda-mps-control (fake, dra_driver.fakes.mps_control)")
             return 0
         else:
             rest.append(arg)

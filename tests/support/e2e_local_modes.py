@@ -4,18 +4,18 @@
 installed with the chart, ``test_examples_e2e.py``), ``control-plane`` (a cluster
 without kubelets: ``test_control_plane_mode.py``) or ``host-process`` (the
 cluster's node runs a real kubelet on this host: ``test_host_process_mode.py``).
-The tests of the other modes are skipped with the reason (``conftest.py``).
+The tests of the other modes are skipped with the reason (``tests/e2e/conftest.py``).
 
 In both local modes the driver runs on this machine as two processes, the
 kubelet plugin (``--backend fake``) and the mps-agent (``--mps-control fake``),
 against the cluster at ``KUBECONFIG``. The DeviceClasses come from the chart
 (rendered with helm from ``hack/bin/``; only the missing ones are created, and
 only those are deleted afterwards). The examples are applied as written, with
-the driver name substituted (``conftest.render_example``) and their pods kept
+the driver name substituted (``tests.support.examples.render_example``) and their pods kept
 on the node under test; ``E2E_IMAGE`` replaces the pods' images and sets
 ``imagePullPolicy: Never`` (clusters without a registry).
 
-Environment (besides ``conftest.py``'s): ``E2E_MODE``; ``E2E_NODE_NAME``;
+Environment (besides ``tests/e2e/conftest.py``'s): ``E2E_MODE``; ``E2E_NODE_NAME``;
 ``E2E_FAKE_GPUS`` (the plugin's fake GPUs, default ``h100-80gb:2``);
 ``E2E_IMAGE``; ``E2E_KUBELET_ROOT`` and ``E2E_CDI_ROOT`` (host-process mode).
 """
@@ -42,17 +42,16 @@ import pytest
 import yaml
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
-from dra_driver.testing.kubelet import FakeKubelet, PrepareResult
-from tests.e2e.conftest import (
+from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
+from tests.support.cluster import (
     POLL_S,
     Cluster,
     Example,
-    Obj,
-    _apply,
-    _delete_namespace,
+    apply_object,
+    delete_namespace,
     diagnostics,
-    render_example,
 )
+from tests.support.examples import Obj, render_example
 
 MODES = ("chart", "control-plane", "host-process")
 DEFAULT_MODE = "chart"
@@ -182,11 +181,11 @@ def applied(
         render_example(name, cluster.driver), node, tolerate_unready=tolerate_unready
     )
     namespace = next(o["metadata"]["name"] for o in objects if o["kind"] == "Namespace")
-    assert _delete_namespace(cluster, namespace), f"{namespace}: left over and stuck"
+    assert delete_namespace(cluster, namespace), f"{namespace}: left over and stuck"
     example = Example(name=name, namespace=namespace, objects=objects, cluster=cluster)
     try:
         for obj in objects:
-            _apply(cluster, obj)
+            apply_object(cluster, obj)
         yield example
     except pytest.skip.Exception:
         raise
@@ -201,7 +200,7 @@ def applied(
                     cluster.core.delete_namespaced_pod(
                         pod["metadata"]["name"], namespace, grace_period_seconds=0
                     )
-        assert _delete_namespace(cluster, namespace), (
+        assert delete_namespace(cluster, namespace), (
             f"{namespace}: not gone after {cluster.delete_timeout_s:.0f}s"
         )
 

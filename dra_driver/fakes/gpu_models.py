@@ -1,4 +1,4 @@
-"""Known GPU models for the fake backend, read from ``gpu/profiles/*.yaml``.
+"""Known GPU models for the fake backend, read from ``fakes/gpu_profiles/*.yaml``.
 
 One file per model, named by the key ``--fake-gpus`` uses (``h100-80gb.yaml``).
 A file holds what NVML would report about an empty GPU of that model: product
@@ -262,7 +262,7 @@ def parse_model(text: str, key: str, source: str) -> GpuModel:
 
 def profile_files() -> list[Traversable]:
     """The packaged profile files, sorted by name."""
-    folder = resources.files("dra_driver.gpu").joinpath("profiles")
+    folder = resources.files("dra_driver.fakes").joinpath("gpu_profiles")
     return sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name)
 
 
