@@ -106,14 +106,15 @@ def cpu_s(pid: int, children: bool = False) -> float:
     return total
 
 
-def cpu_now(plugin: int, agent: int | None) -> dict[str, float]:
-    """CPU seconds so far: the plugin, the agent, its fake daemons and shells, and this
-    process (the kubelet client and the fake API server)."""
+def cpu_now(plugin: int, agent: int | None, api: int) -> dict[str, float]:
+    """CPU seconds so far: the plugin, the agent, its fake daemons and shells, this
+    process (the kubelet's client) and the fake API server's process."""
     me = os.times()
-    got = {"plugin": cpu_s(plugin), "kubelet+API": me.user + me.system}
+    got = {"plugin": cpu_s(plugin), "kubelet": me.user + me.system}
     if agent is not None:
         got["agent"] = cpu_s(agent)
         got["fake MPS"] = cpu_s(agent, children=True) - got["agent"]
+    got["API server*"] = cpu_s(api)
     return got
 
 
@@ -260,6 +261,72 @@ def engine_claims(count: int) -> list[dict[str, Any]]:
     ]
 
 
+# -- the API server -----------------------------------------------------------------------
+
+
+def serve_api(args: argparse.Namespace) -> int:
+    """The fake API server in a process of its own, as a real one is (not the kubelet's,
+    not the plugin's): creates the Node and the claims, prints its URL and the claims'
+    references as one JSON line, and serves until its standard input closes."""
+    from dra_driver.fakes.objects import claim_ref, node_object, resource_claim, share
+    from tests.support.fakekube import FakeKubeApi
+
+    spec = json.loads(args.serve_api)
+    # The API server's own work is not the node's: the fake's schema check of every
+    # write (a millisecond each, on these two cores) is left out of the figures.
+    with FakeKubeApi(kube_minor=36, validate_schema=False) as api:
+        api.create(node_object(NODE))
+
+        def claims(prefix: str, count: int) -> list[list[str]]:
+            made = [
+                api.create(
+                    resource_claim(
+                        "bench",
+                        f"{prefix}-{i}",
+                        node=NODE,
+                        devices=[share(f"gpu-{i % GPUS}", memory=SHARE)],
+                    )
+                )
+                for i in range(count)
+            ]
+            return [[r.namespace, r.name, r.uid] for r in map(claim_ref, made)]
+
+        refs = {"url": api.url, "claims": claims("claim", spec["claims"])}
+        refs["resident"] = claims("resident", spec["resident"])
+        print(json.dumps(refs), flush=True)
+        sys.stdin.read()  # until the benchmark closes it
+    return 0
+
+
+def start_api(claims: int, resident: int) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, os.path.abspath(__file__)),
+            *("--serve-api", json.dumps({"claims": claims, "resident": resident})),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the fake API server exited with {proc.wait()}")
+    return proc, json.loads(line)
+
+
+def stop_api(proc: subprocess.Popen[str] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 # -- the kubelet's side -----------------------------------------------------------------
 
 
@@ -379,64 +446,46 @@ async def kubelet_rounds(
 def run_kubelet_mode(
     mode: str, rounds: int, burst: int, warmup: int, *, profile: str | None, gap: float
 ) -> dict[str, Any]:
-    from dra_driver.fakes.objects import claim_ref, node_object, resource_claim, share
-    from tests.support.fakekube import FakeKubeApi
+    from dra_driver.base.ids import ClaimRef, ClaimUID
 
     root = node_root()
-    agent = plugin = None
+    agent = plugin = api = None
     try:
-        # The API server's own work is not the node's: the fake's schema check of every
-        # write (a millisecond each, on these two cores) is left out of the figures.
-        with FakeKubeApi(kube_minor=36, validate_schema=False) as api:
-            api.create(node_object(NODE))
-
-            def claims(prefix: str, count: int) -> list[Any]:
-                made = [
-                    api.create(
-                        resource_claim(
-                            "bench",
-                            f"{prefix}-{i}",
-                            node=NODE,
-                            devices=[share(f"gpu-{i % GPUS}", memory=SHARE)],
-                        )
-                    )
-                    for i in range(count)
-                ]
-                return [claim_ref(c) for c in made]
-
-            refs = claims("claim", (warmup + rounds) * burst)
-            resident = claims("resident", GPUS) if mode == "mps" else []
-            socket = ""
-            if mode.startswith("mps"):
-                agent, socket = start_agent(root)
-            plugin = start_plugin(root, mode, api.url, socket, profile)
-            wait_for_socket(os.path.join(root, "reg", f"{DRIVER}-reg.sock"), plugin)
-            rss_start = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
-            warm = refs[: warmup * burst]
-            asyncio.run(
-                kubelet_rounds(os.path.join(root, "reg"), warm, resident, burst, keep=True, gap=gap)
+        api, made = start_api((warmup + rounds) * burst, GPUS if mode == "mps" else 0)
+        refs = [ClaimRef(ns, name, ClaimUID(uid)) for ns, name, uid in made["claims"]]
+        resident = [ClaimRef(ns, name, ClaimUID(uid)) for ns, name, uid in made["resident"]]
+        socket = ""
+        if mode.startswith("mps"):
+            agent, socket = start_agent(root)
+        plugin = start_plugin(root, mode, made["url"], socket, profile)
+        wait_for_socket(os.path.join(root, "reg", f"{DRIVER}-reg.sock"), plugin)
+        rss_start = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
+        warm = refs[: warmup * burst]
+        asyncio.run(
+            kubelet_rounds(os.path.join(root, "reg"), warm, resident, burst, keep=True, gap=gap)
+        )
+        time.sleep(0.5)  # the status writes after the last answers
+        cpu_before = cpu_now(plugin.pid, agent.pid if agent else None, api.pid)
+        prepare_ms, unprepare_ms, rounds_ms = asyncio.run(
+            kubelet_rounds(
+                os.path.join(root, "reg"),
+                refs[len(warm) :],
+                resident,
+                burst,
+                keep=True,
+                gap=gap,
             )
-            time.sleep(0.5)  # the status writes after the last answers
-            cpu_before = cpu_now(plugin.pid, agent.pid if agent else None)
-            prepare_ms, unprepare_ms, rounds_ms = asyncio.run(
-                kubelet_rounds(
-                    os.path.join(root, "reg"),
-                    refs[len(warm) :],
-                    resident,
-                    burst,
-                    keep=True,
-                    gap=gap,
-                )
-            )
-            time.sleep(0.5)  # the status writes after the last answers
-            cpu_after = cpu_now(plugin.pid, agent.pid if agent else None)
-            rss_end = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
-            stop(plugin)
-            with open(os.path.join(root, "timings.json")) as f:
-                timings: dict[str, list[float]] = json.load(f)
+        )
+        time.sleep(0.5)  # the status writes after the last answers
+        cpu_after = cpu_now(plugin.pid, agent.pid if agent else None, api.pid)
+        rss_end = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
+        stop(plugin)
+        with open(os.path.join(root, "timings.json")) as f:
+            timings: dict[str, list[float]] = json.load(f)
     finally:
         stop(plugin)
         stop(agent)
+        stop_api(api)
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(state_root(root), ignore_errors=True)
     claims_total = len(refs) + 2 * len(resident)
@@ -552,10 +601,11 @@ def report(rows: list[dict[str, Any]], burst: int) -> None:
             got = r["steps"].get(key)
             cells.append(f"{got[0]:.2f} ({got[1]:.2f})" if got else "-")
         print(f"{r['mode']:<10}  " + "".join(f"{c:>20}" for c in cells))
-    print("\nCPU per claim (prepare + unprepare + status writes), ms")
+    print("\nCPU per claim (prepare + unprepare + status writes), ms; * = not the node's")
     for r in rows:
         line = "  ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms"].items())
-        print(f"{r['mode']:<10}  {line}  total {sum(r['cpu_ms'].values()):.1f}")
+        node = sum(v for k, v in r["cpu_ms"].items() if not k.endswith("*"))
+        print(f"{r['mode']:<10}  {line}  on the node {node:.1f}")
     print("\nRSS (MB)    plugin start / end       mps-agent start / end")
     for r in rows:
         (p0, a0), (p1, a1) = r["rss_start"], r["rss_end"]
@@ -593,6 +643,7 @@ def main() -> int:
     parser.add_argument("--profile", help="write the plugin's cProfile stats to PROFILE.<mode>")
     # The plugin process (internal).
     parser.add_argument("--serve-plugin", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-api", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--api", help=argparse.SUPPRESS)
     parser.add_argument("--agent-socket", help=argparse.SUPPRESS)
@@ -600,6 +651,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.serve_plugin:
         return serve_plugin(args)
+    if args.serve_api:
+        return serve_api(args)
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)
     if unknown:
