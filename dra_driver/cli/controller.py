@@ -6,11 +6,11 @@ import argparse
 import asyncio
 from typing import Any
 
-from dra_driver.cli.flags import _common, _metrics_flags, _seconds, add_flag
+from dra_driver.cli.flags import add_flag, common_flags, metrics_flags, parse_seconds
 from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME
 
 
-def _controller_parser(sub: Any) -> None:
+def controller_parser(sub: Any) -> None:
     """``dra-driver controller``."""
     controller = sub.add_parser(
         "controller", help="run the allocation controller of the controller path (Deployment)"
@@ -41,11 +41,11 @@ def _controller_parser(sub: Any) -> None:
         " first (0: one at a time in arrival order)",
         default="0.2",
     )
-    _common(controller)
-    _metrics_flags(controller)
+    common_flags(controller)
+    metrics_flags(controller)
 
 
-def _run_controller(args: argparse.Namespace) -> int:
+def cmd_controller(args: argparse.Namespace) -> int:
     import socket
 
     from dra_driver.controller import ControllerConfig, run_controller
@@ -57,7 +57,7 @@ def _run_controller(args: argparse.Namespace) -> int:
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace,
         identity=args.pod_name or socket.gethostname(),
-        batch_window_s=_seconds(args.batch_window, "--batch-window"),
+        batch_window_s=parse_seconds(args.batch_window, "--batch-window"),
         metrics_port=metrics_port(args.metrics_port),
         metrics_address=args.metrics_address,
     )

@@ -8,11 +8,11 @@ import os
 import sys
 from typing import Any
 
-from dra_driver.cli.flags import _common, _metrics_flags, add_flag
+from dra_driver.cli.flags import add_flag, common_flags, metrics_flags
 from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR
 
 
-def _agent_parser(sub: Any) -> None:
+def agent_parser(sub: Any) -> None:
     """``dra-driver mps-agent``."""
     agent = sub.add_parser("mps-agent", help="run the MPS daemons of this node (DaemonSet)")
     add_flag(agent, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
@@ -60,11 +60,11 @@ def _agent_parser(sub: Any) -> None:
         default="persistent",
         choices=["persistent", "process"],
     )
-    _common(agent)
-    _metrics_flags(agent)
+    common_flags(agent)
+    metrics_flags(agent)
 
 
-def _run_mps_agent(args: argparse.Namespace) -> int:
+def cmd_mps_agent(args: argparse.Namespace) -> int:
     from dra_driver.mpsagent import fake_control_path
     from dra_driver.mpsagent.agent import AgentConfig, run_agent
     from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT

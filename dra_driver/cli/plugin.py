@@ -11,14 +11,14 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dra_driver.cli.flags import (
-    _backend,
-    _common,
-    _gpu_flags,
-    _metrics_flags,
-    _node_flags,
-    _node_settings,
-    _seconds,
     add_flag,
+    common_flags,
+    gpu_flags,
+    make_backend,
+    metrics_flags,
+    node_flags,
+    parse_node_settings,
+    parse_seconds,
 )
 from dra_driver.core.ports import GpuBackend
 from dra_driver.core.prepare import GuardMode
@@ -125,10 +125,10 @@ def _disruption_guard_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _plugin_parser(sub: Any) -> None:
+def plugin_parser(sub: Any) -> None:
     """``dra-driver kubelet-plugin``."""
     plugin = sub.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
-    _node_flags(plugin)
+    node_flags(plugin)
     add_flag(
         plugin, "--registry-dir", "kubelet plugin registry directory", default=DEFAULT_REGISTRY_DIR
     )
@@ -144,7 +144,7 @@ def _plugin_parser(sub: Any) -> None:
         "--rolling-update-uid",
         "pod UID; gives this pod its own socket names so a maxSurge update can overlap",
     )
-    _gpu_flags(plugin)
+    gpu_flags(plugin)
     add_flag(
         plugin,
         "--fake-health-dir",
@@ -196,11 +196,11 @@ def _plugin_parser(sub: Any) -> None:
         "nvidia.com/gpu); at start the plugin warns if this node's device plugin advertises one",
         default="",
     )
-    _common(plugin)
-    _metrics_flags(plugin)
+    common_flags(plugin)
+    metrics_flags(plugin)
 
 
-def _run_plugin(args: argparse.Namespace) -> int:
+def cmd_plugin(args: argparse.Namespace) -> int:
     from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
     from dra_driver.core.slices import parse_names
     from dra_driver.k8s.capabilities import probe_capabilities
@@ -228,18 +228,18 @@ def _run_plugin(args: argparse.Namespace) -> int:
         cdi_root=args.cdi_root,
         rolling_update_uid=args.rolling_update_uid or None,
         boot_id_file=args.boot_id_file,
-        inventory_interval=_seconds(args.inventory_interval, "--inventory-interval"),
-        settings=_node_settings(args),
+        inventory_interval=parse_seconds(args.inventory_interval, "--inventory-interval"),
+        settings=parse_node_settings(args),
         driver_root=args.driver_root,
         proc_root=args.proc_root,
         cdi_hook_path=args.cdi_hook_path or None,
         mps_agent_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
         health=HealthSettings(
-            recovery_s=_seconds(args.health_recovery_seconds, "--health-recovery-seconds"),
+            recovery_s=parse_seconds(args.health_recovery_seconds, "--health-recovery-seconds"),
             fatal_effect=TaintEffect(args.fatal_xid_taint_effect),
             ignored_xids=parse_xid_list(args.ignored_xids, "--ignored-xids (IGNORED_XIDS)"),
         ),
-        health_probe_interval=_seconds(args.health_probe_interval, "--health-probe-interval"),
+        health_probe_interval=parse_seconds(args.health_probe_interval, "--health-probe-interval"),
         dmem_limits=DmemLimits(args.dmem_limits),
         hook_dir=args.hook_dir,
         cgroup_root=args.cgroup_root,
@@ -332,7 +332,7 @@ async def _run_with_startup_checks(
 def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -> GpuBackend:
     """The GPU backend; the fake one watches ``--fake-health-dir`` for injected faults."""
     if args.backend != "fake":
-        return _backend(args, node_name)
+        return make_backend(args, node_name)
     from dra_driver.gpu.fake import FakeGpuBackend
     from dra_driver.gpu.fake_health import DIR_NAME
 
@@ -357,7 +357,7 @@ def claim_reporting(
         api_client,
         component=COMPONENT,
         instance=node_name,
-        interval_s=_seconds(args.event_interval, "--event-interval"),
+        interval_s=parse_seconds(args.event_interval, "--event-interval"),
         aggregate=True,
     )
     status = (
@@ -394,5 +394,5 @@ def disruption_guard(
         node_name=node_name,
         mode=mode,
         events=reporting.events,
-        interval_s=_seconds(args.disruption_guard_interval, "--disruption-guard-interval"),
+        interval_s=parse_seconds(args.disruption_guard_interval, "--disruption-guard-interval"),
     )

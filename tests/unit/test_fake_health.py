@@ -385,13 +385,13 @@ def test_flag_defaults_to_the_plugin_dir_and_has_an_env_twin(
 
 def test_the_nvml_backend_ignores_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
-    other = FakeGpuBackend("l4", "node-a")  # stands in for what _backend makes
+    other = FakeGpuBackend("l4", "node-a")  # stands in for what make_backend makes
 
     def backend(args: object, node_name: str) -> FakeGpuBackend:
         made.append(node_name)
         return other
 
-    monkeypatch.setattr(plugin_cli, "_backend", backend)
+    monkeypatch.setattr(plugin_cli, "make_backend", backend)
     args = build_parser().parse_args(
         ["kubelet-plugin", "--backend", "nvml", "--fake-health-dir", "/x"]
     )
