@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dra_driver import __version__
 from dra_driver.base.errors import DriverError
@@ -58,26 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"dra-driver {__version__}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "kubelet-plugin": cmd_plugin,
+    "mps-agent": cmd_mps_agent,
+    "controller": cmd_controller,
+    "cleanup": cmd_cleanup,
+    "render-slices": cmd_render_slices,
+    "demo": cmd_demo,
+    "simulate": cmd_simulate,
+    "version": cmd_version,
+}
+"""Each subcommand's runner, by the name :func:`build_parser` gives it: it returns
+the process's exit status."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
-        if args.command == "version":
-            print(f"dra-driver {__version__}")
-            return 0
-        if args.command == "cleanup":
-            return cmd_cleanup(args)
-        if args.command == "mps-agent":
-            return cmd_mps_agent(args)
-        if args.command == "render-slices":
-            return cmd_render_slices(args)
-        if args.command == "controller":
-            return cmd_controller(args)
-        if args.command == "demo":
-            return cmd_demo(args)
-        if args.command == "simulate":
-            return cmd_simulate(args)
-        return cmd_plugin(args)
+        return COMMANDS[args.command](args)
     except DriverError as err:
         log.error("%s", err)
         return 2
