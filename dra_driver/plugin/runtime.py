@@ -188,29 +188,28 @@ class PluginRuntime:
             await self.readiness_server.start(cfg.readiness_port, cfg.readiness_address)
         os.makedirs(cfg.plugin_dir, exist_ok=True)
         inventory = self.inventory = await self.backend.inventory()
-        fake = self.backend.name == "fake"
+        backend = self.backend
         ctx = NodeContext(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
             pool_name=PoolName(cfg.node_name),
             cdi_kind=cdi_kind_for_driver(cfg.driver_name),
             settings=cfg.settings,
-            common_edits=await asyncio.to_thread(self._common_edits, fake),
-            fake_device_nodes=fake,
-            # Fake GPUs have no dmem regions (their bus ids are made up).
-            dmem=None
-            if fake
-            else await dmem_hook_settings(
+            common_edits=await asyncio.to_thread(self._common_edits, backend.has_driver_files),
+            fake_device_nodes=not backend.has_device_nodes,
+            dmem=await dmem_hook_settings(
                 inventory.gpus,
                 cgroup_root=cfg.cgroup_root,
                 hook_dir=cfg.hook_dir,
                 mode=cfg.dmem_limits,
-            ),
+            )
+            if backend.supports_dmem
+            else None,
         )
         enforcer = Enforcer(
             backend=self.backend,
             inventory=self._current_inventory,
-            mig_caps=None if fake else MigCapabilities(cfg.proc_root),
+            mig_caps=MigCapabilities(cfg.proc_root) if backend.reads_mig_capabilities else None,
             mps=MpsAgentClient(cfg.mps_agent_socket) if cfg.mps_agent_socket else None,
         )
         self.driver = Driver(
@@ -342,14 +341,14 @@ class PluginRuntime:
         assert self.inventory is not None
         return self.inventory
 
-    def _common_edits(self, fake: bool) -> ContainerEdits:
+    def _common_edits(self, has_driver_files: bool) -> ContainerEdits:
         """What every GPU container needs besides its GPU: libraries, control nodes, hooks.
 
-        Fake backend: stand-in control nodes. Otherwise the NVIDIA Container
-        Toolkit's CDI spec when the node has one (its common edits), else our own
-        discovery under ``--driver-root``.
+        A backend without driver files (fake): stand-in control nodes. Otherwise
+        the NVIDIA Container Toolkit's CDI spec when the node has one (its common
+        edits), else our own discovery under ``--driver-root``.
         """
-        if fake:
+        if not has_driver_files:
             return fake_common_edits()
         doc = load_toolkit_spec()
         if doc is not None:
