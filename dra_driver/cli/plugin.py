@@ -27,10 +27,10 @@ from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 
 if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every subcommand
+    from dra_driver.app.plugin import PluginRuntime
     from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.claim_reporting import ClaimReporter
     from dra_driver.plugin.disruption_guard import DisruptionGuard
-    from dra_driver.plugin.runtime import PluginRuntime
 
 
 def _health_flags(parser: argparse.ArgumentParser) -> None:
@@ -201,6 +201,11 @@ def plugin_parser(sub: Any) -> None:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
+    from dra_driver.app.plugin import (
+        PluginConfig,
+        PluginRuntime,
+        SliceOptions,
+    )
     from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
     from dra_driver.core.slices import parse_names
     from dra_driver.k8s.capabilities import probe_capabilities
@@ -213,11 +218,6 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.enforcement import DmemLimits
     from dra_driver.plugin.extended_resources import check_extended_resources
-    from dra_driver.plugin.runtime import (
-        PluginConfig,
-        PluginRuntime,
-        SliceOptions,
-    )
 
     plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
     config = PluginConfig(
@@ -317,7 +317,7 @@ async def _run_with_startup_checks(
 ) -> None:
     """The plugin until a signal, with the start-up checks beside it (they only warn,
     so a slow API server never delays serving the kubelet)."""
-    from dra_driver.plugin.runtime import run_until_signalled
+    from dra_driver.app.plugin import run_until_signalled
 
     task = asyncio.create_task(check(), name="extended-resources-check")
     try:

@@ -97,11 +97,15 @@ class HealthMonitor:
         mps: MpsStatusSource | None = None,
         clock: Callable[[], float] = time.time,
         listeners: list[HealthListener] | None = None,
+        mps_listeners: Sequence[MpsStatusListener] = (),
+        republish: Callable[[], None] | None = None,
     ) -> None:
         """``probe_interval`` 0 turns the probe off; checks and reports then run every 30 s.
 
         ``listeners``: a list to use as :attr:`listeners` (the runtime's, so that
-        listeners added before the monitor exists are called too).
+        listeners added before the monitor exists are called too);
+        ``mps_listeners``: see :attr:`mps_listeners`; ``republish``: see
+        :attr:`republish`.
         """
         self.backend = backend
         self.driver_name = driver_name
@@ -117,9 +121,9 @@ class HealthMonitor:
         """The kubelet's health streams read this."""
         self.listeners: list[HealthListener] = listeners if listeners is not None else []
         """Called with the devices whose health changed; add yours."""
-        self.mps_listeners: list[MpsStatusListener] = []
+        self.mps_listeners: list[MpsStatusListener] = list(mps_listeners)
         """Awaited with every status read from the mps-agent; add yours."""
-        self.republish: Callable[[], None] | None = None
+        self.republish = republish
         """Called when the device taints changed (slice publishing's ``request_publish``)."""
         self._lock = asyncio.Lock()
         self._mps_restarts: dict[str, int] | None = None

@@ -49,13 +49,13 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
+from dra_driver.app.plugin import PluginConfig, PluginRuntime, SliceOptions
 from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.gpu.fake_health import POLL_S
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, SliceOptions
 from dra_driver.testing.kubelet import FakeKubelet, health_reports
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import node_object

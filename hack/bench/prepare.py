@@ -152,6 +152,7 @@ def timed(owner: Any, name: str, key: str) -> None:
 
 def serve_plugin(args: argparse.Namespace) -> int:
     """The kubelet plugin as on a node, with its ports timed; timings to --timings at exit."""
+    from dra_driver.app.plugin import PluginConfig, PluginRuntime, run_until_signalled
     from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
     from dra_driver.gpu.fake import FakeGpuBackend
     from dra_driver.k8s.claim_status import ClaimStatusWriter
@@ -163,7 +164,6 @@ def serve_plugin(args: argparse.Namespace) -> int:
     from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.cdi_store import CdiStore
     from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
-    from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
     from dra_driver.state.checkpoint import CheckpointStore
 
     timed(KubernetesClaimSource, "get_claim", "get")
@@ -225,9 +225,9 @@ def serve_plugin(args: argparse.Namespace) -> int:
 
 def serve_engine(root: str, count: int) -> None:
     """The earlier benchmark's plugin: in-memory claims, time-sliced shares."""
+    from dra_driver.app.plugin import PluginConfig, PluginRuntime, run_until_signalled
     from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
     from dra_driver.gpu.fake import FakeGpuBackend
-    from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
     from dra_driver.testing.memory_claims import InMemoryClaimSource
 
     config = PluginConfig(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.health import DeviceHealth, Status
 from dra_driver.core.model import HealthEvent
@@ -29,7 +30,6 @@ from dra_driver.plugin.claim_reporting import (
     ClaimReporter,
     DeviceHealthReport,
 )
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
 from dra_driver.testing.objects import Allocated, claim_ref, resource_claim, share
 from tests.support.fakekube import FakeKubeApi

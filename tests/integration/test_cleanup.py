@@ -6,6 +6,7 @@ import dataclasses
 import os
 import sys
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.cli import main
 from dra_driver.core.cdi import cdi_kind_for_driver
 from dra_driver.core.settings import NodeSettings
@@ -18,7 +19,6 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.cleanup import cleanup_node
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim, share

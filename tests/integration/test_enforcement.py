@@ -8,6 +8,7 @@ import json
 import os
 from typing import Any
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
@@ -15,7 +16,6 @@ from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource

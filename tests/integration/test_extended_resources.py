@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.slices import EVENT_REASON
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.claim_status import ClaimStatusWriter
@@ -34,7 +35,6 @@ from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.nodes import read_node
 from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.extended_resources import check_extended_resources
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.extended_resources import (
     ANNOTATION,
     classes_by_resource,

@@ -9,8 +9,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet, HealthReport, health_reports
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime, SliceOptions
 from dra_driver.core.health import (
     DeviceHealth,
     HealthSettings,
@@ -28,7 +29,6 @@ from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.kubeletplugin.health import Health
 from dra_driver.plugin.health_monitor import HealthMonitor, report_timeout
 from dra_driver.plugin.publishing import SlicePublishing
-from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
 from dra_driver.testing.kubelet import HealthReport, health_reports
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import node_object

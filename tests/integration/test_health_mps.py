@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.settings import NodeSettings
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.mpsagent import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode, Mode
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet, HealthReport, health_reports
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import claim_ref, resource_claim, share

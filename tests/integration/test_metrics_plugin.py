@@ -10,11 +10,11 @@ import uuid
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.observability.claim_log import LOGGER
 from dra_driver.observability.metrics_server import MetricsServer, serve_metrics
 from dra_driver.observability.plugin_metrics import PluginMetrics
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import claim_ref, resource_claim, share

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime, SliceOptions
 from dra_driver.core.model import Inventory
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import Allocated, claim_ref, node_object, resource_claim

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.fake_control import DELAY_ENV
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.testing.kubelet import FakeKubelet
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 from dra_driver.testing.objects import claim_ref, resource_claim, share

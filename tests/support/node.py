@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dra_driver.app.plugin import PluginConfig, PluginRuntime
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.gpu.fake import FakeGpuBackend
-from dra_driver.plugin.runtime import PluginConfig, PluginRuntime
 from dra_driver.testing.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
 from dra_driver.testing.memory_claims import InMemoryClaimSource
 

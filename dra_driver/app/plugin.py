@@ -1,6 +1,14 @@
-"""Wiring of the kubelet plugin: backend → inventory → engine → gRPC servers.
+"""The kubelet plugin's object graph: backend → inventory → engine → gRPC servers.
 
-:class:`PluginRuntime` is used by ``dra-driver kubelet-plugin`` (with the real
+:class:`PluginRuntime` builds it by constructor injection (each object is given
+its collaborators: the engine its observers, the health monitor its listeners,
+the gRPC server its registration callbacks) and runs its background tasks in
+one :class:`asyncio.TaskGroup`: they must live as long as the plugin, so one
+that fails or returns stops them all and the plugin with them
+(:class:`BackgroundTaskFailed`), rather than leaving a live plugin with, say,
+stale ResourceSlices.
+
+It is used by ``dra-driver kubelet-plugin`` (:func:`run_plugin`, with the real
 Kubernetes claim source) and in-process by the demo and the tests (with an
 in-memory one); :func:`run_until_signalled` is the daemon's main loop.
 """
@@ -12,30 +20,24 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.base.errors import ConfigError, DriverError
+from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import ClaimRef, ClaimUID, PoolName
 from dra_driver.core.cdi import (
-    DEFAULT_HOOK_PATH,
     ContainerEdits,
     cdi_kind_for_driver,
     edits_from_driver_files,
     edits_from_toolkit_spec,
     fake_common_edits,
 )
-from dra_driver.core.health import HealthSettings, unhealthy_taint_key
 from dra_driver.core.model import Inventory
 from dra_driver.core.ports import ClaimSource, GpuBackend
-from dra_driver.core.prepare import NodeContext
-from dra_driver.core.settings import NodeSettings
-from dra_driver.dmemhook import DEFAULT_HOOK_DIR
-from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
+from dra_driver.core.prepare import DriverObserver, NodeContext
 from dra_driver.gpu.driver_files import discover_driver_files, load_toolkit_spec
 from dra_driver.gpu.mig_caps import MigCapabilities
-from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.kubeletplugin.server import PluginServer
 from dra_driver.kubeletplugin.sockets import SocketPaths, socket_paths
 from dra_driver.mpsagent.client import MpsAgentClient
@@ -44,83 +46,73 @@ from dra_driver.observability.plugin_observers import plugin_observers
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.claim_reporting import ClaimReporter
+from dra_driver.plugin.config import (
+    CHECKPOINT_FILE,
+    LOCK_FILE,
+    MPS_STATUS_TIMEOUT_S,
+    PluginConfig,
+    SliceOptions,
+)
 from dra_driver.plugin.disruption_guard import DisruptionGuard
 from dra_driver.plugin.driver import Driver, ReconcileReport
-from dra_driver.plugin.enforcement import DmemLimits, Enforcer, dmem_hook_settings
+from dra_driver.plugin.enforcement import Enforcer, dmem_hook_settings
 from dra_driver.plugin.health_monitor import HealthListener, HealthMonitor
 from dra_driver.plugin.mps_watch import MpsUidWatch
-from dra_driver.plugin.publishing import ProbeFn, SlicePublishing
+from dra_driver.plugin.publishing import SlicePublishing
 from dra_driver.plugin.readiness import Readiness, ReadinessServer, check_readiness
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState, read_boot_id
 from dra_driver.state.locks import NodeLock
 
+__all__ = [
+    "BackgroundTaskFailed",
+    "PluginConfig",
+    "PluginRuntime",
+    "SliceOptions",
+    "run_until_signalled",
+]
+
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "checkpoint.json"
-LOCK_FILE = "serialize.lock"
-MPS_STATUS_TIMEOUT_S = 10.0
-"""How long the health monitor waits for the mps-agent's status."""
+Work = Callable[[], Coroutine[Any, Any, object]]
+"""A background task's body, run for the plugin's lifetime."""
+
+
+class BackgroundTaskFailed(DriverError):
+    """A background task that must run until shutdown failed or ended: the plugin stops."""
+
+    def __init__(self, name: str, cause: BaseException | None) -> None:
+        why = f"failed: {cause!r}" if cause is not None else "ended"
+        super().__init__(
+            f"background task {name} {why}; it should run until shutdown, so the plugin stops"
+        )
+        self.task_name = name
+        self.cause = cause
+
+
+async def _forever(name: str, work: Work) -> None:
+    """Run ``work``; its end, by an error or not, is a :class:`BackgroundTaskFailed`."""
+    try:
+        await work()
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        log.exception("background task %s failed", name)
+        raise BackgroundTaskFailed(name, err) from err
+    log.error("background task %s ended; it should run until shutdown", name)
+    raise BackgroundTaskFailed(name, None)
 
 
 @dataclass(frozen=True)
-class PluginConfig:
-    driver_name: str
-    node_name: str
-    registry_dir: str
-    plugin_dir: str
-    cdi_root: str
-    rolling_update_uid: str | None = None
-    boot_id_file: str = "/proc/sys/kernel/random/boot_id"
-    inventory_interval: float = 60.0
-    """Seconds between re-discoveries of the GPUs (MIG mode changes after a
-    reset, a GPU gone); 0 turns it off."""
-    settings: NodeSettings = field(default_factory=NodeSettings)
-    """Sharing and allocator per GPU, memory reserve and steps (node settings)."""
-    driver_root: str = "/"
-    """Where the NVIDIA driver is installed, as the plugin sees it (NVML backend)."""
-    proc_root: str = "/proc"
-    """The host's /proc (MIG capability files)."""
-    cdi_hook_path: str | None = DEFAULT_HOOK_PATH
-    """The toolkit's CDI hook on the host, for the ldcache update; None: no hook."""
-    mps_agent_socket: str | None = None
-    """The mps-agent's socket; None: MPS shares fail with a message naming it (and the
-    health monitor does not watch MPS daemons)."""
-    health: HealthSettings = field(default_factory=HealthSettings)
-    """Device health: recovery time, taint effect of fatal problems, ignored XIDs."""
-    health_probe_interval: float = 30.0
-    """Seconds between GPU liveness probes (and health reports); 0 turns the probe off."""
-    dmem_limits: DmemLimits = DmemLimits.AUTO
-    """Kernel-enforced GPU-memory limits for MPS shares (cgroup v2 dmem hook)."""
-    hook_dir: str = DEFAULT_HOOK_DIR
-    """Host directory the dmem hook script is installed into (hostPath, same path)."""
-    cgroup_root: str = DEFAULT_CGROUP_ROOT
-    """The host's cgroup v2 root as the plugin sees it (dmem detection)."""
-    readiness_port: int | None = None
-    """Serve ``/readyz`` on this port (plugin/readiness.py); None: not served, 0: any
-    free port (tests)."""
-    readiness_address: str = "0.0.0.0"
+class _EngineState:
+    """What the metrics read of the engine (the checkpoint, the current GPUs), ready
+    before the engine is, so that the metrics are given to it as an observer."""
 
-    def validate(self) -> None:
-        if not self.node_name:
-            raise ConfigError("--node-name (NODE_NAME) is required: the node this plugin serves")
-        if not self.driver_name:
-            raise ConfigError("--driver-name (DRIVER_NAME) must not be empty")
-        cdi_kind_for_driver(self.driver_name)
-        unhealthy_taint_key(self.driver_name)
-        self.health.validate()
-        if self.health_probe_interval < 0:
-            raise ConfigError(
-                f"--health-probe-interval must be 0 (off) or more seconds, not "
-                f"{self.health_probe_interval}"
-            )
+    checkpoints: CheckpointStore
+    current: Callable[[], Inventory]
 
-
-@dataclass(frozen=True)
-class SliceOptions:
-    """How to publish the node's ResourceSlices (absent: not published, e.g. the demo)."""
-
-    publisher: SlicePublisher
-    probe: ProbeFn
+    @property
+    def inventory(self) -> Inventory:
+        return self.current()
 
 
 class PluginRuntime:
@@ -154,9 +146,8 @@ class PluginRuntime:
         self.health_monitor: HealthMonitor | None = None
         self.health_listeners: list[HealthListener] = []
         """Told of every device-health change (Events, claim status, metrics); add
-        yours before or after :meth:`start`."""
+        yours before :meth:`start`."""
         self.inventory: Inventory | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         self.sockets: SocketPaths = socket_paths(
             config.driver_name, config.registry_dir, config.plugin_dir, config.rolling_update_uid
         )
@@ -164,6 +155,11 @@ class PluginRuntime:
         self.server: PluginServer | None = None
         self.reconcile_report: ReconcileReport | None = None
         self.readiness_server: ReadinessServer | None = None
+        self.failure: BackgroundTaskFailed | None = None
+        """Why the background tasks stopped (one failed or ended); None while they run."""
+        self.failed = asyncio.Event()
+        """Set when :attr:`failure` is."""
+        self._background: asyncio.Task[None] | None = None
         self._started = False
 
     def readiness(self) -> Readiness:
@@ -188,8 +184,69 @@ class PluginRuntime:
             await self.readiness_server.start(cfg.readiness_port, cfg.readiness_address)
         os.makedirs(cfg.plugin_dir, exist_ok=True)
         inventory = self.inventory = await self.backend.inventory()
-        backend = self.backend
-        ctx = NodeContext(
+        ctx = await self._node_context(inventory)
+        checkpoints = CheckpointStore(
+            os.path.join(cfg.plugin_dir, CHECKPOINT_FILE), read_boot_id(cfg.boot_id_file)
+        )
+        driver = self.driver = Driver(
+            ctx=ctx,
+            inventory=inventory,
+            claims=self.claims,
+            checkpoints=checkpoints,
+            cdi=CdiStore(cfg.cdi_root, ctx.cdi_kind),
+            lock=NodeLock(os.path.join(cfg.plugin_dir, LOCK_FILE)),
+            enforcer=Enforcer(
+                backend=self.backend,
+                inventory=self._current_inventory,
+                mig_caps=(
+                    MigCapabilities(cfg.proc_root) if self.backend.reads_mig_capabilities else None
+                ),
+                mps=MpsAgentClient(cfg.mps_agent_socket) if cfg.mps_agent_socket else None,
+            ),
+            observers=self._observers(_EngineState(checkpoints, self._current_inventory)),
+            activity=self.activity,
+        )
+        self.reconcile_report = await driver.reconcile()
+        health = self.health_monitor = self._health_monitor(inventory, ctx.pool_name)
+        await self._report_current_claims(health)
+        work: dict[str, Work] = {}
+        if self.disruption_guard is not None:
+            work["disruption-guard"] = self.disruption_guard.run
+        on_registered: list[Callable[[], None]] = []
+        if self.slice_options is not None:
+            self.publishing = SlicePublishing(
+                self.slice_options.publisher,
+                self.slice_options.probe,
+                inventory=inventory,
+                settings=cfg.settings,
+                driver_name=cfg.driver_name,
+                node_name=cfg.node_name,
+                hidden_mig_devices=self._created_mig_devices,
+                taints=health.taints,
+            )
+            on_registered.append(self.publishing.on_registered)
+            work["slice-publisher"] = self.publishing.run
+        self.server = PluginServer(
+            cfg.driver_name, self.sockets, driver, health.hub, on_registered=on_registered
+        )
+        work["device-health"] = health.run
+        if cfg.inventory_interval > 0:
+            interval = cfg.inventory_interval
+            work["inventory-watch"] = lambda: self._watch_inventory(interval)
+        self._background = asyncio.create_task(self._run_background(work), name="plugin-tasks")
+        await self.server.start()
+        self._started = True
+        log.info(
+            "kubelet plugin for %s on node %s serving %d GPU(s) from the %s backend",
+            cfg.driver_name,
+            cfg.node_name,
+            len(inventory.gpus),
+            self.backend.name,
+        )
+
+    async def _node_context(self, inventory: Inventory) -> NodeContext:
+        cfg, backend = self.config, self.backend
+        return NodeContext(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
             pool_name=PoolName(cfg.node_name),
@@ -206,30 +263,43 @@ class PluginRuntime:
             if backend.supports_dmem
             else None,
         )
-        enforcer = Enforcer(
-            backend=self.backend,
-            inventory=self._current_inventory,
-            mig_caps=MigCapabilities(cfg.proc_root) if backend.reads_mig_capabilities else None,
-            mps=MpsAgentClient(cfg.mps_agent_socket) if cfg.mps_agent_socket else None,
-        )
-        self.driver = Driver(
-            ctx=ctx,
-            inventory=inventory,
-            claims=self.claims,
-            checkpoints=CheckpointStore(
-                os.path.join(cfg.plugin_dir, CHECKPOINT_FILE), read_boot_id(cfg.boot_id_file)
-            ),
-            cdi=CdiStore(cfg.cdi_root, ctx.cdi_kind),
-            lock=NodeLock(os.path.join(cfg.plugin_dir, LOCK_FILE)),
-            enforcer=enforcer,
-            activity=self.activity,
-        )
-        self.reconcile_report = await self.driver.reconcile()
-        health = self.health_monitor = HealthMonitor(
+
+    def _observers(self, state: _EngineState) -> list[DriverObserver]:
+        """Claim log, metrics, claim status and Events, the disruption guard: told of
+        every claim from before the sockets open."""
+        observers = plugin_observers(state, self.metrics)
+        if self.reporting is not None:
+            observers.append(self.reporting)
+        guard = self.disruption_guard
+        if guard is not None:
+            observers.append(guard)
+            guard.prepared = self._prepared_claims
+            if self.metrics is not None:
+                guard.on_count = self.metrics.set_guarded_pods
+        return observers
+
+    def _health_monitor(self, inventory: Inventory, pool_name: str) -> HealthMonitor:
+        """The device-health monitor and who it tells: metrics, claim status and Events
+        (device health), the legacy MPS UID watch (MPS status), slice publishing (taints)."""
+        cfg, metrics, reporting = self.config, self.metrics, self.reporting
+        # Called only once the monitor exists: its listeners want every device.
+        listeners = self.health_listeners
+        if metrics is not None:
+            listeners.append(lambda _changed: metrics.set_device_health(monitor.devices()))
+        if reporting is not None:
+            listeners.append(reporting.devices_health_changed)
+        mps_listeners = []
+        if reporting is not None and cfg.mps_agent_socket:
+            # Legacy MPS clients waiting on another UID's server: Events (not health).
+            uid_watch = MpsUidWatch(
+                MpsAgentClient(cfg.mps_agent_socket, timeout=MPS_STATUS_TIMEOUT_S), [reporting]
+            )
+            mps_listeners.append(uid_watch.update)
+        monitor = HealthMonitor(
             self.backend,
             inventory,
             driver_name=cfg.driver_name,
-            pool_name=ctx.pool_name,
+            pool_name=pool_name,
             settings=cfg.health,
             probe_interval=cfg.health_probe_interval,
             mps=(
@@ -237,69 +307,45 @@ class PluginRuntime:
                 if cfg.mps_agent_socket
                 else None
             ),
-            listeners=self.health_listeners,
+            listeners=listeners,
+            mps_listeners=mps_listeners,
+            republish=self._request_publish if self.slice_options is not None else None,
         )
-        await self._attach_observers(health)
-        self.server = PluginServer(cfg.driver_name, self.sockets, self.driver, health.hub)
-        if self.slice_options is not None:
-            self.publishing = SlicePublishing(
-                self.slice_options.publisher,
-                self.slice_options.probe,
-                inventory=inventory,
-                settings=cfg.settings,
-                driver_name=cfg.driver_name,
-                node_name=cfg.node_name,
-                hidden_mig_devices=self._created_mig_devices,
-                taints=health.taints,
-            )
-            health.republish = self.publishing.request_publish
-            self.server.registration.on_registered.append(self.publishing.on_registered)
-            self._spawn(self.publishing.run(), "slice-publisher")
-        self._spawn(health.run(), "device-health")
-        if cfg.inventory_interval > 0:
-            self._spawn(self._watch_inventory(cfg.inventory_interval), "inventory-watch")
-        await self.server.start()
-        self._started = True
-        log.info(
-            "kubelet plugin for %s on node %s serving %d GPU(s) from the %s backend",
-            cfg.driver_name,
-            cfg.node_name,
-            len(inventory.gpus),
-            self.backend.name,
+        if metrics is not None:
+            metrics.set_device_health(monitor.devices())
+        return monitor
+
+    async def _report_current_claims(self, health: HealthMonitor) -> None:
+        """The monitor tells listeners of changes only: give the reporter every
+        device's state now (healthy unless a fault says otherwise), or claims on a
+        device that never changed would show DeviceHealthy Unknown; and the claims
+        the checkpoint holds as prepared."""
+        if self.reporting is None:
+            return
+        assert self.driver is not None
+        self.reporting.devices_health_changed(health.devices())
+        checkpoint = await asyncio.to_thread(self.driver.checkpoints.load)
+        self.reporting.remember(
+            c for c in checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED
         )
 
-    async def _attach_observers(self, health: HealthMonitor) -> None:
-        """Claim log, metrics, claim status and Events: told of every claim and every
-        device-health change from before the sockets open."""
-        assert self.driver is not None
-        self.driver.observers.extend(plugin_observers(self.driver, self.metrics))
-        if self.metrics is not None:
-            health.listeners.append(self.metrics.follow_health(health))
-        if self.reporting is not None:
-            self.driver.observers.append(self.reporting)
-            health.listeners.append(self.reporting.devices_health_changed)
-            # The monitor tells listeners of changes only: give the reporter every
-            # device's state now (healthy unless a fault says otherwise), or claims
-            # on a device that never changed would show DeviceHealthy Unknown.
-            self.reporting.devices_health_changed(health.devices())
-            if self.config.mps_agent_socket:
-                # Legacy MPS clients waiting on another UID's server: Events (not health).
-                uid_watch = MpsUidWatch(
-                    MpsAgentClient(self.config.mps_agent_socket, timeout=MPS_STATUS_TIMEOUT_S),
-                    [self.reporting],
-                )
-                health.mps_listeners.append(uid_watch.update)
-            checkpoint = await asyncio.to_thread(self.driver.checkpoints.load)
-            self.reporting.remember(
-                c for c in checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED
-            )
-        guard = self.disruption_guard
-        if guard is not None:
-            self.driver.observers.append(guard)
-            guard.prepared = self._prepared_claims
-            if self.metrics is not None:
-                guard.on_count = self.metrics.set_guarded_pods
-            self._spawn(guard.run(), "disruption-guard")
+    def _request_publish(self) -> None:
+        if self.publishing is not None:
+            self.publishing.request_publish()
+
+    async def _run_background(self, work: dict[str, Work]) -> None:
+        """Every task in one group: the first to fail or end cancels the others, and
+        :attr:`failed` tells :func:`run_until_signalled` to stop the plugin."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                for name, body in work.items():
+                    group.create_task(_forever(name, body), name=name)
+        except BaseExceptionGroup as errors:
+            failures = [e for e in errors.exceptions if isinstance(e, BackgroundTaskFailed)]
+            self.failure = failures[0] if failures else BackgroundTaskFailed("?", errors)
+            self._started = False
+            log.error("%s", self.failure)
+            self.failed.set()
 
     def _prepared_claims(self) -> dict[ClaimUID, ClaimRef]:
         """The claims the checkpoint holds as prepared (blocks: reads the file)."""
@@ -359,21 +405,6 @@ class PluginRuntime:
             log.info("driver discovery: %s", note)
         return edits_from_driver_files(files, hook_path=self.config.cdi_hook_path)
 
-    def _spawn(self, work: Coroutine[Any, Any, object], name: str) -> None:
-        """Run ``work`` for the plugin's lifetime; an unexpected end is logged loudly."""
-
-        async def guarded() -> None:
-            try:
-                await work
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("background task %s failed", name)
-                raise
-            log.error("background task %s ended; it should run until shutdown", name)
-
-        self._tasks.append(asyncio.create_task(guarded(), name=name))
-
     async def _watch_inventory(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
@@ -405,12 +436,11 @@ class PluginRuntime:
             self.readiness_server = None
         # Background tasks first. The publisher is cancelled, never told to
         # unpublish: see plugin/publishing.py.
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        if self._background is not None:
+            self._background.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
+                await self._background
+            self._background = None
         if self.server is not None:
             await self.server.stop()
             self.server = None
@@ -426,14 +456,32 @@ class PluginRuntime:
 
 
 async def run_until_signalled(runtime: PluginRuntime) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down and remove the sockets."""
+    """Serve until SIGTERM or SIGINT, then shut down and remove the sockets.
+
+    Raises :class:`BackgroundTaskFailed` (after shutting down) when a background
+    task failed or ended: the daemon then exits with an error, to be restarted.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await runtime.start()
     try:
-        await stop.wait()
-        log.info("signal received; shutting down")
+        await _first(stop.wait(), runtime.failed.wait())
+        if runtime.failure is None:
+            log.info("signal received; shutting down")
     finally:
         await runtime.stop()
+    if runtime.failure is not None:
+        raise runtime.failure
+
+
+async def _first(*waits: Coroutine[Any, Any, object]) -> None:
+    """Wait until one of ``waits`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
