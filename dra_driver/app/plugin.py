@@ -89,19 +89,6 @@ class BackgroundTaskFailed(DriverError):
         self.cause = cause
 
 
-async def _forever(name: str, work: Work) -> None:
-    """Run ``work``; its end, by an error or not, is a :class:`BackgroundTaskFailed`."""
-    try:
-        await work()
-    except asyncio.CancelledError:
-        raise
-    except Exception as err:
-        log.exception("background task %s failed", name)
-        raise BackgroundTaskFailed(name, err) from err
-    log.error("background task %s ended; it should run until shutdown", name)
-    raise BackgroundTaskFailed(name, None)
-
-
 @dataclass(frozen=True)
 class _EngineState:
     """What the metrics read of the engine (the checkpoint, the current GPUs), ready
@@ -235,7 +222,7 @@ class PluginRuntime:
             work["inventory-watch"] = lambda: self._watch_inventory(interval)
         self._background = asyncio.create_task(self._run_background(work), name="plugin-tasks")
         await self.server.start()
-        self._started = True
+        self._started = self.failure is None
         log.info(
             "kubelet plugin for %s on node %s serving %d GPU(s) from the %s backend",
             cfg.driver_name,
@@ -336,16 +323,29 @@ class PluginRuntime:
     async def _run_background(self, work: dict[str, Work]) -> None:
         """Every task in one group: the first to fail or end cancels the others, and
         :attr:`failed` tells :func:`run_until_signalled` to stop the plugin."""
-        try:
+        with contextlib.suppress(BaseExceptionGroup):  # recorded by _forever
             async with asyncio.TaskGroup() as group:
                 for name, body in work.items():
-                    group.create_task(_forever(name, body), name=name)
-        except BaseExceptionGroup as errors:
-            failures = [e for e in errors.exceptions if isinstance(e, BackgroundTaskFailed)]
-            self.failure = failures[0] if failures else BackgroundTaskFailed("?", errors)
+                    group.create_task(self._forever(name, body), name=name)
+
+    async def _forever(self, name: str, work: Work) -> None:
+        """Run ``work``; its end, by an error or not, is a :class:`BackgroundTaskFailed`."""
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.exception("background task %s failed", name)
+            failure = BackgroundTaskFailed(name, err)
+        else:
+            log.error("background task %s ended; it should run until shutdown", name)
+            failure = BackgroundTaskFailed(name, None)
+        if self.failure is None:  # the first one says why the plugin stops
+            self.failure = failure
             self._started = False
-            log.error("%s", self.failure)
+            log.error("%s", failure)
             self.failed.set()
+        raise failure
 
     def _prepared_claims(self) -> dict[ClaimUID, ClaimRef]:
         """The claims the checkpoint holds as prepared (blocks: reads the file)."""

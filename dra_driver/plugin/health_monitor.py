@@ -173,6 +173,12 @@ class HealthMonitor:
                 await self.check_once()
             except Exception:  # a bug here must not end health reporting
                 log.exception("device health check failed; trying again in %.0f s", self.interval)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Cancelled during the check, and the cancellation was lost: Python
+                # 3.11's asyncio.wait_for returns (or raises) what it waited for when
+                # that ends as the cancellation arrives (the mps-agent client).
+                raise asyncio.CancelledError
             await asyncio.sleep(self.interval)
 
     async def check_once(self) -> None:
