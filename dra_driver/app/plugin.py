@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -35,17 +36,26 @@ from dra_driver.core.cdi import (
 )
 from dra_driver.core.model import Inventory
 from dra_driver.core.ports import ClaimSource, GpuBackend
-from dra_driver.core.prepare import DriverObserver, NodeContext
+from dra_driver.core.prepare import DriverObserver, GuardMode, NodeContext
 from dra_driver.gpu.driver_files import discover_driver_files, load_toolkit_spec
 from dra_driver.gpu.mig_caps import MigCapabilities
+from dra_driver.k8s.capabilities import probe_capabilities
+from dra_driver.k8s.claim_status import ClaimStatusWriter
+from dra_driver.k8s.claims import KubernetesClaimSource
+from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.events import EventRecorder
+from dra_driver.k8s.nodes import read_node
+from dra_driver.k8s.pods import PodApi
+from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.kubeletplugin.server import PluginServer
 from dra_driver.kubeletplugin.sockets import SocketPaths, socket_paths
 from dra_driver.mpsagent.client import MpsAgentClient
+from dra_driver.observability.metrics_server import MetricsServer, serve_metrics
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.observability.plugin_observers import plugin_observers
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.cdi_store import CdiStore
-from dra_driver.plugin.claim_reporting import ClaimReporter
+from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from dra_driver.plugin.config import (
     CHECKPOINT_FILE,
     LOCK_FILE,
@@ -56,6 +66,7 @@ from dra_driver.plugin.config import (
 from dra_driver.plugin.disruption_guard import DisruptionGuard
 from dra_driver.plugin.driver import Driver, ReconcileReport
 from dra_driver.plugin.enforcement import Enforcer, dmem_hook_settings
+from dra_driver.plugin.extended_resources import check_extended_resources
 from dra_driver.plugin.health_monitor import HealthListener, HealthMonitor
 from dra_driver.plugin.mps_watch import MpsUidWatch
 from dra_driver.plugin.publishing import SlicePublishing
@@ -65,10 +76,15 @@ from dra_driver.state.locks import NodeLock
 
 __all__ = [
     "BackgroundTaskFailed",
+    "ClusterOptions",
     "PluginConfig",
     "PluginRuntime",
     "SliceOptions",
+    "claim_reporter",
+    "make_disruption_guard",
+    "run_plugin",
     "run_until_signalled",
+    "run_with_startup_checks",
 ]
 
 log = logging.getLogger(__name__)
@@ -485,3 +501,147 @@ async def _first(*waits: Coroutine[Any, Any, object]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """How ``dra-driver kubelet-plugin`` reaches the cluster and serves metrics."""
+
+    kubeconfig: str | None = None
+    """None or empty: the in-cluster config."""
+    metrics_port: int = 0
+    """0: no metrics served."""
+    metrics_address: str = "0.0.0.0"
+    extended_resource_names: tuple[str, ...] = ()
+    """The start-up check warns if this node's device plugin advertises one."""
+
+
+ReporterFactory = Callable[[Any, str, str, CallActivity], ClaimReporter]
+"""(API client, driver name, node name, calls in flight) → claim status and Events."""
+GuardFactory = Callable[[Any, str, str, ClaimReporter], DisruptionGuard | None]
+"""(API client, driver name, node name, reporter) → the disruption guard, or None (off)."""
+
+
+def run_plugin(
+    config: PluginConfig,
+    backend: GpuBackend,
+    options: ClusterOptions,
+    *,
+    reporting: ReporterFactory,
+    disruption_guard: GuardFactory,
+) -> None:
+    """``dra-driver kubelet-plugin``: build the plugin against the API server and serve
+    until a signal (raises :class:`BackgroundTaskFailed` when a background task dies)."""
+
+    metrics = PluginMetrics() if options.metrics_port else None
+    api_client = make_api_client(options.kubeconfig)
+    claims = KubernetesClaimSource(api_client)
+    publisher = SlicePublisher(
+        api_client, driver_name=config.driver_name, node_name=config.node_name
+    )
+    slices = SliceOptions(
+        publisher=publisher,
+        probe=functools.partial(
+            probe_capabilities, api_client, config.driver_name, config.node_name
+        ),
+    )
+    server: MetricsServer | None = None
+    try:
+        if metrics is not None:
+            server = serve_metrics(options.metrics_port, metrics.registry, options.metrics_address)
+        activity = CallActivity()
+        reporter = reporting(api_client, config.driver_name, config.node_name, activity)
+        runtime = PluginRuntime(
+            config,
+            backend,
+            claims,
+            slices,
+            reporting=reporter,
+            activity=activity,
+            metrics=metrics,
+            disruption_guard=disruption_guard(
+                api_client, config.driver_name, config.node_name, reporter
+            ),
+        )
+        check = functools.partial(
+            check_extended_resources,
+            functools.partial(read_node, api_client, config.node_name),
+            node_name=config.node_name,
+            names=options.extended_resource_names,
+            events=reporter.events,
+        )
+        asyncio.run(run_with_startup_checks(runtime, check))
+    finally:
+        if server is not None:
+            server.stop()
+        claims.close()
+        publisher.close()
+
+
+async def run_with_startup_checks(
+    runtime: PluginRuntime, check: Callable[[], Coroutine[Any, Any, object]]
+) -> None:
+    """The plugin until a signal, with the start-up checks beside it (they only warn,
+    so a slow API server never delays serving the kubelet)."""
+    task = asyncio.create_task(check(), name="extended-resources-check")
+    try:
+        await run_until_signalled(runtime)
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def claim_reporter(
+    api_client: Any,
+    driver_name: str,
+    node_name: str,
+    *,
+    event_interval_s: float,
+    claim_status: bool,
+    activity: CallActivity | None = None,
+) -> ClaimReporter:
+    """The plugin's claim status writer (``claim_status`` False: none) and Event
+    recorder; ``activity``: the plugin's calls in flight (status writes wait for a lull)."""
+
+    events = EventRecorder(
+        api_client,
+        component=COMPONENT,
+        instance=node_name,
+        interval_s=event_interval_s,
+        aggregate=True,
+    )
+    status = (
+        ClaimStatusWriter(api_client, driver_name=driver_name, node_name=node_name)
+        if claim_status
+        else None
+    )
+    return ClaimReporter(
+        driver_name=driver_name,
+        node_name=node_name,
+        status=status,
+        events=events,
+        activity=activity,
+    )
+
+
+def make_disruption_guard(
+    api_client: Any,
+    driver_name: str,
+    node_name: str,
+    reporting: ClaimReporter,
+    *,
+    mode: GuardMode,
+    interval_s: float,
+) -> DisruptionGuard:
+    """The plugin's disruption guard (``mode`` not off), its Events through ``reporting``."""
+
+    return DisruptionGuard(
+        PodApi(api_client, node_name),
+        driver_name=driver_name,
+        node_name=node_name,
+        mode=mode,
+        events=reporting.events,
+        interval_s=interval_s,
+    )

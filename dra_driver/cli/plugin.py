@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import functools
 import os
-from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dra_driver.cli.flags import (
@@ -27,7 +24,6 @@ from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 
 if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every subcommand
-    from dra_driver.app.plugin import PluginRuntime
     from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.claim_reporting import ClaimReporter
     from dra_driver.plugin.disruption_guard import DisruptionGuard
@@ -201,23 +197,11 @@ def plugin_parser(sub: Any) -> None:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
-    from dra_driver.app.plugin import (
-        PluginConfig,
-        PluginRuntime,
-        SliceOptions,
-    )
+    from dra_driver.app.plugin import ClusterOptions, PluginConfig, run_plugin
     from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
     from dra_driver.core.slices import parse_names
-    from dra_driver.k8s.capabilities import probe_capabilities
-    from dra_driver.k8s.claims import KubernetesClaimSource
-    from dra_driver.k8s.client import make_api_client
-    from dra_driver.k8s.nodes import read_node
-    from dra_driver.k8s.publisher import SlicePublisher
-    from dra_driver.observability.metrics_server import MetricsServer, metrics_port, serve_metrics
-    from dra_driver.observability.plugin_metrics import PluginMetrics
-    from dra_driver.plugin.activity import CallActivity
+    from dra_driver.observability.metrics_server import metrics_port
     from dra_driver.plugin.enforcement import DmemLimits
-    from dra_driver.plugin.extended_resources import check_extended_resources
 
     plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
     config = PluginConfig(
@@ -248,52 +232,19 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     )
     config.validate()
     port = metrics_port(args.metrics_port)
-    metrics = PluginMetrics() if port else None
     backend = _plugin_backend(args, config.node_name, plugin_dir)
-    api_client = make_api_client(args.kubeconfig)
-    claims = KubernetesClaimSource(api_client)
-    publisher = SlicePublisher(
-        api_client, driver_name=config.driver_name, node_name=config.node_name
-    )
-    slices = SliceOptions(
-        publisher=publisher,
-        probe=functools.partial(
-            probe_capabilities, api_client, config.driver_name, config.node_name
+    run_plugin(
+        config,
+        backend,
+        ClusterOptions(
+            kubeconfig=args.kubeconfig,
+            metrics_port=port,
+            metrics_address=args.metrics_address,
+            extended_resource_names=parse_names(args.extended_resource_names),
         ),
+        reporting=functools.partial(claim_reporting, args),
+        disruption_guard=functools.partial(disruption_guard, args),
     )
-    server: MetricsServer | None = None
-    try:
-        if metrics is not None:
-            server = serve_metrics(port, metrics.registry, args.metrics_address)
-        activity = CallActivity()
-        reporting = claim_reporting(
-            args, api_client, config.driver_name, config.node_name, activity
-        )
-        runtime = PluginRuntime(
-            config,
-            backend,
-            claims,
-            slices,
-            reporting=reporting,
-            activity=activity,
-            metrics=metrics,
-            disruption_guard=disruption_guard(
-                args, api_client, config.driver_name, config.node_name, reporting
-            ),
-        )
-        check = functools.partial(
-            check_extended_resources,
-            functools.partial(read_node, api_client, config.node_name),
-            node_name=config.node_name,
-            names=parse_names(args.extended_resource_names),
-            events=reporting.events,
-        )
-        asyncio.run(_run_with_startup_checks(runtime, check))
-    finally:
-        if server is not None:
-            server.stop()
-        claims.close()
-        publisher.close()
     return 0
 
 
@@ -310,23 +261,6 @@ def _readiness_port(text: str) -> int | None:
             "or 0 to turn /readyz off"
         )
     return port or None
-
-
-async def _run_with_startup_checks(
-    runtime: PluginRuntime, check: Callable[[], Coroutine[Any, Any, object]]
-) -> None:
-    """The plugin until a signal, with the start-up checks beside it (they only warn,
-    so a slow API server never delays serving the kubelet)."""
-    from dra_driver.app.plugin import run_until_signalled
-
-    task = asyncio.create_task(check(), name="extended-resources-check")
-    try:
-        await run_until_signalled(runtime)
-    finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -> GpuBackend:
@@ -349,27 +283,14 @@ def claim_reporting(
 ) -> ClaimReporter:
     """The plugin's claim status writer and Event recorder, from its flags;
     ``activity``: the plugin's calls in flight (status writes wait for a lull)."""
-    from dra_driver.k8s.claim_status import ClaimStatusWriter
-    from dra_driver.k8s.events import EventRecorder
-    from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
+    from dra_driver.app.plugin import claim_reporter
 
-    events = EventRecorder(
+    return claim_reporter(
         api_client,
-        component=COMPONENT,
-        instance=node_name,
-        interval_s=parse_seconds(args.event_interval, "--event-interval"),
-        aggregate=True,
-    )
-    status = (
-        ClaimStatusWriter(api_client, driver_name=driver_name, node_name=node_name)
-        if args.claim_status == "auto"
-        else None
-    )
-    return ClaimReporter(
-        driver_name=driver_name,
-        node_name=node_name,
-        status=status,
-        events=events,
+        driver_name,
+        node_name,
+        event_interval_s=parse_seconds(args.event_interval, "--event-interval"),
+        claim_status=args.claim_status == "auto",
         activity=activity,
     )
 
@@ -382,17 +303,16 @@ def disruption_guard(
     reporting: ClaimReporter,
 ) -> DisruptionGuard | None:
     """The plugin's disruption guard from its flags; None when ``--disruption-guard=off``."""
-    from dra_driver.k8s.pods import PodApi
-    from dra_driver.plugin.disruption_guard import DisruptionGuard
+    from dra_driver.app.plugin import make_disruption_guard
 
     mode = GuardMode(args.disruption_guard)
     if mode is GuardMode.OFF:
         return None
-    return DisruptionGuard(
-        PodApi(api_client, node_name),
-        driver_name=driver_name,
-        node_name=node_name,
+    return make_disruption_guard(
+        api_client,
+        driver_name,
+        node_name,
+        reporting,
         mode=mode,
-        events=reporting.events,
         interval_s=parse_seconds(args.disruption_guard_interval, "--disruption-guard-interval"),
     )
