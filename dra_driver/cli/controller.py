@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
 from dra_driver.cli.flags import add_flag, common_flags, metrics_flags, parse_seconds
@@ -48,7 +47,8 @@ def controller_parser(sub: Any) -> None:
 def cmd_controller(args: argparse.Namespace) -> int:
     import socket
 
-    from dra_driver.controller import ControllerConfig, run_controller
+    from dra_driver.app.controller import run
+    from dra_driver.controller import ControllerConfig
     from dra_driver.observability.metrics_server import metrics_port
 
     config = ControllerConfig(
@@ -61,5 +61,5 @@ def cmd_controller(args: argparse.Namespace) -> int:
         metrics_port=metrics_port(args.metrics_port),
         metrics_address=args.metrics_address,
     )
-    asyncio.run(run_controller(config))
+    run(config)
     return 0
