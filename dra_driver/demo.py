@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from dra_driver.allocator.allocate import AllocatorState
 from dra_driver.allocator.simulate import claim_object, device_class, order_batch
+from dra_driver.app.plugin import PluginConfig, PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.base.quantity import format_bytes
 from dra_driver.core.model import Inventory
@@ -48,7 +49,6 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME
 from dra_driver.plugin.health_monitor import HealthMonitor
-from dra_driver.plugin.runtime import PluginConfig, PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim
 
 NODE = "demo-node"

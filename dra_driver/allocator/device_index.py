@@ -2,9 +2,9 @@
 shape, its matching devices, grouped by capacity signature, kept in packing order.
 
 A request shape (class, selectors, tolerations) is matched once, CEL evaluated once
-per device (:class:`_Match`). Its devices are grouped by capacity signature
-(:class:`_Group`); each group keeps its devices in first-fit order and its available
-ones sorted by free memory (best fit), and :meth:`_DeviceIndex._refresh` moves a
+per device (:class:`Match`). Its devices are grouped by capacity signature
+(:class:`Group`); each group keeps its devices in first-fit order and its available
+ones sorted by free memory (best fit), and :meth:`DeviceIndex._refresh` moves a
 device when an allocation changes its use.
 """
 
@@ -23,39 +23,39 @@ from dra_driver.allocator.ledger import Ledger
 from dra_driver.allocator.model import Capacity, Device, DeviceClass, ExactRequest
 from dra_driver.allocator.packing import Placement, first_fit
 
-_MatchKey = tuple[str, tuple[str, ...], tuple[Any, ...]]
-_Entry = tuple[Any, ...]
+MatchKey = tuple[str, tuple[str, ...], tuple[Any, ...]]
+IndexEntry = tuple[Any, ...]
 """(free memory, shares, index, total memory, pool, name, position): best-fit order."""
 
 
 @dataclass
-class _Group:
+class Group:
     """The matching devices of one request shape that share one capacity signature."""
 
     shareable: bool
     caps: Mapping[str, Capacity]
     static: list[int]
     """Positions in first-fit order (pool, index, total memory, name)."""
-    ordered: list[_Entry] = field(default_factory=list)
+    ordered: list[IndexEntry] = field(default_factory=list)
     """Available devices in best-fit order (free memory ascending)."""
-    current: dict[int, _Entry] = field(default_factory=dict)
+    current: dict[int, IndexEntry] = field(default_factory=dict)
     """Position -> its entry in ``ordered``; absent while the device cannot take a share."""
     by_node: dict[str | None, list[int]] = field(default_factory=dict)
     """Node -> positions of its devices in the group (a node's alone keys, lazily)."""
 
 
 @dataclass
-class _Match:
+class Match:
     devices: list[int]
     """Positions of matching (tolerated) devices, in device order."""
     errors: list[tuple[int, CelError]]
-    groups: list[_Group] | None = None
+    groups: list[Group] | None = None
     by_node: dict[str | None, list[int]] | None = None
     """Node name -> positions of its matching devices, in device order."""
 
 
-def _memory_floor(
-    group: _Group, alt: ExactRequest, requested: Mapping[str, Fraction]
+def memory_floor(
+    group: Group, alt: ExactRequest, requested: Mapping[str, Fraction]
 ) -> Fraction | None:
     """Free memory a device of ``group`` needs to take ``alt`` alone; None: no device can
     (the request does not fit the group's capacities, or asks capacity of a plain one)."""
@@ -74,7 +74,7 @@ def _tolerated(request: ExactRequest, device: Device) -> bool:
     )
 
 
-class _DeviceIndex:
+class DeviceIndex:
     """Matching and groups over the controller-managed devices; its attributes are set
     by :class:`~dra_driver.allocator.state.AllocatorState`."""
 
@@ -83,11 +83,11 @@ class _DeviceIndex:
     ledger: Ledger
     devices: list[Device]
     _index: list[int]
-    _matches: dict[_MatchKey, _Match]
-    _groups_of: dict[int, list[_Group]]
+    _matches: dict[MatchKey, Match]
+    _groups_of: dict[int, list[Group]]
 
-    def _match(self, alt: ExactRequest, found: DeviceClass) -> _Match:
-        key: _MatchKey = (alt.device_class, alt.selectors, alt.tolerations)
+    def _match(self, alt: ExactRequest, found: DeviceClass) -> Match:
+        key: MatchKey = (alt.device_class, alt.selectors, alt.tolerations)
         match = self._matches.get(key)
         if match is None:
             selectors = [s for s in found.selectors if not is_sentinel(s, self.driver_name)]
@@ -102,19 +102,19 @@ class _DeviceIndex:
                         positions.append(pos)
                 except CelError as err:
                     errors.append((pos, err))
-            match = _Match(positions, errors)
+            match = Match(positions, errors)
             self._matches[key] = match
         return match
 
-    def _groups(self, match: _Match) -> list[_Group]:
+    def _groups(self, match: Match) -> list[Group]:
         if match.groups is None:
-            by_sig: dict[Any, _Group] = {}
+            by_sig: dict[Any, Group] = {}
             for pos in match.devices:
                 shareable, caps = effective_capacity(self.devices[pos])
                 sig = (shareable, tuple(sorted(caps.items())))
                 group = by_sig.get(sig)
                 if group is None:
-                    group = by_sig[sig] = _Group(shareable, caps, [])
+                    group = by_sig[sig] = Group(shareable, caps, [])
                 group.static.append(pos)
             for group in by_sig.values():
                 group.static.sort(key=lambda p: first_fit(self._placement(group, p)))
@@ -129,14 +129,14 @@ class _DeviceIndex:
             match.groups = list(by_sig.values())
         return match.groups
 
-    def _total(self, group: _Group) -> Fraction:
+    def _total(self, group: Group) -> Fraction:
         return group.caps["memory"].value if "memory" in group.caps else Fraction(0)
 
-    def _placement(self, group: _Group, pos: int) -> Placement:
+    def _placement(self, group: Group, pos: int) -> Placement:
         device = self.devices[pos]
         return Placement(device, Fraction(0), 0, self._index[pos], self._total(group))
 
-    def _entry(self, group: _Group, pos: int) -> _Entry | None:
+    def _entry(self, group: Group, pos: int) -> IndexEntry | None:
         device = self.devices[pos]
         use = self.ledger.use(device.key)
         if use.exclusive or (not group.shareable and use.in_use):

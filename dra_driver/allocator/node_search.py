@@ -5,7 +5,7 @@ access, ``firstAvailable``).
 Nodes are tried in order of a lower bound on their score
 (:mod:`dra_driver.allocator.ranking`), each searched by
 :func:`~dra_driver.allocator.search._solve`; with admin access or ``matchAttribute``
-every node is searched (:meth:`_NodeSearch._search_all`).
+every node is searched (:meth:`NodeSearch._search_all`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,21 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.allocator.device_index import _DeviceIndex, _Entry, _Group, _Match, _memory_floor
+from dra_driver.allocator.device_index import DeviceIndex, Group, IndexEntry, Match, memory_floor
 from dra_driver.allocator.model import Claim, Device, ExactRequest, Pool
 from dra_driver.allocator.packing import Placement, Policy, best_fit, first_fit
 from dra_driver.allocator.ranking import AloneKey, LazyNodes, NodeOrder, Ranked, SortedNodes
-from dra_driver.allocator.search import _Budget, _Pick, _requested, _Search, _slots, _solve
+from dra_driver.allocator.search import (
+    Budget,
+    Pick,
+    Search,
+    request_slots,
+    requested_capacity,
+    solve,
+)
 
 
-class _NodeSearch(_DeviceIndex):
+class NodeSearch(DeviceIndex):
     """The search for multi-device claims over the device index; its attributes are set
     by :class:`~dra_driver.allocator.state.AllocatorState`."""
 
@@ -34,11 +41,11 @@ class _NodeSearch(_DeviceIndex):
     def _search(
         self,
         claim: Claim,
-        matches: Sequence[tuple[ExactRequest, _Match]],
+        matches: Sequence[tuple[ExactRequest, Match]],
         policy: Policy,
         usable: Callable[[Device], bool],
-        budget: _Budget | None = None,
-    ) -> tuple[str | None, list[_Pick]] | None:
+        budget: Budget | None = None,
+    ) -> tuple[str | None, list[Pick]] | None:
         """The node-by-node search; nodes are tried in order of a lower bound on their score.
 
         Without admin access and ``matchAttribute`` constraints a claim never picks a
@@ -72,7 +79,7 @@ class _NodeSearch(_DeviceIndex):
             if candidates is None:
                 k = sum(a.count for a in alts)
             else:
-                slots = _slots(claim, candidates)
+                slots = request_slots(claim, candidates)
                 if slots is None:
                     return None
                 k = len(slots)
@@ -96,16 +103,16 @@ class _NodeSearch(_DeviceIndex):
             order = SortedNodes(
                 r for node, keys in alone.items() if (r := rank(node, keys.values())) is not None
             )
-        best: tuple[tuple[Any, ...], str, str | None, list[_Pick]] | None = None
+        best: tuple[tuple[Any, ...], str, str | None, list[Pick]] | None = None
         while (ranked := order.next(None if best is None else best[0][0])) is not None:
             if best is not None and (ranked.bound, ranked.name) > (best[0], best[1]):
                 break
             node = ranked.node
             found = ranked.candidates
             candidates = found if found is not None else self._candidates(node, matches, usable)
-            search = _Search(claim, self.ledger, policy, candidates, self.pool_map, budget)
-            slots = _slots(claim, candidates)
-            solved = slots is not None and _solve(search, slots, 0)
+            search = Search(claim, self.ledger, policy, candidates, self.pool_map, budget)
+            slots = request_slots(claim, candidates)
+            solved = slots is not None and solve(search, slots, 0)
             self.examined += search.examined
             if not solved:
                 continue
@@ -115,21 +122,21 @@ class _NodeSearch(_DeviceIndex):
         return None if best is None else (best[2], best[3])
 
     def _shapes(
-        self, claim: Claim, matches: Sequence[tuple[ExactRequest, _Match]]
-    ) -> list[tuple[_Group, Fraction]]:
+        self, claim: Claim, matches: Sequence[tuple[ExactRequest, Match]]
+    ) -> list[tuple[Group, Fraction]]:
         """Per alternative, per group of its matching devices that can take it alone:
         the group and the free memory a device needs for it."""
         shapes = []
         for alt, match in matches:
-            requested = _requested(alt, claim, self.driver_name)
+            requested = requested_capacity(alt, claim, self.driver_name)
             for group in self._groups(match):
-                floor = _memory_floor(group, alt, requested)
+                floor = memory_floor(group, alt, requested)
                 if floor is not None:
                     shapes.append((group, floor))
         return shapes
 
     def _alone_key(
-        self, policy: Policy, group: _Group, entry: _Entry, floor: Fraction
+        self, policy: Policy, group: Group, entry: IndexEntry, floor: Fraction
     ) -> tuple[Any, ...]:
         """The key of the device of ``entry`` taking a request of ``floor`` alone."""
         self.walked += 1
@@ -138,7 +145,7 @@ class _NodeSearch(_DeviceIndex):
 
     def _alone_keys(
         self,
-        shapes: Sequence[tuple[_Group, Fraction]],
+        shapes: Sequence[tuple[Group, Fraction]],
         policy: Policy,
         usable: Callable[[Device], bool],
     ) -> dict[str | None, dict[int, tuple[Any, ...]]]:
@@ -162,7 +169,7 @@ class _NodeSearch(_DeviceIndex):
     def _node_alone_keys(
         self,
         node: str | None,
-        shapes: Sequence[tuple[_Group, Fraction]],
+        shapes: Sequence[tuple[Group, Fraction]],
         policy: Policy,
         usable: Callable[[Device], bool],
     ) -> list[tuple[Any, ...]]:
@@ -181,7 +188,7 @@ class _NodeSearch(_DeviceIndex):
 
     def _ascending_alone_keys(
         self,
-        shapes: Sequence[tuple[_Group, Fraction]],
+        shapes: Sequence[tuple[Group, Fraction]],
         policy: Policy,
         usable: Callable[[Device], bool],
     ) -> Iterator[AloneKey]:
@@ -193,7 +200,7 @@ class _NodeSearch(_DeviceIndex):
         return streams[0] if len(streams) == 1 else heapq.merge(*streams)
 
     def _group_alone_keys(
-        self, group: _Group, floor: Fraction, policy: Policy, usable: Callable[[Device], bool]
+        self, group: Group, floor: Fraction, policy: Policy, usable: Callable[[Device], bool]
     ) -> Iterator[AloneKey]:
         if policy is best_fit:
             ordered = group.ordered  # by index: the list is not changed during a search
@@ -213,7 +220,7 @@ class _NodeSearch(_DeviceIndex):
     def _candidates(
         self,
         node: str | None,
-        matches: Sequence[tuple[ExactRequest, _Match]],
+        matches: Sequence[tuple[ExactRequest, Match]],
         usable: Callable[[Device], bool],
     ) -> dict[str, list[Device]]:
         """Per alternative name: the usable matching devices of ``node``, in device order."""
@@ -232,11 +239,11 @@ class _NodeSearch(_DeviceIndex):
     def _search_all(
         self,
         claim: Claim,
-        matches: Sequence[tuple[ExactRequest, _Match]],
+        matches: Sequence[tuple[ExactRequest, Match]],
         policy: Policy,
         usable: Callable[[Device], bool],
-        budget: _Budget | None = None,
-    ) -> tuple[str | None, list[_Pick]] | None:
+        budget: Budget | None = None,
+    ) -> tuple[str | None, list[Pick]] | None:
         """Search every node (admin access, ``matchAttribute``): the smallest score wins."""
         by_node: dict[str | None, dict[str, list[Device]]] = {}
         for alt, match in matches:
@@ -244,11 +251,11 @@ class _NodeSearch(_DeviceIndex):
                 device = self.devices[pos]
                 if usable(device):
                     by_node.setdefault(device.node_name, {}).setdefault(alt.name, []).append(device)
-        best: tuple[tuple[Any, ...], str | None, list[_Pick]] | None = None
+        best: tuple[tuple[Any, ...], str | None, list[Pick]] | None = None
         for node, candidates in sorted(by_node.items(), key=lambda kv: kv[0] or ""):
-            search = _Search(claim, self.ledger, policy, candidates, self.pool_map, budget)
-            slots = _slots(claim, candidates)
-            solved = slots is not None and _solve(search, slots, 0)
+            search = Search(claim, self.ledger, policy, candidates, self.pool_map, budget)
+            slots = request_slots(claim, candidates)
+            solved = slots is not None and solve(search, slots, 0)
             self.examined += search.examined
             if not solved:
                 continue

@@ -5,7 +5,7 @@ keys, and the node-by-node search keeps the smallest (score, node name). Each pi
 costs at least its device's *alone key* (the key of that device taking the request
 alone), so a node's ``k`` smallest alone keys (``k`` picks) bound its score from
 below; the search tries nodes in (bound, name) order and stops at the first bound
-past the best found (:meth:`~dra_driver.allocator.node_search._NodeSearch._search`).
+past the best found (:meth:`~dra_driver.allocator.node_search.NodeSearch._search`).
 
 :class:`SortedNodes` ranks every node up front: the alone key of every device that
 could fit, nearly every device while the cluster is not full. :class:`LazyNodes`

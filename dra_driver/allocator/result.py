@@ -1,7 +1,7 @@
 """What a claim gets: its results, its allocation, the outcome, and the
 ``status.allocation`` JSON written for it.
 
-:func:`_build` turns the picks of a search into an :class:`Allocation`: one
+:func:`build_outcome` turns the picks of a search into an :class:`Allocation`: one
 :class:`Result` per pick (a share gets a fresh share ID and the capacity it
 consumes), the class and claim configs, and one ``GpuShareGrant`` per shared result.
 """
@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from dra_driver.allocator.model import Claim, DeviceClass
-from dra_driver.allocator.search import _Pick
+from dra_driver.allocator.search import Pick
 from dra_driver.api import GpuShareGrant, encode_config
 from dra_driver.base.quantity import format_bytes, format_count
 
@@ -99,11 +99,11 @@ class AllocationOutcome:
     """Set with ``reason``."""
 
 
-def _build(
+def build_outcome(
     *,
     claim: Claim,
     node: str | None,
-    picks: list[_Pick],
+    picks: list[Pick],
     class_map: Mapping[str, DeviceClass],
     driver: str,
     share_id: Callable[[], str],

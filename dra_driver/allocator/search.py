@@ -1,12 +1,12 @@
 """One claim's backtracking search over one node's candidate devices.
 
-What a request asks (:func:`_requested`; :func:`requested_size` for a whole claim),
-whether a device can take a request next to the picks made so far (:func:`_place`:
-exclusivity, capacity, counters; :func:`_constraints_ok`: ``matchAttribute``,
-``distinctAttribute`` and one pick per device), and :func:`_solve`, which fills the
-claim's slots (:func:`_slots`) trying placements in packing-key order and
+What a request asks (:func:`requested_capacity`; :func:`requested_size` for a whole claim),
+whether a device can take a request next to the picks made so far (:func:`place`:
+exclusivity, capacity, counters; :func:`constraints_ok`: ``matchAttribute``,
+``distinctAttribute`` and one pick per device), and :func:`solve`, which fills the
+claim's slots (:func:`request_slots`) trying placements in packing-key order and
 backtracking within :data:`SEARCH_BUDGET` steps. A namespace's VRAM quota enters as
-a :class:`_Budget`.
+a :class:`Budget`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _BIG = 1 << 30
 
 
 @dataclass
-class _Pick:
+class Pick:
     request: ExactRequest
     device: Device
     share: bool
@@ -40,7 +40,7 @@ class _Pick:
 
 
 @dataclass
-class _Budget:
+class Budget:
     """The memory a claim may still take under its namespace's quota; ``blocked`` is
     the least memory of a placement refused for it (the amount a refusal names)."""
 
@@ -57,20 +57,20 @@ class _Budget:
 
 
 @dataclass
-class _Search:
+class Search:
     claim: Claim
     ledger: Ledger
     policy: Policy
     candidates: Mapping[str, list[Device]]
     """Per alternative name: matching devices on this node."""
     pools: Mapping[tuple[str, str], Pool]
-    budget: _Budget | None = None
+    budget: Budget | None = None
     steps: int = 0
-    picks: list[_Pick] = field(default_factory=list)
+    picks: list[Pick] = field(default_factory=list)
     examined: int = 0
 
 
-def _index(device: Device) -> int:
+def index_of(device: Device) -> int:
     for name in ("index", "parentIndex"):
         value = device.attributes.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
@@ -78,7 +78,7 @@ def _index(device: Device) -> int:
     return _BIG
 
 
-def _requested(request: ExactRequest, claim: Claim, driver: str) -> dict[str, Fraction]:
+def requested_capacity(request: ExactRequest, claim: Claim, driver: str) -> dict[str, Fraction]:
     """``capacity.requests``, or (dropped by the API) the claim's ``GpuShare`` config."""
     if request.capacity_requests:
         return dict(request.capacity_requests)
@@ -117,7 +117,7 @@ def requested_size(claim_obj: Mapping[str, Any], driver_name: str) -> tuple[int,
         if alt.admin_access:
             continue
         count = 1 if alt.mode == "All" else alt.count
-        asked = _requested(alt, claim, driver_name).get("memory")
+        asked = requested_capacity(alt, claim, driver_name).get("memory")
         if asked is None:
             whole += count
         else:
@@ -133,7 +133,7 @@ def _covers(constraint_requests: Sequence[str], name: str) -> bool:
     )
 
 
-def _constraints_ok(search: _Search, pick: _Pick) -> bool:
+def constraints_ok(search: Search, pick: Pick) -> bool:
     name = pick.request.name
     for c in search.claim.constraints:
         if not _covers(c.requests, name):
@@ -157,7 +157,7 @@ def _constraints_ok(search: _Search, pick: _Pick) -> bool:
     return True
 
 
-def _matched_pair(claim: Claim, a: _Pick, b: _Pick) -> bool:
+def _matched_pair(claim: Claim, a: Pick, b: Pick) -> bool:
     return any(
         c.match_attribute
         and _covers(c.requests, a.request.name)
@@ -173,7 +173,7 @@ def _attr(device: Device, qualified: str) -> object:
     return device.attributes.get(qualified)
 
 
-def _place(search: _Search, request: ExactRequest, device: Device) -> _Pick | None:
+def place(search: Search, request: ExactRequest, device: Device) -> Pick | None:
     key = device.key
     use = search.ledger.use(key)
     pending = [p for p in search.picks if p.device.key == key]
@@ -190,7 +190,7 @@ def _place(search: _Search, request: ExactRequest, device: Device) -> _Pick | No
         for p in pending:
             for k, v in p.consumed.items():
                 used[k] = used.get(k, Fraction(0)) + v
-        result = fits(_requested(request, search.claim, device.driver), caps, used)
+        result = fits(requested_capacity(request, search.claim, device.driver), caps, used)
         if isinstance(result, str):
             return None
         consumed = result
@@ -205,9 +205,9 @@ def _place(search: _Search, request: ExactRequest, device: Device) -> _Pick | No
         free = total - used_memory - consumed.get("memory", Fraction(0))
     else:
         free = Fraction(0)
-    placement = Placement(device, free, use.shares + len(pending), _index(device), total)
+    placement = Placement(device, free, use.shares + len(pending), index_of(device), total)
     memory = consumed.get("memory", Fraction(0)) if shareable else total
-    return _Pick(
+    return Pick(
         request,
         device,
         shareable and not admin,
@@ -217,7 +217,7 @@ def _place(search: _Search, request: ExactRequest, device: Device) -> _Pick | No
     )
 
 
-def _counters_fit(search: _Search, device: Device) -> bool:
+def _counters_fit(search: Search, device: Device) -> bool:
     pool = search.pools.get((device.driver, device.pool))
     for counter_set, counters in device.consumes_counters:
         ckey = (device.driver, device.pool, counter_set)
@@ -238,7 +238,7 @@ def _counters_fit(search: _Search, device: Device) -> bool:
     return True
 
 
-def _solve(search: _Search, slots: list[list[ExactRequest]], at: int) -> bool:
+def solve(search: Search, slots: list[list[ExactRequest]], at: int) -> bool:
     """Fill ``slots[at:]``; each slot is the alternatives of one device pick."""
     if at == len(slots):
         return True
@@ -250,8 +250,8 @@ def _solve(search: _Search, slots: list[list[ExactRequest]], at: int) -> bool:
         options = []
         for device in search.candidates.get(request.name, ()):
             search.examined += 1
-            pick = _place(search, request, device)
-            if pick is None or not _constraints_ok(search, pick):
+            pick = place(search, request, device)
+            if pick is None or not constraints_ok(search, pick):
                 continue
             if search.budget is not None and not search.budget.admits(taken + pick.memory):
                 continue
@@ -259,13 +259,15 @@ def _solve(search: _Search, slots: list[list[ExactRequest]], at: int) -> bool:
         options.sort(key=lambda p: p.key)
         for pick in options:
             search.picks.append(pick)
-            if _solve(search, slots, at + 1):
+            if solve(search, slots, at + 1):
                 return True
             search.picks.pop()
     return False
 
 
-def _slots(claim: Claim, candidates: Mapping[str, list[Device]]) -> list[list[ExactRequest]] | None:
+def request_slots(
+    claim: Claim, candidates: Mapping[str, list[Device]]
+) -> list[list[ExactRequest]] | None:
     slots: list[list[ExactRequest]] = []
     for request in claim.requests:
         alts = list(request.alternatives)

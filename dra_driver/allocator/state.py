@@ -18,7 +18,7 @@ from typing import Any
 
 from dra_driver.allocator.capacity import effective_capacity
 from dra_driver.allocator.cel import SelectorCache
-from dra_driver.allocator.device_index import _Group, _Match, _MatchKey, _memory_floor
+from dra_driver.allocator.device_index import Group, Match, MatchKey, memory_floor
 from dra_driver.allocator.explain import unfit_reason
 from dra_driver.allocator.ledger import build_ledger
 from dra_driver.allocator.model import (
@@ -32,18 +32,18 @@ from dra_driver.allocator.model import (
     parse_claim,
     parse_class,
 )
-from dra_driver.allocator.node_search import _NodeSearch
+from dra_driver.allocator.node_search import NodeSearch
 from dra_driver.allocator.packing import Policy, best_fit, first_fit
 from dra_driver.allocator.quota import VramQuota
-from dra_driver.allocator.result import AllocationOutcome, Result, _build
+from dra_driver.allocator.result import AllocationOutcome, Result, build_outcome
 from dra_driver.allocator.search import (
-    _Budget,
-    _constraints_ok,
-    _index,
-    _Pick,
-    _place,
-    _requested,
-    _Search,
+    Budget,
+    Pick,
+    Search,
+    constraints_ok,
+    index_of,
+    place,
+    requested_capacity,
 )
 
 ALLOCATOR_ATTRIBUTE = "allocator"
@@ -62,7 +62,7 @@ class DeviceMemory:
     """``total`` less its shares' memory; 0 while the device is held whole."""
 
 
-class AllocatorState(_NodeSearch):
+class AllocatorState(NodeSearch):
     """Slices, classes and the ledger, parsed once; allocations update it incrementally.
 
     Per request shape (class, selectors, tolerations) the matching devices are found
@@ -113,9 +113,9 @@ class AllocatorState(_NodeSearch):
             if d.attributes.get(ALLOCATOR_ATTRIBUTE) == CONTROLLER
         ]
         self._position = {d.key: i for i, d in enumerate(self.devices)}
-        self._index = [_index(d) for d in self.devices]
-        self._matches: dict[_MatchKey, _Match] = {}
-        self._groups_of: dict[int, list[_Group]] = {}
+        self._index = [index_of(d) for d in self.devices]
+        self._matches: dict[MatchKey, Match] = {}
+        self._groups_of: dict[int, list[Group]] = {}
         self.examined = 0
         """Devices checked for fit (placement computed), over all claims so far."""
         self.walked = 0
@@ -201,7 +201,7 @@ class AllocatorState(_NodeSearch):
             return matches
         budget = None
         if quota is not None:
-            budget = _Budget(quota, quota.limit - self.memory_held(claim.namespace))
+            budget = Budget(quota, quota.limit - self.memory_held(claim.namespace))
             if not budget.admits(self._memory_floor(claim)):
                 return self._over_quota(claim, budget)
 
@@ -224,7 +224,7 @@ class AllocatorState(_NodeSearch):
             return AllocationOutcome(
                 reason=self._unfit(claim, matches, usable, single=simple), failure="unfit"
             )
-        allocation = _build(
+        allocation = build_outcome(
             claim=claim,
             node=best[0],
             picks=best[1],
@@ -238,10 +238,10 @@ class AllocatorState(_NodeSearch):
 
     def _matches_of(
         self, claim: Claim, usable: Callable[[Device], bool]
-    ) -> list[tuple[ExactRequest, _Match]] | AllocationOutcome:
+    ) -> list[tuple[ExactRequest, Match]] | AllocationOutcome:
         """Every alternative with its matching devices; the failure if a class is missing
         or a selector fails on a usable device."""
-        matches: list[tuple[ExactRequest, _Match]] = []
+        matches: list[tuple[ExactRequest, Match]] = []
         for request in claim.requests:
             for alt in request.alternatives:
                 found = self.class_map.get(alt.device_class)
@@ -260,7 +260,7 @@ class AllocatorState(_NodeSearch):
     def _unfit(
         self,
         claim: Claim,
-        matches: list[tuple[ExactRequest, _Match]],
+        matches: list[tuple[ExactRequest, Match]],
         usable: Callable[[Device], bool],
         *,
         single: bool,
@@ -273,7 +273,7 @@ class AllocatorState(_NodeSearch):
             ledger=self.ledger,
             usable=usable,
             matching=sorted({i for _, match in matches for i in match.devices}),
-            requested=_requested(alt, claim, self.driver_name) if single else None,
+            requested=requested_capacity(alt, claim, self.driver_name) if single else None,
         )
 
     def record_claim(self, claim_obj: Mapping[str, Any]) -> None:
@@ -288,7 +288,7 @@ class AllocatorState(_NodeSearch):
                 self._add(key, r.share_id, r.consumed)
                 self._charge(namespace, key, r.share_id, r.consumed)
 
-    def _over_quota(self, claim: Claim, budget: _Budget) -> AllocationOutcome:
+    def _over_quota(self, claim: Claim, budget: Budget) -> AllocationOutcome:
         """The refusal: what the namespace holds and the least this claim would take."""
         asked = max(budget.blocked or Fraction(0), self._memory_floor(claim))
         used = self.memory_held(claim.namespace)
@@ -305,7 +305,7 @@ class AllocatorState(_NodeSearch):
             total += min(
                 Fraction(0)
                 if alt.admin_access
-                else _requested(alt, claim, self.driver_name).get("memory", Fraction(0))
+                else requested_capacity(alt, claim, self.driver_name).get("memory", Fraction(0))
                 * (1 if alt.mode == "All" else alt.count)
                 for alt in request.alternatives
             )
@@ -328,18 +328,18 @@ class AllocatorState(_NodeSearch):
         self,
         claim: Claim,
         alt: ExactRequest,
-        match: _Match,
+        match: Match,
         policy: Policy,
         usable: Callable[[Device], bool],
         *,
-        budget: _Budget | None = None,
-    ) -> _Pick | None:
+        budget: Budget | None = None,
+    ) -> Pick | None:
         """The best single-device placement, looking only at devices that could fit."""
-        search = _Search(claim, self.ledger, policy, {}, self.pool_map)
-        requested = _requested(alt, claim, self.driver_name)
-        best: tuple[tuple[Any, ...], str, int, _Pick] | None = None
+        search = Search(claim, self.ledger, policy, {}, self.pool_map)
+        requested = requested_capacity(alt, claim, self.driver_name)
+        best: tuple[tuple[Any, ...], str, int, Pick] | None = None
         for group in self._groups(match):
-            floor = _memory_floor(group, alt, requested)
+            floor = memory_floor(group, alt, requested)
             if floor is None:
                 continue
             if policy is first_fit:
@@ -358,8 +358,8 @@ class AllocatorState(_NodeSearch):
                 if not usable(device):
                     continue
                 self.examined += 1
-                pick = _place(search, alt, device)
-                if pick is None or not _constraints_ok(search, pick):
+                pick = place(search, alt, device)
+                if pick is None or not constraints_ok(search, pick):
                     continue
                 if budget is not None and not budget.admits(pick.memory):
                     break  # a group's devices (one capacity signature) all charge the same

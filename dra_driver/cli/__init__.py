@@ -14,23 +14,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dra_driver import __version__
 from dra_driver.base.errors import DriverError
-from dra_driver.cli.controller import _controller_parser, _run_controller
-from dra_driver.cli.flags import EnvTwinParser, _common, add_flag, env_name
-from dra_driver.cli.mps_agent import _agent_parser, _run_mps_agent
-from dra_driver.cli.plugin import _plugin_parser, _run_plugin, claim_reporting
+from dra_driver.cli.controller import cmd_controller, controller_parser
+from dra_driver.cli.flags import EnvTwinParser, add_flag, common_flags, env_name
+from dra_driver.cli.mps_agent import agent_parser, cmd_mps_agent
+from dra_driver.cli.plugin import claim_reporting, cmd_plugin, plugin_parser
 from dra_driver.cli.tools import (
-    _cleanup_parser,
-    _demo_parser,
-    _render_parser,
-    _render_slices,
-    _run_cleanup,
-    _run_demo,
-    _run_simulate,
-    _simulate_parser,
+    cleanup_parser,
+    cmd_cleanup,
+    cmd_demo,
+    cmd_render_slices,
+    cmd_simulate,
+    demo_parser,
+    render_parser,
+    simulate_parser,
 )
 from dra_driver.observability.logs import configure_logging
 
@@ -45,39 +45,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    _plugin_parser(sub)
-    _agent_parser(sub)
-    _controller_parser(sub)
-    _cleanup_parser(sub)
-    _render_parser(sub)
-    _demo_parser(sub)
-    _simulate_parser(sub.add_parser("simulate", help="simulate packing claims on a fake cluster"))
+    plugin_parser(sub)
+    agent_parser(sub)
+    controller_parser(sub)
+    cleanup_parser(sub)
+    render_parser(sub)
+    demo_parser(sub)
+    simulate_parser(sub.add_parser("simulate", help="simulate packing claims on a fake cluster"))
 
     version = sub.add_parser("version", help="print the version")
-    _common(version)
+    common_flags(version)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"dra-driver {__version__}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "kubelet-plugin": cmd_plugin,
+    "mps-agent": cmd_mps_agent,
+    "controller": cmd_controller,
+    "cleanup": cmd_cleanup,
+    "render-slices": cmd_render_slices,
+    "demo": cmd_demo,
+    "simulate": cmd_simulate,
+    "version": cmd_version,
+}
+"""Each subcommand's runner, by the name :func:`build_parser` gives it: it returns
+the process's exit status."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
-        if args.command == "version":
-            print(f"dra-driver {__version__}")
-            return 0
-        if args.command == "cleanup":
-            return _run_cleanup(args)
-        if args.command == "mps-agent":
-            return _run_mps_agent(args)
-        if args.command == "render-slices":
-            return _render_slices(args)
-        if args.command == "controller":
-            return _run_controller(args)
-        if args.command == "demo":
-            return _run_demo(args)
-        if args.command == "simulate":
-            return _run_simulate(args)
-        return _run_plugin(args)
+        return COMMANDS[args.command](args)
     except DriverError as err:
         log.error("%s", err)
         return 2

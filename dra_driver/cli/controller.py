@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
-from dra_driver.cli.flags import _common, _metrics_flags, _seconds, add_flag
+from dra_driver.cli.flags import add_flag, common_flags, metrics_flags, parse_seconds
 from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME
 
 
-def _controller_parser(sub: Any) -> None:
+def controller_parser(sub: Any) -> None:
     """``dra-driver controller``."""
     controller = sub.add_parser(
         "controller", help="run the allocation controller of the controller path (Deployment)"
@@ -41,14 +40,15 @@ def _controller_parser(sub: Any) -> None:
         " first (0: one at a time in arrival order)",
         default="0.2",
     )
-    _common(controller)
-    _metrics_flags(controller)
+    common_flags(controller)
+    metrics_flags(controller)
 
 
-def _run_controller(args: argparse.Namespace) -> int:
+def cmd_controller(args: argparse.Namespace) -> int:
     import socket
 
-    from dra_driver.controller import ControllerConfig, run_controller
+    from dra_driver.app.controller import run
+    from dra_driver.controller import ControllerConfig
     from dra_driver.observability.metrics_server import metrics_port
 
     config = ControllerConfig(
@@ -57,9 +57,9 @@ def _run_controller(args: argparse.Namespace) -> int:
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace,
         identity=args.pod_name or socket.gethostname(),
-        batch_window_s=_seconds(args.batch_window, "--batch-window"),
+        batch_window_s=parse_seconds(args.batch_window, "--batch-window"),
         metrics_port=metrics_port(args.metrics_port),
         metrics_address=args.metrics_address,
     )
-    asyncio.run(run_controller(config))
+    run(config)
     return 0

@@ -53,7 +53,7 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs: An
     parser.add_argument(flag, help=help + suffix, **kwargs)
 
 
-def _common(parser: argparse.ArgumentParser, log_level: str = "INFO") -> None:
+def common_flags(parser: argparse.ArgumentParser, log_level: str = "INFO") -> None:
     add_flag(
         parser,
         "--log-level",
@@ -70,7 +70,7 @@ def _common(parser: argparse.ArgumentParser, log_level: str = "INFO") -> None:
     )
 
 
-def _metrics_flags(parser: argparse.ArgumentParser) -> None:
+def metrics_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(
         parser,
         "--metrics-port",
@@ -85,12 +85,12 @@ def _metrics_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _node_flags(parser: argparse.ArgumentParser) -> None:
+def node_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
     add_flag(parser, "--node-name", "this node's name (downward API spec.nodeName)")
 
 
-def _gpu_flags(parser: argparse.ArgumentParser, fake_gpus: str = "h100-80gb:2") -> None:
+def gpu_flags(parser: argparse.ArgumentParser, fake_gpus: str = "h100-80gb:2") -> None:
     add_flag(
         parser,
         "--backend",
@@ -124,7 +124,7 @@ def _gpu_flags(parser: argparse.ArgumentParser, fake_gpus: str = "h100-80gb:2") 
     add_flag(parser, "--node-config", "YAML file with node settings and per-GPU overrides")
 
 
-def _node_settings(args: argparse.Namespace) -> NodeSettings:
+def parse_node_settings(args: argparse.Namespace) -> NodeSettings:
     from dra_driver.plugin.node_config import NodeFlags, load_node_settings
 
     try:
@@ -145,7 +145,7 @@ def _node_settings(args: argparse.Namespace) -> NodeSettings:
     )
 
 
-def _non_negative(text: str, flag: str, kind: Callable[[str], _N], what: str) -> _N:
+def parse_non_negative(text: str, flag: str, kind: Callable[[str], _N], what: str) -> _N:
     """``text`` (a flag's value) as ``kind``; a ConfigError naming the flag otherwise."""
     try:
         value = kind(text)
@@ -156,11 +156,11 @@ def _non_negative(text: str, flag: str, kind: Callable[[str], _N], what: str) ->
     return value
 
 
-def _seconds(text: str, flag: str) -> float:
-    return _non_negative(text, flag, float, "a number of seconds")
+def parse_seconds(text: str, flag: str) -> float:
+    return parse_non_negative(text, flag, float, "a number of seconds")
 
 
-def _backend(args: argparse.Namespace, node_name: str) -> GpuBackend:
+def make_backend(args: argparse.Namespace, node_name: str) -> GpuBackend:
     if args.backend == "nvml":
         from dra_driver.gpu.nvml import NvmlGpuBackend
 

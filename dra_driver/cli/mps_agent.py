@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import sys
 from typing import Any
 
-from dra_driver.cli.flags import _common, _metrics_flags, add_flag
+from dra_driver.cli.flags import add_flag, common_flags, metrics_flags
 from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR
 
 
-def _agent_parser(sub: Any) -> None:
+def agent_parser(sub: Any) -> None:
     """``dra-driver mps-agent``."""
     agent = sub.add_parser("mps-agent", help="run the MPS daemons of this node (DaemonSet)")
     add_flag(agent, "--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME)
@@ -60,43 +58,25 @@ def _agent_parser(sub: Any) -> None:
         default="persistent",
         choices=["persistent", "process"],
     )
-    _common(agent)
-    _metrics_flags(agent)
+    common_flags(agent)
+    metrics_flags(agent)
 
 
-def _run_mps_agent(args: argparse.Namespace) -> int:
-    from dra_driver.fakes.mps_control import fake_control_path
-    from dra_driver.mpsagent.agent import AgentConfig, run_agent
-    from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT
-    from dra_driver.mpsagent.compute_mode import FakeComputeMode, NvidiaSmiComputeMode
-    from dra_driver.mpsagent.metrics import AgentMetrics
-    from dra_driver.observability.metrics_server import metrics_port, serve_metrics
+def cmd_mps_agent(args: argparse.Namespace) -> int:
+    from dra_driver.app.agent import AgentOptions, run_mps_agent
+    from dra_driver.observability.metrics_server import metrics_port
 
     plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
-    fake = args.mps_control == "fake"
-    config = AgentConfig(
+    options = AgentOptions(
         socket_path=args.socket or os.path.join(plugin_dir, "mps-agent.sock"),
         state_dir=args.state_dir,
-        control_binary=fake_control_path() if fake else args.mps_control,
+        mps_control=args.mps_control,
         protocol=args.mps_protocol,
-        compute_mode=FakeComputeMode() if fake else NvidiaSmiComputeMode(),
         driver_version=args.driver_version or None,
-        # The fake launcher runs ${PYTHON}: this interpreter has the package.
-        daemon_env={**os.environ, "PYTHON": sys.executable} if fake else None,
-        control_channel=args.mps_control_channel == "persistent",
-        shm_namespace=(
-            UNSHARE_PRIVATE_MOUNT
-            if args.daemon_shm == "private" or (args.daemon_shm == "auto" and not fake)
-            else None
-        ),
+        persistent_control_channel=args.mps_control_channel == "persistent",
+        daemon_shm=args.daemon_shm,
+        metrics_port=metrics_port(args.metrics_port),
+        metrics_address=args.metrics_address,
     )
-    port = metrics_port(args.metrics_port)
-    os.makedirs(os.path.dirname(config.socket_path), exist_ok=True)
-    metrics = AgentMetrics() if port else None
-    server = serve_metrics(port, metrics.registry, args.metrics_address) if metrics else None
-    try:
-        asyncio.run(run_agent(config, metrics=metrics))
-    finally:
-        if server is not None:
-            server.stop()
+    run_mps_agent(options)
     return 0

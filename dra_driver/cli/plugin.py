@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import functools
 import os
-from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dra_driver.cli.flags import (
-    _backend,
-    _common,
-    _gpu_flags,
-    _metrics_flags,
-    _node_flags,
-    _node_settings,
-    _seconds,
     add_flag,
+    common_flags,
+    gpu_flags,
+    make_backend,
+    metrics_flags,
+    node_flags,
+    parse_node_settings,
+    parse_seconds,
 )
 from dra_driver.core.ports import GpuBackend
 from dra_driver.core.prepare import GuardMode
@@ -30,7 +27,6 @@ if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every s
     from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.claim_reporting import ClaimReporter
     from dra_driver.plugin.disruption_guard import DisruptionGuard
-    from dra_driver.plugin.runtime import PluginRuntime
 
 
 def _health_flags(parser: argparse.ArgumentParser) -> None:
@@ -125,10 +121,10 @@ def _disruption_guard_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _plugin_parser(sub: Any) -> None:
+def plugin_parser(sub: Any) -> None:
     """``dra-driver kubelet-plugin``."""
     plugin = sub.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
-    _node_flags(plugin)
+    node_flags(plugin)
     add_flag(
         plugin, "--registry-dir", "kubelet plugin registry directory", default=DEFAULT_REGISTRY_DIR
     )
@@ -144,7 +140,7 @@ def _plugin_parser(sub: Any) -> None:
         "--rolling-update-uid",
         "pod UID; gives this pod its own socket names so a maxSurge update can overlap",
     )
-    _gpu_flags(plugin)
+    gpu_flags(plugin)
     add_flag(
         plugin,
         "--fake-health-dir",
@@ -196,28 +192,16 @@ def _plugin_parser(sub: Any) -> None:
         "nvidia.com/gpu); at start the plugin warns if this node's device plugin advertises one",
         default="",
     )
-    _common(plugin)
-    _metrics_flags(plugin)
+    common_flags(plugin)
+    metrics_flags(plugin)
 
 
-def _run_plugin(args: argparse.Namespace) -> int:
+def cmd_plugin(args: argparse.Namespace) -> int:
+    from dra_driver.app.plugin import ClusterOptions, PluginConfig, run_plugin
     from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
     from dra_driver.core.slices import parse_names
-    from dra_driver.k8s.capabilities import probe_capabilities
-    from dra_driver.k8s.claims import KubernetesClaimSource
-    from dra_driver.k8s.client import make_api_client
-    from dra_driver.k8s.nodes import read_node
-    from dra_driver.k8s.publisher import SlicePublisher
-    from dra_driver.observability.metrics_server import MetricsServer, metrics_port, serve_metrics
-    from dra_driver.observability.plugin_metrics import PluginMetrics
-    from dra_driver.plugin.activity import CallActivity
+    from dra_driver.observability.metrics_server import metrics_port
     from dra_driver.plugin.enforcement import DmemLimits
-    from dra_driver.plugin.extended_resources import check_extended_resources
-    from dra_driver.plugin.runtime import (
-        PluginConfig,
-        PluginRuntime,
-        SliceOptions,
-    )
 
     plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
     config = PluginConfig(
@@ -228,18 +212,18 @@ def _run_plugin(args: argparse.Namespace) -> int:
         cdi_root=args.cdi_root,
         rolling_update_uid=args.rolling_update_uid or None,
         boot_id_file=args.boot_id_file,
-        inventory_interval=_seconds(args.inventory_interval, "--inventory-interval"),
-        settings=_node_settings(args),
+        inventory_interval=parse_seconds(args.inventory_interval, "--inventory-interval"),
+        settings=parse_node_settings(args),
         driver_root=args.driver_root,
         proc_root=args.proc_root,
         cdi_hook_path=args.cdi_hook_path or None,
         mps_agent_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
         health=HealthSettings(
-            recovery_s=_seconds(args.health_recovery_seconds, "--health-recovery-seconds"),
+            recovery_s=parse_seconds(args.health_recovery_seconds, "--health-recovery-seconds"),
             fatal_effect=TaintEffect(args.fatal_xid_taint_effect),
             ignored_xids=parse_xid_list(args.ignored_xids, "--ignored-xids (IGNORED_XIDS)"),
         ),
-        health_probe_interval=_seconds(args.health_probe_interval, "--health-probe-interval"),
+        health_probe_interval=parse_seconds(args.health_probe_interval, "--health-probe-interval"),
         dmem_limits=DmemLimits(args.dmem_limits),
         hook_dir=args.hook_dir,
         cgroup_root=args.cgroup_root,
@@ -248,52 +232,19 @@ def _run_plugin(args: argparse.Namespace) -> int:
     )
     config.validate()
     port = metrics_port(args.metrics_port)
-    metrics = PluginMetrics() if port else None
     backend = _plugin_backend(args, config.node_name, plugin_dir)
-    api_client = make_api_client(args.kubeconfig)
-    claims = KubernetesClaimSource(api_client)
-    publisher = SlicePublisher(
-        api_client, driver_name=config.driver_name, node_name=config.node_name
-    )
-    slices = SliceOptions(
-        publisher=publisher,
-        probe=functools.partial(
-            probe_capabilities, api_client, config.driver_name, config.node_name
+    run_plugin(
+        config,
+        backend,
+        ClusterOptions(
+            kubeconfig=args.kubeconfig,
+            metrics_port=port,
+            metrics_address=args.metrics_address,
+            extended_resource_names=parse_names(args.extended_resource_names),
         ),
+        reporting=functools.partial(claim_reporting, args),
+        disruption_guard=functools.partial(disruption_guard, args),
     )
-    server: MetricsServer | None = None
-    try:
-        if metrics is not None:
-            server = serve_metrics(port, metrics.registry, args.metrics_address)
-        activity = CallActivity()
-        reporting = claim_reporting(
-            args, api_client, config.driver_name, config.node_name, activity
-        )
-        runtime = PluginRuntime(
-            config,
-            backend,
-            claims,
-            slices,
-            reporting=reporting,
-            activity=activity,
-            metrics=metrics,
-            disruption_guard=disruption_guard(
-                args, api_client, config.driver_name, config.node_name, reporting
-            ),
-        )
-        check = functools.partial(
-            check_extended_resources,
-            functools.partial(read_node, api_client, config.node_name),
-            node_name=config.node_name,
-            names=parse_names(args.extended_resource_names),
-            events=reporting.events,
-        )
-        asyncio.run(_run_with_startup_checks(runtime, check))
-    finally:
-        if server is not None:
-            server.stop()
-        claims.close()
-        publisher.close()
     return 0
 
 
@@ -312,27 +263,10 @@ def _readiness_port(text: str) -> int | None:
     return port or None
 
 
-async def _run_with_startup_checks(
-    runtime: PluginRuntime, check: Callable[[], Coroutine[Any, Any, object]]
-) -> None:
-    """The plugin until a signal, with the start-up checks beside it (they only warn,
-    so a slow API server never delays serving the kubelet)."""
-    from dra_driver.plugin.runtime import run_until_signalled
-
-    task = asyncio.create_task(check(), name="extended-resources-check")
-    try:
-        await run_until_signalled(runtime)
-    finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -> GpuBackend:
     """The GPU backend; the fake one watches ``--fake-health-dir`` for injected faults."""
     if args.backend != "fake":
-        return _backend(args, node_name)
+        return make_backend(args, node_name)
     from dra_driver.fakes.gpu import FakeGpuBackend
     from dra_driver.fakes.gpu_faults import DIR_NAME
 
@@ -349,27 +283,14 @@ def claim_reporting(
 ) -> ClaimReporter:
     """The plugin's claim status writer and Event recorder, from its flags;
     ``activity``: the plugin's calls in flight (status writes wait for a lull)."""
-    from dra_driver.k8s.claim_status import ClaimStatusWriter
-    from dra_driver.k8s.events import EventRecorder
-    from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
+    from dra_driver.app.plugin import claim_reporter
 
-    events = EventRecorder(
+    return claim_reporter(
         api_client,
-        component=COMPONENT,
-        instance=node_name,
-        interval_s=_seconds(args.event_interval, "--event-interval"),
-        aggregate=True,
-    )
-    status = (
-        ClaimStatusWriter(api_client, driver_name=driver_name, node_name=node_name)
-        if args.claim_status == "auto"
-        else None
-    )
-    return ClaimReporter(
-        driver_name=driver_name,
-        node_name=node_name,
-        status=status,
-        events=events,
+        driver_name,
+        node_name,
+        event_interval_s=parse_seconds(args.event_interval, "--event-interval"),
+        claim_status=args.claim_status == "auto",
         activity=activity,
     )
 
@@ -382,17 +303,16 @@ def disruption_guard(
     reporting: ClaimReporter,
 ) -> DisruptionGuard | None:
     """The plugin's disruption guard from its flags; None when ``--disruption-guard=off``."""
-    from dra_driver.k8s.pods import PodApi
-    from dra_driver.plugin.disruption_guard import DisruptionGuard
+    from dra_driver.app.plugin import make_disruption_guard
 
     mode = GuardMode(args.disruption_guard)
     if mode is GuardMode.OFF:
         return None
-    return DisruptionGuard(
-        PodApi(api_client, node_name),
-        driver_name=driver_name,
-        node_name=node_name,
+    return make_disruption_guard(
+        api_client,
+        driver_name,
+        node_name,
+        reporting,
         mode=mode,
-        events=reporting.events,
-        interval_s=_seconds(args.disruption_guard_interval, "--disruption-guard-interval"),
+        interval_s=parse_seconds(args.disruption_guard_interval, "--disruption-guard-interval"),
     )

@@ -11,24 +11,24 @@ from typing import Any
 
 from dra_driver.base.errors import ConfigError
 from dra_driver.cli.flags import (
-    _backend,
-    _common,
-    _gpu_flags,
-    _node_flags,
-    _node_settings,
-    _non_negative,
     add_flag,
+    common_flags,
+    gpu_flags,
+    make_backend,
+    node_flags,
+    parse_node_settings,
+    parse_non_negative,
 )
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR
 
 
-def _render_parser(sub: Any) -> None:
+def render_parser(sub: Any) -> None:
     """``dra-driver render-slices``."""
     render = sub.add_parser(
         "render-slices", help="print the ResourceSlices the plugin would publish, as YAML"
     )
-    _node_flags(render)
-    _gpu_flags(render)
+    node_flags(render)
+    gpu_flags(render)
     add_flag(
         render,
         "--kube-version",
@@ -36,10 +36,10 @@ def _render_parser(sub: Any) -> None:
         default="1.36",
         choices=["1.34", "1.35", "1.36", "1.37"],
     )
-    _common(render)
+    common_flags(render)
 
 
-def _render_slices(args: argparse.Namespace) -> int:
+def cmd_render_slices(args: argparse.Namespace) -> int:
     import yaml
 
     from dra_driver.core.settings import Capabilities
@@ -47,7 +47,7 @@ def _render_slices(args: argparse.Namespace) -> int:
     from dra_driver.k8s.publisher import slice_name
 
     node_name = args.node_name or "node-a"
-    backend = _backend(args, node_name)
+    backend = make_backend(args, node_name)
     try:
         inventory = asyncio.run(backend.inventory())
     finally:
@@ -57,7 +57,7 @@ def _render_slices(args: argparse.Namespace) -> int:
         inventory,
         driver_name=args.driver_name,
         node_name=node_name,
-        settings=_node_settings(args),
+        settings=parse_node_settings(args),
         capabilities=capabilities,
     )
     validate_pool([s.spec for s in slices], capabilities)
@@ -78,7 +78,7 @@ def _render_slices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_parser(sub: Any) -> None:
+def demo_parser(sub: Any) -> None:
     """``dra-driver demo``."""
     demo = sub.add_parser("demo", help="run the node flow on fake GPUs and print who got what")
     add_flag(
@@ -87,16 +87,16 @@ def _demo_parser(sub: Any) -> None:
     add_flag(demo, "--work-dir", "keep sockets, checkpoint and CDI specs here (default: temp dir)")
     # The demo's table says what went wrong per claim; the driver's own
     # warnings for the two refused example claims would only repeat it.
-    _common(demo, log_level="ERROR")
+    common_flags(demo, log_level="ERROR")
 
 
-def _run_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from dra_driver import demo
 
     return demo.main(args.fake_gpus, args.work_dir, sys.stdout)
 
 
-def _simulate_parser(simulate: argparse.ArgumentParser) -> None:
+def simulate_parser(simulate: argparse.ArgumentParser) -> None:
     # Nothing heavy here: every subcommand (the mps-agent's too) builds all parsers.
     add_flag(simulate, "--nodes", "nodes in the simulated cluster", default="100")
     add_flag(simulate, "--gpus", "fake GPUs of each node: MODEL[:COUNT]", default="h100-80gb:8")
@@ -124,17 +124,17 @@ def _simulate_parser(simulate: argparse.ArgumentParser) -> None:
         simulate, "--kube-version", "slices as built for", default="1.36", choices=["1.34", "1.36"]
     )
     add_flag(simulate, "--plot", "write a PNG bar chart here (needs matplotlib)")
-    _common(simulate, log_level="WARNING")
+    common_flags(simulate, log_level="WARNING")
 
 
-def _run_simulate(args: argparse.Namespace) -> int:
+def cmd_simulate(args: argparse.Namespace) -> int:
     import yaml
 
     from dra_driver.allocator import simulate as sim
     from dra_driver.base.quantity import parse_quantity
 
     def whole(text: str, flag: str) -> int:
-        return _non_negative(text, flag, int, "a whole number")
+        return parse_non_negative(text, flag, int, "a whole number")
 
     if args.claims.isdigit():
         memory = sim.generate(
@@ -165,9 +165,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cleanup_parser(sub: Any) -> None:
+def cleanup_parser(sub: Any) -> None:
     cleanup = sub.add_parser("cleanup", help="undo what the driver left on this node (uninstall)")
-    _node_flags(cleanup)
+    node_flags(cleanup)
     add_flag(
         cleanup,
         "--plugin-dir",
@@ -191,10 +191,10 @@ def _cleanup_parser(sub: Any) -> None:
         "delete this node's ResourceSlices through this API (in-cluster when unset); "
         "'none' to leave them",
     )
-    _common(cleanup)
+    common_flags(cleanup)
 
 
-def _run_cleanup(args: argparse.Namespace) -> int:
+def cmd_cleanup(args: argparse.Namespace) -> int:
     from dra_driver.core.cdi import cdi_kind_for_driver
     from dra_driver.plugin.cdi_store import CdiStore
     from dra_driver.plugin.cleanup import cleanup_node
@@ -215,7 +215,7 @@ def _run_cleanup(args: argparse.Namespace) -> int:
         cleanup_node(
             checkpoint_path=os.path.join(plugin_dir, "checkpoint.json"),
             cdi=CdiStore(args.cdi_root, cdi_kind_for_driver(args.driver_name)),
-            backend=_backend(args, node_name or "node"),
+            backend=make_backend(args, node_name or "node"),
             mps_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
             publisher=publisher,
         )

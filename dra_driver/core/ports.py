@@ -43,7 +43,35 @@ class GpuBackend(Protocol):
 
     @property
     def name(self) -> str:
-        """Backend name as given to ``--backend``."""
+        """Backend name as given to ``--backend`` (logs only: decisions use the
+        capabilities below, never the name)."""
+        ...
+
+    @property
+    def has_device_nodes(self) -> bool:
+        """The GPUs have device nodes on this host (``/dev/nvidia<minor>``, MIG's
+        ``/dev/nvidia-caps``). False: containers get stand-in device nodes
+        (:attr:`~dra_driver.core.prepare.NodeContext.fake_device_nodes`)."""
+        ...
+
+    @property
+    def has_driver_files(self) -> bool:
+        """An NVIDIA driver is installed whose libraries, binaries and control nodes
+        containers need (the Container Toolkit's CDI spec, or our own discovery).
+        False: containers get stand-in control nodes only."""
+        ...
+
+    @property
+    def supports_dmem(self) -> bool:
+        """The GPUs may have cgroup v2 dmem regions (real PCI bus ids), so that MPS
+        shares can get kernel-enforced memory limits. False: dmem is never used."""
+        ...
+
+    @property
+    def reads_mig_capabilities(self) -> bool:
+        """MIG devices are reached through the host's MIG capability files
+        (``<proc>/driver/nvidia/capabilities``), read when a MIG device is prepared.
+        False: none are read."""
         ...
 
     async def inventory(self) -> Inventory:

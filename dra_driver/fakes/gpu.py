@@ -595,6 +595,24 @@ class FakeGpuBackend:
     def name(self) -> str:
         return "fake"
 
+    # Capabilities (GpuBackend): fake GPUs have no device nodes, no driver, made-up
+    # bus ids (no dmem regions) and no MIG capability files.
+    @property
+    def has_device_nodes(self) -> bool:
+        return False
+
+    @property
+    def has_driver_files(self) -> bool:
+        return False
+
+    @property
+    def supports_dmem(self) -> bool:
+        return False
+
+    @property
+    def reads_mig_capabilities(self) -> bool:
+        return False
+
     async def inventory(self) -> Inventory:
         return self._inventory
 

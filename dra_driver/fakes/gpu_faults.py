@@ -53,9 +53,7 @@ from dataclasses import dataclass
 from dra_driver.base.ids import MigUUID
 from dra_driver.core.model import GpuInfo
 
-# The module was dra_driver.gpu.fake_health; its logger keeps that name so log
-# output (and the tests that select it) stay the same.
-log = logging.getLogger("dra_driver.gpu.fake_health")
+log = logging.getLogger(__name__)
 
 DIR_NAME = "fake-health"
 """The directory's name under the plugin dir, by default."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -33,12 +34,16 @@ class PluginServer:
         sockets: SocketPaths,
         handler: ClaimHandler,
         health: HealthHub,
+        *,
+        on_registered: Sequence[Callable[[], None]] = (),
     ) -> None:
+        """``on_registered``: called after every successful registration
+        (:attr:`RegistrationState.on_registered`)."""
         self.driver_name = driver_name
         self.sockets = sockets
         self.handler = handler
         self.health = health
-        self.registration = RegistrationState()
+        self.registration = RegistrationState(on_registered=list(on_registered))
         self._dra: grpc.aio.Server | None = None
         self._reg: grpc.aio.Server | None = None
 

@@ -1,11 +1,11 @@
 """The observers the kubelet plugin hands its engine: the claim log, and metrics when served.
 
-The plugin runtime, once it has built its :class:`~dra_driver.plugin.driver.Driver`
-and its health monitor::
+The plugin's composition root (``dra_driver/app/plugin.py``) passes them to the
+:class:`~dra_driver.plugin.driver.Driver`'s constructor::
 
-    driver.observers.extend(plugin_observers(driver, metrics))
-    if metrics is not None:
-        health.listeners.append(metrics.follow_health(health))
+    Driver(..., observers=plugin_observers(engine_state, metrics))
+
+and the metrics follow device health through a health-monitor listener.
 """
 
 from __future__ import annotations

@@ -91,11 +91,15 @@ class HealthMonitor:
         mps: MpsAgentPort | None = None,
         clock: Callable[[], float] = time.time,
         listeners: list[HealthListener] | None = None,
+        mps_listeners: Sequence[MpsStatusListener] = (),
+        republish: Callable[[], None] | None = None,
     ) -> None:
         """``probe_interval`` 0 turns the probe off; checks and reports then run every 30 s.
 
         ``listeners``: a list to use as :attr:`listeners` (the runtime's, so that
-        listeners added before the monitor exists are called too).
+        listeners added before the monitor exists are called too);
+        ``mps_listeners``: see :attr:`mps_listeners`; ``republish``: see
+        :attr:`republish`.
         """
         self.backend = backend
         self.driver_name = driver_name
@@ -111,9 +115,9 @@ class HealthMonitor:
         """The kubelet's health streams read this."""
         self.listeners: list[HealthListener] = listeners if listeners is not None else []
         """Called with the devices whose health changed; add yours."""
-        self.mps_listeners: list[MpsStatusListener] = []
+        self.mps_listeners: list[MpsStatusListener] = list(mps_listeners)
         """Awaited with every status read from the mps-agent; add yours."""
-        self.republish: Callable[[], None] | None = None
+        self.republish = republish
         """Called when the device taints changed (slice publishing's ``request_publish``)."""
         self._lock = asyncio.Lock()
         self._mps_restarts: dict[str, int] | None = None
@@ -163,6 +167,12 @@ class HealthMonitor:
                 await self.check_once()
             except Exception:  # a bug here must not end health reporting
                 log.exception("device health check failed; trying again in %.0f s", self.interval)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Cancelled during the check, and the cancellation was lost: Python
+                # 3.11's asyncio.wait_for returns (or raises) what it waited for when
+                # that ends as the cancellation arrives (the mps-agent client).
+                raise asyncio.CancelledError
             await asyncio.sleep(self.interval)
 
     async def check_once(self) -> None:

@@ -49,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
+from dra_driver.app.plugin import PluginConfig, PluginRuntime, SliceOptions
 from dra_driver.core.settings import NodeSettings
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -58,7 +59,6 @@ from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, SliceOptions
 from tests.support.fakekube import FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"

@@ -227,10 +227,10 @@ def free_port() -> int:
 
 def serve_engine(root: str, count: int) -> None:
     """The earlier benchmark's plugin: in-memory claims, time-sliced shares."""
+    from dra_driver.app.plugin import PluginConfig, PluginRuntime, run_until_signalled
     from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
     from dra_driver.fakes.claims import InMemoryClaimSource
     from dra_driver.fakes.gpu import FakeGpuBackend
-    from dra_driver.plugin.runtime import PluginConfig, PluginRuntime, run_until_signalled
 
     config = PluginConfig(
         driver_name=DRIVER,

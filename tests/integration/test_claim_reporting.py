@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.health import DeviceHealth, Status
 from dra_driver.core.model import HealthEvent
@@ -31,7 +32,6 @@ from dra_driver.plugin.claim_reporting import (
     ClaimReporter,
     DeviceHealthReport,
 )
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

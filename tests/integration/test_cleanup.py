@@ -6,6 +6,7 @@ import dataclasses
 import os
 import sys
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.cli import main
 from dra_driver.core.cdi import cdi_kind_for_driver
 from dra_driver.core.settings import NodeSettings
@@ -21,7 +22,6 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.cleanup import cleanup_node
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked

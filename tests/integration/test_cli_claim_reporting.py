@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.errors import ConfigError
 from dra_driver.cli import build_parser, claim_reporting
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.observability.claim_log import ClaimLog
 from dra_driver.observability.plugin_metrics import PluginMetrics
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.prepare import (
     CA_SAFE_TO_EVICT,
     KARPENTER_DO_NOT_DISRUPT,
@@ -31,7 +32,6 @@ from dra_driver.k8s.pods import PodApi
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.plugin.claim_reporting import COMPONENT
 from dra_driver.plugin.disruption_guard import DisruptionGuard
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
@@ -15,7 +16,6 @@ from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentClient
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
 from tests.support.mps import agent_config, agent_running, mps_runtime
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.slices import EVENT_REASON
 from dra_driver.fakes.extended_resources import (
     ANNOTATION,
@@ -44,7 +45,6 @@ from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.nodes import read_node
 from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.extended_resources import check_extended_resources
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

@@ -7,10 +7,10 @@ import dataclasses
 import os
 import time
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.health_stream import until_health
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime, SliceOptions
 from dra_driver.core.health import (
     DeviceHealth,
     HealthSettings,
@@ -30,7 +31,6 @@ from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.kubeletplugin.health import Health
 from dra_driver.plugin.health_monitor import HealthMonitor, report_timeout
 from dra_driver.plugin.publishing import SlicePublishing
-from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.health_stream import until_health

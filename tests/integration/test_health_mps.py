@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.settings import NodeSettings
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -23,7 +24,6 @@ from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode, Mode
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.health_stream import until_health
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
@@ -17,7 +18,6 @@ from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.observability.claim_log import LOGGER
 from dra_driver.observability.metrics_server import MetricsServer, serve_metrics
 from dra_driver.observability.plugin_metrics import PluginMetrics
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.metrics import Scrape, scrape
 from tests.support.mps import agent_config, agent_running, mps_runtime
 from tests.support.node import DRIVER, NodeDirs, run_checked

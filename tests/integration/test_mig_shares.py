@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
@@ -31,7 +32,6 @@ from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.plugin.runtime import PluginRuntime
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked

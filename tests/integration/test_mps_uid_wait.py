@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.prepare import Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings
@@ -39,7 +40,6 @@ from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ShareInfo
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from dra_driver.plugin.mps_watch import MpsUidWait, MpsUidWatch, waiting_claims
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_running

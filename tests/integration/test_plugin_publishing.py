@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime, SliceOptions
 from dra_driver.core.model import Inventory
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -18,7 +19,6 @@ from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime, SliceOptions
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
@@ -26,7 +27,6 @@ from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin.readiness import check_readiness
-from dra_driver.plugin.runtime import PluginRuntime, SliceOptions
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -19,7 +20,6 @@ from dra_driver.fakes.mps_control import DELAY_ENV
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.mps import agent_running, fake_agent_config
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.settings import NodeSettings
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -27,7 +28,6 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import PID_FILE
 from dra_driver.mpsagent.metrics import AgentMetrics
-from dra_driver.plugin.runtime import PluginRuntime
 from tests.support.node import NODE, NodeDirs
 
 

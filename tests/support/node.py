@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dra_driver.app.plugin import PluginConfig, PluginRuntime
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
-from dra_driver.plugin.runtime import PluginConfig, PluginRuntime
 
 T = TypeVar("T")
 

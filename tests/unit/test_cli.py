@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dra_driver import __version__
-from dra_driver.cli import build_parser, env_name, main
+from dra_driver.cli import COMMANDS, build_parser, env_name, main
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -72,6 +72,10 @@ def test_there_are_flags_and_subcommands() -> None:
     assert ("kubelet-plugin", "--node-name") in flags
     assert ("kubelet-plugin", "--cdi-root") in flags
     assert ("version", "--log-level") in flags
+
+
+def test_every_subcommand_has_a_runner() -> None:
+    assert set(COMMANDS) == set(_subcommands(build_parser()))
 
 
 def test_top_level_has_no_untwinned_options() -> None:

@@ -225,7 +225,7 @@ def drop(directory: Path, name: str, text: str, age_s: float = 10.0) -> Path:
 def test_files_are_applied_once_in_order_and_renamed_done(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "dra_driver.gpu.fake_health")
+    caplog.set_level(logging.INFO, "dra_driver.fakes.gpu_faults")
     apply = Recorder()
     watcher = FaultDirWatcher(str(tmp_path), apply)
     drop(tmp_path, "b-reset.json", '{"gpu": "gpu-1", "reset": true}', age_s=5)
@@ -256,7 +256,7 @@ def test_files_are_applied_once_in_order_and_renamed_done(
 def test_bad_files_are_logged_with_the_fix_and_renamed_bad(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, "dra_driver.gpu.fake_health")
+    caplog.set_level(logging.ERROR, "dra_driver.fakes.gpu_faults")
     apply = Recorder(refuse="gpu-9")
     watcher = FaultDirWatcher(str(tmp_path), apply)
     drop(tmp_path, "typo.json", '{"gpu": "gpu-1", "xdi": 79}')
@@ -296,7 +296,7 @@ def test_a_half_written_file_is_read_again_until_it_settles(tmp_path: Path) -> N
 def test_the_directory_is_made_and_an_unusable_one_is_logged_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "dra_driver.gpu.fake_health")
+    caplog.set_level(logging.WARNING, "dra_driver.fakes.gpu_faults")
     made = tmp_path / "a" / "fake-health"
     assert asyncio.run(FaultDirWatcher(str(made), Recorder()).poll_once()) == []
     assert made.is_dir()
@@ -314,7 +314,7 @@ def test_the_directory_is_made_and_an_unusable_one_is_logged_once(
 def test_a_file_that_cannot_be_renamed_is_not_applied_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "dra_driver.gpu.fake_health")
+    caplog.set_level(logging.WARNING, "dra_driver.fakes.gpu_faults")
     apply = Recorder()
     watcher = FaultDirWatcher(str(tmp_path), apply)
     drop(tmp_path, "x.json", '{"gpu": "gpu-1", "xid": 79}')
@@ -385,13 +385,13 @@ def test_flag_defaults_to_the_plugin_dir_and_has_an_env_twin(
 
 def test_the_nvml_backend_ignores_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
-    other = FakeGpuBackend("l4", "node-a")  # stands in for what _backend makes
+    other = FakeGpuBackend("l4", "node-a")  # stands in for what make_backend makes
 
     def backend(args: object, node_name: str) -> FakeGpuBackend:
         made.append(node_name)
         return other
 
-    monkeypatch.setattr(plugin_cli, "_backend", backend)
+    monkeypatch.setattr(plugin_cli, "make_backend", backend)
     args = build_parser().parse_args(
         ["kubelet-plugin", "--backend", "nvml", "--fake-health-dir", "/x"]
     )

@@ -11,6 +11,7 @@ AGENT_IMPORTS = """
 import sys
 import dra_driver.cli
 dra_driver.cli.build_parser()  # every subcommand's parser, as main() builds them
+import dra_driver.app.agent
 from dra_driver.mpsagent.agent import run_agent
 from dra_driver.mpsagent.compute_mode import NvidiaSmiComputeMode
 from dra_driver.mpsagent.metrics import AgentMetrics

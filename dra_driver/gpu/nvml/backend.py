@@ -57,6 +57,24 @@ class NvmlGpuBackend:
     def name(self) -> str:
         return "nvml"
 
+    # Capabilities (GpuBackend): real GPUs have device nodes, an installed driver,
+    # possibly dmem regions, and MIG capability files.
+    @property
+    def has_device_nodes(self) -> bool:
+        return True
+
+    @property
+    def has_driver_files(self) -> bool:
+        return True
+
+    @property
+    def supports_dmem(self) -> bool:
+        return True
+
+    @property
+    def reads_mig_capabilities(self) -> bool:
+        return True
+
     async def inventory(self) -> Inventory:
         return await self._on_nvml_thread(self._discover)
 

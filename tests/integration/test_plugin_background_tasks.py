@@ -1,0 +1,103 @@
+"""The plugin's background tasks live as long as it does: one that dies stops the plugin."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import pytest
+
+from dra_driver.app.plugin import (
+    BackgroundTaskFailed,
+    PluginRuntime,
+    SliceOptions,
+    run_until_signalled,
+)
+from dra_driver.cli import main
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
+from dra_driver.fakes.objects import node_object
+from dra_driver.k8s.capabilities import probe_capabilities
+from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.publisher import SlicePublisher
+from dra_driver.plugin.health_monitor import HealthMonitor
+from dra_driver.plugin.publishing import SlicePublishing
+from tests.support.fakekube import FakeKubeApi
+from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+
+async def _publisher_explodes(self: SlicePublishing) -> None:
+    raise RuntimeError("the publisher exploded")
+
+
+async def _health_returns(self: HealthMonitor) -> None:
+    return None
+
+
+def _runtime(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginRuntime, SlicePublisher]:
+    client = make_api_client(None, host=api.url)
+    publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
+    options = SliceOptions(
+        publisher=publisher, probe=functools.partial(probe_capabilities, client, DRIVER, NODE)
+    )
+    runtime = PluginRuntime(
+        dirs.config(), FakeGpuBackend("h100-80gb:1", NODE), InMemoryClaimSource(), options
+    )
+    return runtime, publisher
+
+
+def test_a_failed_slice_publisher_stops_the_plugin(
+    node_dirs: NodeDirs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(SlicePublishing, "run", _publisher_explodes)
+    with FakeKubeApi() as api:
+        api.create(node_object(NODE))
+        runtime, publisher = _runtime(node_dirs, api)
+        try:
+            with pytest.raises(BackgroundTaskFailed, match="slice-publisher failed") as raised:
+                run_checked(run_until_signalled(runtime))
+        finally:
+            publisher.close()
+    assert isinstance(raised.value.cause, RuntimeError)
+    assert runtime.failure is raised.value
+    # Stopped: the other tasks cancelled (run_checked: none leaked), the sockets gone.
+    assert runtime.server is None and runtime.driver is None
+    assert not os.path.exists(runtime.sockets.dra)
+    assert runtime.readiness().ready is False
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("background task slice-publisher failed" in m for m in errors), errors
+    assert any("the plugin stops" in m for m in errors), errors
+
+
+def test_a_task_that_ends_stops_the_plugin(
+    node_dirs: NodeDirs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(HealthMonitor, "run", _health_returns)
+    runtime = node_dirs.runtime(InMemoryClaimSource(), gpus="l4:1")
+    with pytest.raises(BackgroundTaskFailed, match="device-health ended"):
+        run_checked(run_until_signalled(runtime))
+    assert runtime.server is None
+
+
+def test_the_kubelet_plugin_command_exits_with_an_error(
+    node_dirs: NodeDirs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(SlicePublishing, "run", _publisher_explodes)
+    with FakeKubeApi() as api:
+        api.create(node_object(NODE))
+        argv = [
+            "kubelet-plugin",
+            f"--node-name={NODE}",
+            f"--driver-name={DRIVER}",
+            f"--kubeconfig={node_dirs.kubeconfig(api.url)}",
+            f"--registry-dir={node_dirs.registry}",
+            f"--plugin-dir={node_dirs.plugin}",
+            f"--cdi-root={node_dirs.cdi}",
+            f"--boot-id-file={node_dirs.boot_id_file}",
+            "--fake-gpus=l4:1",
+            "--health-probe-interval=0",
+        ]
+        assert main(argv) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("slice-publisher failed" in m and "the plugin stops" in m for m in errors), errors
