@@ -526,6 +526,23 @@ def test_fake_backend_uses_the_fake_mps_control() -> None:
     assert agent["MPS_CONTROL"]["value"] == "fake"
 
 
+def test_mps_control_channel_is_a_value() -> None:
+    agent = env_of(container(find(render("fake"), "DaemonSet", "-mps-agent"), "mps-agent"))
+    assert agent["MPS_CONTROL_CHANNEL"]["value"] == "persistent"
+    done = _run_helm(
+        *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
+        *("--set", "mpsAgent.controlChannel=process"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'name: MPS_CONTROL_CHANNEL\n              value: "process"' in done.stdout
+    wrong = _run_helm(
+        *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
+        *("--set", "mpsAgent.controlChannel=shell"),
+    )
+    assert wrong.returncode != 0
+    assert "controlChannel" in wrong.stderr
+
+
 @pytest.mark.parametrize("value_set", all_sets())
 def test_controller_env_names_are_its_flags(value_set: str) -> None:
     deployments = [d for d in render(value_set) if d["kind"] == "Deployment"]
