@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.app.tasks import BackgroundTaskFailed, Work, first_of, supervise
 from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import ClaimRef, ClaimUID, PoolName
 from dra_driver.core.cdi import (
@@ -88,21 +89,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-Work = Callable[[], Coroutine[Any, Any, object]]
-"""A background task's body, run for the plugin's lifetime."""
-
-
-class BackgroundTaskFailed(DriverError):
-    """A background task that must run until shutdown failed or ended: the plugin stops."""
-
-    def __init__(self, name: str, cause: BaseException | None) -> None:
-        why = f"failed: {cause!r}" if cause is not None else "ended"
-        super().__init__(
-            f"background task {name} {why}; it should run until shutdown, so the plugin stops"
-        )
-        self.task_name = name
-        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -339,29 +325,12 @@ class PluginRuntime:
     async def _run_background(self, work: dict[str, Work]) -> None:
         """Every task in one group: the first to fail or end cancels the others, and
         :attr:`failed` tells :func:`run_until_signalled` to stop the plugin."""
-        with contextlib.suppress(BaseExceptionGroup):  # recorded by _forever
-            async with asyncio.TaskGroup() as group:
-                for name, body in work.items():
-                    group.create_task(self._forever(name, body), name=name)
+        await supervise(work, component="plugin", on_failure=self._background_failed)
 
-    async def _forever(self, name: str, work: Work) -> None:
-        """Run ``work``; its end, by an error or not, is a :class:`BackgroundTaskFailed`."""
-        try:
-            await work()
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            log.exception("background task %s failed", name)
-            failure = BackgroundTaskFailed(name, err)
-        else:
-            log.error("background task %s ended; it should run until shutdown", name)
-            failure = BackgroundTaskFailed(name, None)
-        if self.failure is None:  # the first one says why the plugin stops
-            self.failure = failure
-            self._started = False
-            log.error("%s", failure)
-            self.failed.set()
-        raise failure
+    def _background_failed(self, failure: BackgroundTaskFailed) -> None:
+        self.failure = failure
+        self._started = False
+        self.failed.set()
 
     def _prepared_claims(self) -> dict[ClaimUID, ClaimRef]:
         """The claims the checkpoint holds as prepared (blocks: reads the file)."""
@@ -483,24 +452,13 @@ async def run_until_signalled(runtime: PluginRuntime) -> None:
         loop.add_signal_handler(sig, stop.set)
     await runtime.start()
     try:
-        await _first(stop.wait(), runtime.failed.wait())
+        await first_of(stop.wait(), runtime.failed.wait())
         if runtime.failure is None:
             log.info("signal received; shutting down")
     finally:
         await runtime.stop()
     if runtime.failure is not None:
         raise runtime.failure
-
-
-async def _first(*waits: Coroutine[Any, Any, object]) -> None:
-    """Wait until one of ``waits`` is done; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(frozen=True)
