@@ -64,7 +64,7 @@ from dra_driver.plugin.config import (
     PluginConfig,
     SliceOptions,
 )
-from dra_driver.plugin.disruption_guard import DisruptionGuard
+from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
 from dra_driver.plugin.driver import Driver, ReconcileReport
 from dra_driver.plugin.enforcement import Enforcer, dmem_hook_settings
 from dra_driver.plugin.extended_resources import check_extended_resources
@@ -91,6 +91,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+GuardMaker = Callable[[PreparedClaims, Callable[[int], None] | None], DisruptionGuard]
+"""(the claims prepared now, told the guarded pods' count or None) → the disruption
+guard: the runtime makes it with its checkpoint and its metrics."""
+
+
 @dataclass(frozen=True)
 class _EngineState:
     """What the metrics read of the engine (the checkpoint, the current GPUs), ready
@@ -114,7 +119,7 @@ class PluginRuntime:
         *,
         reporting: ClaimReporter | None = None,
         metrics: PluginMetrics | None = None,
-        disruption_guard: DisruptionGuard | None = None,
+        disruption_guard: GuardMaker | None = None,
         activity: CallActivity | None = None,
     ) -> None:
         """``reporting``: claim status and Events (None: neither is written, e.g. the
@@ -126,8 +131,14 @@ class PluginRuntime:
         self.config = config
         self.reporting = reporting
         self.activity = activity if activity is not None else CallActivity()
-        self.disruption_guard = disruption_guard
         self.metrics = metrics
+        self.disruption_guard = (
+            disruption_guard(
+                self._prepared_claims, metrics.set_guarded_pods if metrics is not None else None
+            )
+            if disruption_guard is not None
+            else None
+        )
         self.backend = backend
         self.claims = claims
         self.slice_options = slices
@@ -259,12 +270,8 @@ class PluginRuntime:
         observers = plugin_observers(state, self.metrics)
         if self.reporting is not None:
             observers.append(self.reporting)
-        guard = self.disruption_guard
-        if guard is not None:
-            observers.append(guard)
-            guard.prepared = self._prepared_claims
-            if self.metrics is not None:
-                guard.on_count = self.metrics.set_guarded_pods
+        if self.disruption_guard is not None:
+            observers.append(self.disruption_guard)
         return observers
 
     def _health_monitor(self, inventory: Inventory, pool_name: str) -> HealthMonitor:
@@ -476,8 +483,9 @@ class ClusterOptions:
 
 ReporterFactory = Callable[[Any, str, str, CallActivity], ClaimReporter]
 """(API client, driver name, node name, calls in flight) → claim status and Events."""
-GuardFactory = Callable[[Any, str, str, ClaimReporter], DisruptionGuard | None]
-"""(API client, driver name, node name, reporter) → the disruption guard, or None (off)."""
+GuardFactory = Callable[[Any, str, str, ClaimReporter], GuardMaker | None]
+"""(API client, driver name, node name, reporter) → what makes the disruption guard,
+or None (off)."""
 
 
 def run_plugin(
@@ -592,8 +600,11 @@ def make_disruption_guard(
     *,
     mode: GuardMode,
     interval_s: float,
+    prepared: PreparedClaims | None = None,
+    on_count: Callable[[int], None] | None = None,
 ) -> DisruptionGuard:
-    """The plugin's disruption guard (``mode`` not off), its Events through ``reporting``."""
+    """The plugin's disruption guard (``mode`` not off), its Events through ``reporting``;
+    ``prepared`` and ``on_count``: see :class:`DisruptionGuard` (the runtime's)."""
 
     return DisruptionGuard(
         PodApi(api_client, node_name),
@@ -602,4 +613,6 @@ def make_disruption_guard(
         mode=mode,
         events=reporting.events,
         interval_s=interval_s,
+        on_count=on_count,
+        prepared=prepared,
     )
