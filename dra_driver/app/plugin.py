@@ -64,6 +64,7 @@ from dra_driver.plugin.config import (
     PluginConfig,
     SliceOptions,
 )
+from dra_driver.plugin.current_inventory import CurrentInventory
 from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
 from dra_driver.plugin.driver import Driver, ReconcileReport
 from dra_driver.plugin.enforcement import Enforcer, dmem_hook_settings
@@ -147,7 +148,7 @@ class PluginRuntime:
         self.health_listeners: list[HealthListener] = []
         """Told of every device-health change (Events, claim status, metrics); add
         yours before :meth:`start`."""
-        self.inventory: Inventory | None = None
+        self._inventory: CurrentInventory | None = None
         self.sockets: SocketPaths = socket_paths(
             config.driver_name, config.registry_dir, config.plugin_dir, config.rolling_update_uid
         )
@@ -161,6 +162,11 @@ class PluginRuntime:
         """Set when :attr:`failure` is."""
         self._background: asyncio.Task[None] | None = None
         self._started = False
+
+    @property
+    def inventory(self) -> Inventory | None:
+        """The node's GPUs as last discovered (None before :meth:`start`)."""
+        return self._inventory.get() if self._inventory is not None else None
 
     def readiness(self) -> Readiness:
         """Registered with the kubelet and, when it publishes, the last publish succeeded."""
@@ -183,27 +189,28 @@ class PluginRuntime:
             self.readiness_server = ReadinessServer(self.readiness)
             await self.readiness_server.start(cfg.readiness_port, cfg.readiness_address)
         os.makedirs(cfg.plugin_dir, exist_ok=True)
-        inventory = self.inventory = await self.backend.inventory()
+        current = self._inventory = CurrentInventory(await self.backend.inventory())
+        inventory = current.get()
         ctx = await self._node_context(inventory)
         checkpoints = CheckpointStore(
             os.path.join(cfg.plugin_dir, CHECKPOINT_FILE), read_boot_id(cfg.boot_id_file)
         )
         driver = self.driver = Driver(
             ctx=ctx,
-            inventory=inventory,
+            inventory=current,
             claims=self.claims,
             checkpoints=checkpoints,
             cdi=CdiStore(cfg.cdi_root, ctx.cdi_kind),
             lock=NodeLock(os.path.join(cfg.plugin_dir, LOCK_FILE)),
             enforcer=Enforcer(
                 backend=self.backend,
-                inventory=self._current_inventory,
+                inventory=current.get,
                 mig_caps=(
                     MigCapabilities(cfg.proc_root) if self.backend.reads_mig_capabilities else None
                 ),
                 mps=MpsAgentClient(cfg.mps_agent_socket) if cfg.mps_agent_socket else None,
             ),
-            observers=self._observers(_EngineState(checkpoints, self._current_inventory)),
+            observers=self._observers(_EngineState(checkpoints, current.get)),
             activity=self.activity,
         )
         self.reconcile_report = await driver.reconcile()
@@ -217,7 +224,7 @@ class PluginRuntime:
             self.publishing = SlicePublishing(
                 self.slice_options.publisher,
                 self.slice_options.probe,
-                inventory=inventory,
+                inventory=current,
                 settings=cfg.settings,
                 driver_name=cfg.driver_name,
                 node_name=cfg.node_name,
@@ -375,10 +382,6 @@ class PluginRuntime:
             )
         return hidden
 
-    def _current_inventory(self) -> Inventory:
-        assert self.inventory is not None
-        return self.inventory
-
     def _common_edits(self, has_driver_files: bool) -> ContainerEdits:
         """What every GPU container needs besides its GPU: libraries, control nodes, hooks.
 
@@ -410,11 +413,8 @@ class PluginRuntime:
 
     async def _inventory_changed(self, inventory: Inventory) -> None:
         log.info("the GPU inventory changed; updating the plugin and republishing")
-        self.inventory = inventory
-        assert self.driver is not None and self.health_monitor is not None
-        self.driver.inventory = inventory
-        if self.publishing is not None:
-            self.publishing.inventory = inventory
+        assert self._inventory is not None and self.health_monitor is not None
+        self._inventory.set(inventory)  # the engine's and slice publishing's too
         # The health model follows the devices (and the kubelet hears the new list)
         # before the slices are rebuilt, so they carry the right taints.
         await self.health_monitor.set_inventory(inventory)
