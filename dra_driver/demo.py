@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from dra_driver.allocator.allocate import AllocatorState
 from dra_driver.allocator.simulate import claim_object, device_class, order_batch
+from dra_driver.app.agent import run_agent
 from dra_driver.app.plugin import PluginConfig, PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.base.quantity import format_bytes
@@ -44,7 +45,7 @@ from dra_driver.fakes.kubelet import (
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.k8s.slice_plan import slice_name
-from dra_driver.mpsagent.agent import AgentConfig, run_agent
+from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME

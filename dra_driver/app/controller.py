@@ -1,17 +1,131 @@
-"""The allocation controller's composition root: run until a signal.
+"""The allocation controller's composition root: its object graph and its tasks.
 
-Its object graph (API client, informers, leader election, metrics server) is
-built by :func:`~dra_driver.controller.main.run_controller` from a
-:class:`~dra_driver.controller.ControllerConfig`.
+:func:`build_controller` builds the graph by constructor injection (the API
+client, an informer per kind, the work queue, the Event recorder, the leader
+elector and the metrics, handed to the :class:`~dra_driver.controller.Controller`);
+:func:`serve` runs its background tasks in one :class:`asyncio.TaskGroup`
+(:func:`~dra_driver.app.tasks.supervise`): they must live as long as the
+controller, so one that fails or returns stops them all and the controller with
+them (:class:`~dra_driver.app.tasks.BackgroundTaskFailed`: ``dra-driver
+controller`` exits 2, to be restarted), rather than leaving a replica that holds
+the Lease with, say, a dead informer or worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
+import uuid
+from collections.abc import Callable
+from typing import Any
 
-from dra_driver.controller import ControllerConfig, run_controller
+from dra_driver.app.tasks import BackgroundTaskFailed, first_of, supervise
+from dra_driver.controller import Controller, ControllerConfig
+from dra_driver.controller.events import EventRecorder
+from dra_driver.controller.informer import ChangeHandler, Informer, KindPath
+from dra_driver.controller.leader import LeaderElector
+from dra_driver.controller.metrics import ControllerMetrics
+from dra_driver.controller.queue import WorkQueue
+from dra_driver.k8s.client import make_api_client
+from dra_driver.observability.metrics_server import serve_metrics
+
+__all__ = ["BackgroundTaskFailed", "build_controller", "run", "run_controller", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+def build_controller(
+    api_client: Any,
+    config: ControllerConfig,
+    *,
+    share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+) -> Controller:
+    """The controller and its collaborators, against ``api_client``."""
+
+    def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
+        return Informer(api_client, kind, on_change=on_change, read_timeout_s=config.read_timeout_s)
+
+    return Controller(
+        config,
+        api_client,
+        informer=informer,
+        queue=WorkQueue(),
+        events=EventRecorder(api_client),
+        elector=LeaderElector(
+            api_client,
+            name=config.lease_name,
+            namespace=config.lease_namespace,
+            identity=config.identity,
+            lease_duration_s=config.lease_duration_s,
+            renew_interval_s=config.renew_interval_s,
+            retry_interval_s=config.retry_interval_s,
+        ),
+        metrics=ControllerMetrics(),
+        share_id=share_id,
+    )
+
+
+async def serve(controller: Controller, stop: asyncio.Event) -> None:
+    """Run ``controller`` until ``stop`` is set; then release the Lease and end every loop.
+
+    Raises :class:`BackgroundTaskFailed` (after stopping the others) when one of its
+    background tasks failed or ended.
+    """
+    failures: list[BackgroundTaskFailed] = []
+    failed = asyncio.Event()
+
+    def record(failure: BackgroundTaskFailed) -> None:
+        failures.append(failure)
+        failed.set()
+
+    background = asyncio.create_task(
+        supervise(controller.background(), component="controller", on_failure=record),
+        name="controller-tasks",
+    )
+    try:
+        await first_of(stop.wait(), failed.wait())
+        if not failures:
+            log.info("controller %s stopping", controller.config.identity)
+    finally:
+        background.cancel()
+        await asyncio.gather(background, return_exceptions=True)
+        controller.close()
+    if failures:
+        raise failures[0]
+
+
+async def run_controller(
+    config: ControllerConfig, stop: asyncio.Event | None = None, api_client: Any = None
+) -> None:
+    """Run the controller until ``stop`` is set (or, without one, SIGTERM/SIGINT)."""
+    api = api_client if api_client is not None else make_api_client(config.kubeconfig, config.host)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "controller %s for driver %s (lease %s/%s)",
+        config.identity,
+        config.driver_name,
+        config.lease_namespace,
+        config.lease_name,
+    )
+    controller = build_controller(api, config)
+    server = None
+    if config.metrics_port > 0:
+        server = serve_metrics(
+            config.metrics_port, controller.metrics.registry, config.metrics_address
+        )
+    try:
+        await serve(controller, stop)
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
 
 
 def run(config: ControllerConfig) -> None:
-    """Serve until SIGTERM or SIGINT."""
+    """Serve until SIGTERM or SIGINT (raises :class:`BackgroundTaskFailed` when a
+    background task dies: ``dra-driver controller`` exits 2)."""
     asyncio.run(run_controller(config))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.app.tasks import BackgroundTaskFailed, Work, first_of, supervise
 from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import ClaimRef, ClaimUID, PoolName
 from dra_driver.core.cdi import (
@@ -63,7 +64,8 @@ from dra_driver.plugin.config import (
     PluginConfig,
     SliceOptions,
 )
-from dra_driver.plugin.disruption_guard import DisruptionGuard
+from dra_driver.plugin.current_inventory import CurrentInventory
+from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
 from dra_driver.plugin.driver import Driver, ReconcileReport
 from dra_driver.plugin.enforcement import Enforcer, dmem_hook_settings
 from dra_driver.plugin.extended_resources import check_extended_resources
@@ -89,20 +91,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Work = Callable[[], Coroutine[Any, Any, object]]
-"""A background task's body, run for the plugin's lifetime."""
 
-
-class BackgroundTaskFailed(DriverError):
-    """A background task that must run until shutdown failed or ended: the plugin stops."""
-
-    def __init__(self, name: str, cause: BaseException | None) -> None:
-        why = f"failed: {cause!r}" if cause is not None else "ended"
-        super().__init__(
-            f"background task {name} {why}; it should run until shutdown, so the plugin stops"
-        )
-        self.task_name = name
-        self.cause = cause
+GuardMaker = Callable[[PreparedClaims, Callable[[int], None] | None], DisruptionGuard]
+"""(the claims prepared now, told the guarded pods' count or None) → the disruption
+guard: the runtime makes it with its checkpoint and its metrics."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +120,7 @@ class PluginRuntime:
         *,
         reporting: ClaimReporter | None = None,
         metrics: PluginMetrics | None = None,
-        disruption_guard: DisruptionGuard | None = None,
+        disruption_guard: GuardMaker | None = None,
         activity: CallActivity | None = None,
     ) -> None:
         """``reporting``: claim status and Events (None: neither is written, e.g. the
@@ -140,8 +132,14 @@ class PluginRuntime:
         self.config = config
         self.reporting = reporting
         self.activity = activity if activity is not None else CallActivity()
-        self.disruption_guard = disruption_guard
         self.metrics = metrics
+        self.disruption_guard = (
+            disruption_guard(
+                self._prepared_claims, metrics.set_guarded_pods if metrics is not None else None
+            )
+            if disruption_guard is not None
+            else None
+        )
         self.backend = backend
         self.claims = claims
         self.slice_options = slices
@@ -150,7 +148,7 @@ class PluginRuntime:
         self.health_listeners: list[HealthListener] = []
         """Told of every device-health change (Events, claim status, metrics); add
         yours before :meth:`start`."""
-        self.inventory: Inventory | None = None
+        self._inventory: CurrentInventory | None = None
         self.sockets: SocketPaths = socket_paths(
             config.driver_name, config.registry_dir, config.plugin_dir, config.rolling_update_uid
         )
@@ -164,6 +162,11 @@ class PluginRuntime:
         """Set when :attr:`failure` is."""
         self._background: asyncio.Task[None] | None = None
         self._started = False
+
+    @property
+    def inventory(self) -> Inventory | None:
+        """The node's GPUs as last discovered (None before :meth:`start`)."""
+        return self._inventory.get() if self._inventory is not None else None
 
     def readiness(self) -> Readiness:
         """Registered with the kubelet and, when it publishes, the last publish succeeded."""
@@ -186,27 +189,28 @@ class PluginRuntime:
             self.readiness_server = ReadinessServer(self.readiness)
             await self.readiness_server.start(cfg.readiness_port, cfg.readiness_address)
         os.makedirs(cfg.plugin_dir, exist_ok=True)
-        inventory = self.inventory = await self.backend.inventory()
+        current = self._inventory = CurrentInventory(await self.backend.inventory())
+        inventory = current.get()
         ctx = await self._node_context(inventory)
         checkpoints = CheckpointStore(
             os.path.join(cfg.plugin_dir, CHECKPOINT_FILE), read_boot_id(cfg.boot_id_file)
         )
         driver = self.driver = Driver(
             ctx=ctx,
-            inventory=inventory,
+            inventory=current,
             claims=self.claims,
             checkpoints=checkpoints,
             cdi=CdiStore(cfg.cdi_root, ctx.cdi_kind),
             lock=NodeLock(os.path.join(cfg.plugin_dir, LOCK_FILE)),
             enforcer=Enforcer(
                 backend=self.backend,
-                inventory=self._current_inventory,
+                inventory=current.get,
                 mig_caps=(
                     MigCapabilities(cfg.proc_root) if self.backend.reads_mig_capabilities else None
                 ),
                 mps=MpsAgentClient(cfg.mps_agent_socket) if cfg.mps_agent_socket else None,
             ),
-            observers=self._observers(_EngineState(checkpoints, self._current_inventory)),
+            observers=self._observers(_EngineState(checkpoints, current.get)),
             activity=self.activity,
         )
         self.reconcile_report = await driver.reconcile()
@@ -220,7 +224,7 @@ class PluginRuntime:
             self.publishing = SlicePublishing(
                 self.slice_options.publisher,
                 self.slice_options.probe,
-                inventory=inventory,
+                inventory=current,
                 settings=cfg.settings,
                 driver_name=cfg.driver_name,
                 node_name=cfg.node_name,
@@ -273,12 +277,8 @@ class PluginRuntime:
         observers = plugin_observers(state, self.metrics)
         if self.reporting is not None:
             observers.append(self.reporting)
-        guard = self.disruption_guard
-        if guard is not None:
-            observers.append(guard)
-            guard.prepared = self._prepared_claims
-            if self.metrics is not None:
-                guard.on_count = self.metrics.set_guarded_pods
+        if self.disruption_guard is not None:
+            observers.append(self.disruption_guard)
         return observers
 
     def _health_monitor(self, inventory: Inventory, pool_name: str) -> HealthMonitor:
@@ -339,29 +339,12 @@ class PluginRuntime:
     async def _run_background(self, work: dict[str, Work]) -> None:
         """Every task in one group: the first to fail or end cancels the others, and
         :attr:`failed` tells :func:`run_until_signalled` to stop the plugin."""
-        with contextlib.suppress(BaseExceptionGroup):  # recorded by _forever
-            async with asyncio.TaskGroup() as group:
-                for name, body in work.items():
-                    group.create_task(self._forever(name, body), name=name)
+        await supervise(work, component="plugin", on_failure=self._background_failed)
 
-    async def _forever(self, name: str, work: Work) -> None:
-        """Run ``work``; its end, by an error or not, is a :class:`BackgroundTaskFailed`."""
-        try:
-            await work()
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            log.exception("background task %s failed", name)
-            failure = BackgroundTaskFailed(name, err)
-        else:
-            log.error("background task %s ended; it should run until shutdown", name)
-            failure = BackgroundTaskFailed(name, None)
-        if self.failure is None:  # the first one says why the plugin stops
-            self.failure = failure
-            self._started = False
-            log.error("%s", failure)
-            self.failed.set()
-        raise failure
+    def _background_failed(self, failure: BackgroundTaskFailed) -> None:
+        self.failure = failure
+        self._started = False
+        self.failed.set()
 
     def _prepared_claims(self) -> dict[ClaimUID, ClaimRef]:
         """The claims the checkpoint holds as prepared (blocks: reads the file)."""
@@ -399,10 +382,6 @@ class PluginRuntime:
             )
         return hidden
 
-    def _current_inventory(self) -> Inventory:
-        assert self.inventory is not None
-        return self.inventory
-
     def _common_edits(self, has_driver_files: bool) -> ContainerEdits:
         """What every GPU container needs besides its GPU: libraries, control nodes, hooks.
 
@@ -434,11 +413,8 @@ class PluginRuntime:
 
     async def _inventory_changed(self, inventory: Inventory) -> None:
         log.info("the GPU inventory changed; updating the plugin and republishing")
-        self.inventory = inventory
-        assert self.driver is not None and self.health_monitor is not None
-        self.driver.inventory = inventory
-        if self.publishing is not None:
-            self.publishing.inventory = inventory
+        assert self._inventory is not None and self.health_monitor is not None
+        self._inventory.set(inventory)  # the engine's and slice publishing's too
         # The health model follows the devices (and the kubelet hears the new list)
         # before the slices are rebuilt, so they carry the right taints.
         await self.health_monitor.set_inventory(inventory)
@@ -483,24 +459,13 @@ async def run_until_signalled(runtime: PluginRuntime) -> None:
         loop.add_signal_handler(sig, stop.set)
     await runtime.start()
     try:
-        await _first(stop.wait(), runtime.failed.wait())
+        await first_of(stop.wait(), runtime.failed.wait())
         if runtime.failure is None:
             log.info("signal received; shutting down")
     finally:
         await runtime.stop()
     if runtime.failure is not None:
         raise runtime.failure
-
-
-async def _first(*waits: Coroutine[Any, Any, object]) -> None:
-    """Wait until one of ``waits`` is done; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(frozen=True)
@@ -518,8 +483,9 @@ class ClusterOptions:
 
 ReporterFactory = Callable[[Any, str, str, CallActivity], ClaimReporter]
 """(API client, driver name, node name, calls in flight) → claim status and Events."""
-GuardFactory = Callable[[Any, str, str, ClaimReporter], DisruptionGuard | None]
-"""(API client, driver name, node name, reporter) → the disruption guard, or None (off)."""
+GuardFactory = Callable[[Any, str, str, ClaimReporter], GuardMaker | None]
+"""(API client, driver name, node name, reporter) → what makes the disruption guard,
+or None (off)."""
 
 
 def run_plugin(
@@ -634,8 +600,11 @@ def make_disruption_guard(
     *,
     mode: GuardMode,
     interval_s: float,
+    prepared: PreparedClaims | None = None,
+    on_count: Callable[[int], None] | None = None,
 ) -> DisruptionGuard:
-    """The plugin's disruption guard (``mode`` not off), its Events through ``reporting``."""
+    """The plugin's disruption guard (``mode`` not off), its Events through ``reporting``;
+    ``prepared`` and ``on_count``: see :class:`DisruptionGuard` (the runtime's)."""
 
     return DisruptionGuard(
         PodApi(api_client, node_name),
@@ -644,4 +613,6 @@ def make_disruption_guard(
         mode=mode,
         events=reporting.events,
         interval_s=interval_s,
+        on_count=on_count,
+        prepared=prepared,
     )

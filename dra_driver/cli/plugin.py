@@ -24,9 +24,12 @@ from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 
 if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every subcommand
+    from collections.abc import Callable
+
+    from dra_driver.app.plugin import GuardMaker
     from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.claim_reporting import ClaimReporter
-    from dra_driver.plugin.disruption_guard import DisruptionGuard
+    from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
 
 
 def _health_flags(parser: argparse.ArgumentParser) -> None:
@@ -301,18 +304,26 @@ def disruption_guard(
     driver_name: str,
     node_name: str,
     reporting: ClaimReporter,
-) -> DisruptionGuard | None:
-    """The plugin's disruption guard from its flags; None when ``--disruption-guard=off``."""
+) -> GuardMaker | None:
+    """What makes the plugin's disruption guard from its flags; None when
+    ``--disruption-guard=off``."""
     from dra_driver.app.plugin import make_disruption_guard
 
     mode = GuardMode(args.disruption_guard)
     if mode is GuardMode.OFF:
         return None
-    return make_disruption_guard(
-        api_client,
-        driver_name,
-        node_name,
-        reporting,
-        mode=mode,
-        interval_s=parse_seconds(args.disruption_guard_interval, "--disruption-guard-interval"),
-    )
+    interval_s = parse_seconds(args.disruption_guard_interval, "--disruption-guard-interval")
+
+    def make(prepared: PreparedClaims, on_count: Callable[[int], None] | None) -> DisruptionGuard:
+        return make_disruption_guard(
+            api_client,
+            driver_name,
+            node_name,
+            reporting,
+            mode=mode,
+            interval_s=interval_s,
+            prepared=prepared,
+            on_count=on_count,
+        )
+
+    return make

@@ -5,9 +5,9 @@ class ``share.gpu.fractional.dev`` (see ARCHITECTURE.md 2 and 3.6).
 * :mod:`.queue`: the coalescing work queue keyed by claim UID;
 * :mod:`.reconcile`: pure :func:`~.reconcile.decide` and the write builders;
 * :mod:`.leader`: Lease-based leader election; :mod:`.events`: rate-limited Events;
-* :mod:`.main`: :class:`~.main.Controller` and :func:`~.main.run_controller`.
+* :mod:`.main`: :class:`~.main.Controller` (built and run by :mod:`dra_driver.app.controller`).
 """
 
-from dra_driver.controller.main import Controller, ControllerConfig, run_controller
+from dra_driver.controller.main import Controller, ControllerConfig
 
-__all__ = ["Controller", "ControllerConfig", "run_controller"]
+__all__ = ["Controller", "ControllerConfig"]

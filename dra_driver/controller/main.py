@@ -30,12 +30,11 @@ import asyncio
 import contextlib
 import functools
 import logging
-import signal
 import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +48,9 @@ from dra_driver.controller.informer import (
     NODES,
     PODS,
     SLICES,
+    ChangeHandler,
     Informer,
+    KindPath,
     resource_version_of,
     uid_of,
 )
@@ -77,11 +78,9 @@ from dra_driver.controller.reconcile import (
     pod_uses,
     rejected_patch,
 )
-from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
-from dra_driver.observability.metrics_server import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,8 @@ class ControllerConfig:
     """Claims queued within this long of the oldest are worked together, largest
     first; 0: one at a time in arrival order."""
     metrics_port: int = 0
-    """Serve Prometheus metrics on this port (``run_controller``); 0: not served."""
+    """Serve Prometheus metrics on this port (:func:`dra_driver.app.controller.run_controller`);
+    0: not served."""
     metrics_address: str = "0.0.0.0"
     metrics_refresh_s: float = 5.0
     """How often the free-memory and pending-claims gauges are recomputed (when
@@ -126,34 +126,41 @@ def _claim_path(claim: JsonObj, status: bool = False) -> str:
     return path + "/status" if status else path
 
 
+InformerFactory = Callable[[KindPath, ChangeHandler], Informer]
+"""(kind, change handler) → the informer of that kind, telling that handler."""
+
+Work = Callable[[], Coroutine[Any, Any, object]]
+"""A background task's body, run for the controller's lifetime."""
+
+
 class Controller:
+    """The controller's caches, queue and worker, given their collaborators: the API
+    client its writes go through, an informer per kind (made by ``informer``, each
+    telling one of this controller's change handlers), the work queue, the Event
+    recorder, the leader elector and the metrics (built by
+    :func:`dra_driver.app.controller.build_controller`)."""
+
     def __init__(
         self,
-        api_client: Any,
         config: ControllerConfig,
+        api_client: Any,
         *,
+        informer: InformerFactory,
+        queue: WorkQueue,
+        events: EventRecorder,
+        elector: LeaderElector,
+        metrics: ControllerMetrics,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self.config = config
         self._api = api_client
         self._share_id = share_id
-        read = config.read_timeout_s
-        self.claims = Informer(
-            api_client, CLAIMS, on_change=self._claim_changed, read_timeout_s=read
-        )
-        self.pods = Informer(api_client, PODS, on_change=self._pod_changed, read_timeout_s=read)
-        self.slices = Informer(
-            api_client, SLICES, on_change=self._capacity_changed, read_timeout_s=read
-        )
-        self.classes = Informer(
-            api_client, CLASSES, on_change=self._capacity_changed, read_timeout_s=read
-        )
-        self.nodes = Informer(
-            api_client, NODES, on_change=self._capacity_changed, read_timeout_s=read
-        )
-        self.namespaces = Informer(
-            api_client, NAMESPACES, on_change=self._namespace_changed, read_timeout_s=read
-        )
+        self.claims = informer(CLAIMS, self._claim_changed)
+        self.pods = informer(PODS, self._pod_changed)
+        self.slices = informer(SLICES, self._capacity_changed)
+        self.classes = informer(CLASSES, self._capacity_changed)
+        self.nodes = informer(NODES, self._capacity_changed)
+        self.namespaces = informer(NAMESPACES, self._namespace_changed)
         self.informers = (
             self.claims,
             self.pods,
@@ -162,24 +169,16 @@ class Controller:
             self.nodes,
             self.namespaces,
         )
-        self.queue = WorkQueue()
+        self.queue = queue
         self.assumed: dict[str, JsonObj] = {}
         """Claim UID -> the claim as we last wrote it, until the watch catches up."""
         self.written: dict[str, str] = {}
         """Claim UID -> node of an allocation we wrote and did not take back."""
-        self.events = EventRecorder(api_client)
-        self.elector = LeaderElector(
-            api_client,
-            name=config.lease_name,
-            namespace=config.lease_namespace,
-            identity=config.identity,
-            lease_duration_s=config.lease_duration_s,
-            renew_interval_s=config.renew_interval_s,
-            retry_interval_s=config.retry_interval_s,
-        )
+        self.events = events
+        self.elector = elector
         self._selectors = SelectorCache()
         self.writes = 0
-        self.metrics = ControllerMetrics()
+        self.metrics = metrics
         self._cluster_changed = True
         """Something the metrics' gauges show changed since they were last computed."""
 
@@ -272,20 +271,19 @@ class Controller:
 
     # --- running -------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set; then release the Lease and end every loop."""
-        async with asyncio.TaskGroup() as tg:
-            tasks = [
-                tg.create_task(i.run(), name=f"informer-{i.kind.name}") for i in self.informers
-            ]
-            tasks.append(tg.create_task(self.elector.run(), name="leader-election"))
-            tasks.append(tg.create_task(self._lead(), name="worker"))
-            tasks.append(tg.create_task(self._resync(), name="resync"))
-            tasks.append(tg.create_task(self._refresh_metrics(), name="metrics"))
-            await stop.wait()
-            log.info("controller %s stopping", self.config.identity)
-            for task in tasks:
-                task.cancel()
+    def background(self) -> dict[str, Work]:
+        """The tasks that must run as long as the controller, by name: an informer per
+        kind, the leader election, the leader's worker, the resync and the metrics.
+        Cancelling them ends every loop and releases the Lease."""
+        work: dict[str, Work] = {f"informer-{i.kind.name}": i.run for i in self.informers}
+        work["leader-election"] = self.elector.run
+        work["worker"] = self._lead
+        work["resync"] = self._resync
+        work["metrics"] = self._refresh_metrics
+        return work
+
+    def close(self) -> None:
+        """After the background tasks: wake whoever waits on the queue."""
         self.queue.close()
 
     async def synced(self) -> None:
@@ -515,33 +513,3 @@ class Controller:
                 self._enqueue_ours(pending_only=True)
                 return None
         return None
-
-
-async def run_controller(
-    config: ControllerConfig, stop: asyncio.Event | None = None, api_client: Any = None
-) -> None:
-    """Run the controller until ``stop`` is set (or, without one, SIGTERM/SIGINT)."""
-    api = api_client if api_client is not None else make_api_client(config.kubeconfig, config.host)
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-    log.info(
-        "controller %s for driver %s (lease %s/%s)",
-        config.identity,
-        config.driver_name,
-        config.lease_namespace,
-        config.lease_name,
-    )
-    controller = Controller(api, config)
-    server = None
-    if config.metrics_port > 0:
-        server = serve_metrics(
-            config.metrics_port, controller.metrics.registry, config.metrics_address
-        )
-    try:
-        await controller.run(stop)
-    finally:
-        if server is not None:
-            await asyncio.to_thread(server.stop)

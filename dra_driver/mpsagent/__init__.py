@@ -9,7 +9,8 @@ GPU (:mod:`.daemon`) and restores every live share's limits after a daemon dies.
 Public surface (imported from the modules, so that the fake control executable,
 :mod:`dra_driver.fakes.mps_control`, which imports :mod:`.procs`, stays light):
 
-* :class:`.agent.AgentConfig`, :func:`.agent.run_agent`
+* :class:`.agent.AgentConfig`, :class:`.agent.MpsAgent` (built and run by
+  :func:`dra_driver.app.agent.run_agent`)
 * :class:`.client.MpsAgentClient`, :class:`.client.MpsAgentError`,
   :class:`.client.MpsAgentUnavailableError`
 * :class:`.port.MpsAgentPort`: the client as the plugin depends on it (one Protocol)

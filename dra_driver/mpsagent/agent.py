@@ -23,12 +23,11 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import protocol as wire
@@ -37,9 +36,6 @@ from dra_driver.mpsagent.compute_mode import ComputeMode, NvidiaSmiComputeMode
 from dra_driver.mpsagent.daemon import DaemonError, MpsDaemon
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 from dra_driver.state.files import atomic_write
-
-if TYPE_CHECKING:
-    from dra_driver.mpsagent.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +82,30 @@ def _limits(share: ShareInfo) -> ShareLimits:
     return ShareLimits(share.share_id, share.memory_limit_bytes, share.active_thread_percentage)
 
 
+DaemonFactory = Callable[[str], MpsDaemon]
+"""GPU UUID → the (not yet started) MPS control daemon of that GPU."""
+
+SupervisorFailed = Callable[[str, BaseException], None]
+"""(task name, why) → told when a daemon's supervisor dies unexpectedly."""
+
+
 class MpsAgent:
-    def __init__(self, config: AgentConfig) -> None:
+    """The shares, their daemons and the socket, given their collaborators: the MPS
+    protocol, a daemon per GPU (made by ``daemon``, on first use) and who is told
+    when a supervisor dies (built by :func:`dra_driver.app.agent.run_agent`)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        protocol: MpsProtocol,
+        daemon: DaemonFactory,
+        supervisor_failed: SupervisorFailed,
+    ) -> None:
         self.config = config
-        self.protocol: MpsProtocol = cmd.choose_protocol(config.protocol, config.driver_version)
+        self.protocol: MpsProtocol = protocol
+        self._make_daemon = daemon
+        self._supervisor_failed = supervisor_failed
         self._shares: dict[tuple[str, str], ShareInfo] = {}
         self._daemons: dict[str, MpsDaemon] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
@@ -156,18 +172,7 @@ class MpsAgent:
     def _daemon(self, gpu_uuid: str) -> MpsDaemon:
         daemon = self._daemons.get(gpu_uuid)
         if daemon is None:
-            daemon = MpsDaemon(
-                gpu_uuid,
-                self.config.state_dir,
-                self.config.control_binary,
-                self.protocol,
-                self.config.compute_mode,
-                base_env=self.config.daemon_env,
-                command_timeout=self.config.command_timeout_s,
-                shm_namespace=self.config.shm_namespace,
-                uid_check_interval=self.config.uid_check_interval_s,
-                control_channel=self.config.control_channel,
-            )
+            daemon = self._make_daemon(gpu_uuid)
             self._daemons[gpu_uuid] = daemon
         return daemon
 
@@ -256,10 +261,15 @@ class MpsAgent:
             task.add_done_callback(self._watcher_done)
             self._watchers[gpu_uuid] = task
 
-    @staticmethod
-    def _watcher_done(task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("MPS daemon supervisor %s failed", task.get_name(), exc_info=task.exception())
+    def _watcher_done(self, task: asyncio.Task[None]) -> None:
+        """A supervisor returns when its daemon is stopped on purpose; one that raised
+        is told to ``supervisor_failed`` (the agent then stops)."""
+        if task.cancelled():
+            return
+        err = task.exception()
+        if err is not None:
+            log.error("MPS daemon supervisor %s failed", task.get_name(), exc_info=err)
+            self._supervisor_failed(task.get_name(), err)
 
     async def _supervise(self, gpu_uuid: str) -> None:
         daemon = self._daemons[gpu_uuid]
@@ -504,40 +514,3 @@ def _answers(path: str) -> bool:
         except OSError:
             return False
         return True
-
-
-async def run_agent(
-    config: AgentConfig,
-    *,
-    install_signal_handlers: bool = True,
-    ready: asyncio.Event | None = None,
-    metrics: AgentMetrics | None = None,
-) -> None:
-    """Run the agent until cancelled, SIGTERM or SIGINT; then shut down in order.
-
-    ``metrics``: report this agent's daemons and shares there while it runs.
-    """
-    agent = MpsAgent(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    if metrics is not None:
-        metrics.watch(agent, loop)
-    handled: list[signal.Signals] = []
-    if install_signal_handlers:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-                handled.append(sig)
-    try:
-        await agent.start()
-        await agent.serve()
-        if ready is not None:
-            ready.set()
-        await stop.wait()
-        log.info("mps-agent stopping")
-    finally:
-        if metrics is not None:
-            metrics.unwatch()
-        for sig in handled:
-            loop.remove_signal_handler(sig)
-        await agent.close()

@@ -84,8 +84,9 @@ def _pod_name(pod: Mapping[str, Any]) -> str:
 
 
 class DisruptionGuard:
-    """See the module docstring. ``prepared``: None until the runtime binds it; without
-    it the periodic pass only adds guards and never drops a claim."""
+    """See the module docstring. ``prepared``: the claims prepared now (the runtime's
+    checkpoint); without it the periodic pass only adds guards and never drops a claim.
+    ``on_count``: told the number of guarded pods after each change (metrics)."""
 
     def __init__(
         self,
@@ -97,6 +98,7 @@ class DisruptionGuard:
         events: EventRecorder | None = None,
         interval_s: float = DEFAULT_INTERVAL_S,
         on_count: Callable[[int], None] | None = None,
+        prepared: PreparedClaims | None = None,
     ) -> None:
         self.pods = pods
         self.driver_name = driver_name
@@ -105,7 +107,7 @@ class DisruptionGuard:
         self.events = events
         self.interval_s = interval_s
         self.on_count = on_count
-        self.prepared: PreparedClaims | None = None
+        self.prepared = prepared
         self._guarded: dict[ClaimUID, ClaimRef] = {}
         """Prepared claims that guard their pods (this process's prepares, and the
         ones the first pass found in markers)."""

@@ -55,6 +55,7 @@ from dra_driver.core.prepare import (
 from dra_driver.kubeletplugin.dra_servicer import ClaimOutcome
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.cdi_store import CdiStore
+from dra_driver.plugin.current_inventory import CurrentInventory
 from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.state.checkpoint import (
     Checkpoint,
@@ -132,7 +133,7 @@ class Driver:
         self,
         *,
         ctx: NodeContext,
-        inventory: Inventory,
+        inventory: CurrentInventory,
         claims: ClaimSource,
         checkpoints: CheckpointStore,
         cdi: CdiStore,
@@ -147,7 +148,7 @@ class Driver:
         for a lull)."""
         self.ctx = ctx
         self.enforcer = enforcer
-        self.inventory = inventory
+        self._inventory = inventory
         self.claims = claims
         self.checkpoints = checkpoints
         self.cdi = cdi
@@ -164,6 +165,11 @@ class Driver:
         self._gpu_lock: dict[str, asyncio.Lock] = {}
         self._changes: list[tuple[_Change, asyncio.Future[None]]] = []
         self._committer: asyncio.Task[None] | None = None
+
+    @property
+    def inventory(self) -> Inventory:
+        """The node's GPUs as last discovered."""
+        return self._inventory.get()
 
     # --- public API ---------------------------------------------------------
 

@@ -23,6 +23,7 @@ from dra_driver.core.model import Inventory
 from dra_driver.core.settings import Capabilities, NodeSettings
 from dra_driver.core.slices import DesiredSlice, build_slices, validate_pool
 from dra_driver.k8s.publisher import PublishResult, SlicePublisher
+from dra_driver.plugin.current_inventory import CurrentInventory
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class SlicePublishing:
         publisher: SlicePublisher,
         probe: ProbeFn,
         *,
-        inventory: Inventory,
+        inventory: CurrentInventory,
         settings: NodeSettings,
         driver_name: str,
         node_name: str,
@@ -65,7 +66,7 @@ class SlicePublishing:
         self.publisher = publisher
         self.hidden_mig_devices = hidden_mig_devices
         self.probe = probe
-        self.inventory = inventory
+        self._inventory = inventory
         self.settings = settings
         self.driver_name = driver_name
         self.node_name = node_name
@@ -76,6 +77,11 @@ class SlicePublishing:
         self.failing: str | None = None
         """Why the publishes since the last success failed (None: the last one succeeded)."""
         self._reprobe = True
+
+    @property
+    def inventory(self) -> Inventory:
+        """The node's GPUs as last discovered (what is published)."""
+        return self._inventory.get()
 
     def on_registered(self) -> None:
         """The kubelet (re)registered us: probe again, then publish."""

@@ -6,6 +6,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from dra_driver.base.errors import ConfigError
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.cli import build_parser, claim_reporting
 from dra_driver.cli.plugin import disruption_guard
 from dra_driver.core.prepare import GuardMode
@@ -20,7 +21,20 @@ def _guard(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> Disruptio
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args(["kubelet-plugin", *argv])
     api = ApiClient()
-    return disruption_guard(args, api, DRIVER, NODE, claim_reporting(args, api, DRIVER, NODE))
+    make = disruption_guard(args, api, DRIVER, NODE, claim_reporting(args, api, DRIVER, NODE))
+    if make is None:
+        return None
+    guard = make(_prepared, _count)
+    assert guard.prepared is _prepared and guard.on_count is _count
+    return guard
+
+
+def _prepared() -> dict[ClaimUID, ClaimRef]:
+    return {}
+
+
+def _count(pods: int) -> None:
+    pass
 
 
 def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

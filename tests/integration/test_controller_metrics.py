@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.controller import run_controller
+from dra_driver.app.controller import run_controller
 from dra_driver.controller.metrics import PREFIX
 from dra_driver.k8s.client import make_api_client
 from tests.support.controller_env import (

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -31,7 +31,7 @@ from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.pods import PodApi
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.plugin.claim_reporting import COMPONENT
-from dra_driver.plugin.disruption_guard import DisruptionGuard
+from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -113,22 +113,31 @@ async def plugin_guarding(
     interval_s: float = 0,
 ) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin, DisruptionGuard]]:
     events = EventRecorder(api, component=COMPONENT, instance=NODE, interval_s=60)
-    guard = DisruptionGuard(
-        PodApi(api, NODE),
-        driver_name=DRIVER,
-        node_name=NODE,
-        mode=mode,
-        events=events,
-        interval_s=interval_s,
-    )
+
+    def make_guard(
+        prepared: PreparedClaims, on_count: Callable[[int], None] | None
+    ) -> DisruptionGuard:
+        return DisruptionGuard(
+            PodApi(api, NODE),
+            driver_name=DRIVER,
+            node_name=NODE,
+            mode=mode,
+            events=events,
+            interval_s=interval_s,
+            on_count=on_count,
+            prepared=prepared,
+        )
+
     claims = KubernetesClaimSource(api, request_timeout_s=5)
     runtime = PluginRuntime(
         dataclasses.replace(dirs.config()),
         FakeGpuBackend("h100-80gb:2", NODE),
         claims,
         metrics=metrics,
-        disruption_guard=guard,
+        disruption_guard=make_guard,
     )
+    guard = runtime.disruption_guard
+    assert guard is not None
     await runtime.start()
     kubelet = FakeKubelet(dirs.registry, KUBELET_DRA_SERVICES)
     try:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from dra_driver.allocator import quota_annotation, sentinel_expression
+from dra_driver.app.controller import build_controller, serve
 from dra_driver.controller import Controller, ControllerConfig
 from dra_driver.controller.reconcile import CONTROLLER_CLASS
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
@@ -178,7 +179,9 @@ async def running(
 ) -> AsyncIterator[Controller]:
     """A running controller; ``claim_watch_lag_s`` delays every claim watch event it
     sees (a slow watch: only the assume cache shows its own recent writes)."""
-    controller = Controller(make_api_client(None, host=api.url), controller_config(**overrides))
+    controller = build_controller(
+        make_api_client(None, host=api.url), controller_config(**overrides)
+    )
     if claim_watch_lag_s:
         informer = controller.claims
         apply = informer._apply
@@ -189,7 +192,7 @@ async def running(
 
         informer._apply = lagging  # type: ignore[method-assign]
     stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
+    task = asyncio.create_task(serve(controller, stop))
     try:
         await asyncio.wait_for(controller.synced(), 10)
         yield controller

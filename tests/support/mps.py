@@ -18,12 +18,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.app.agent import run_agent
 from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.settings import NodeSettings
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.mps_control import fake_control_path
-from dra_driver.mpsagent.agent import AgentConfig, run_agent
+from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import PID_FILE

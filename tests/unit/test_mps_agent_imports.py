@@ -12,7 +12,7 @@ import sys
 import dra_driver.cli
 dra_driver.cli.build_parser()  # every subcommand's parser, as main() builds them
 import dra_driver.app.agent
-from dra_driver.mpsagent.agent import run_agent
+from dra_driver.app.agent import run_agent
 from dra_driver.mpsagent.compute_mode import NvidiaSmiComputeMode
 from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.observability.metrics_server import serve_metrics
