@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,15 @@ def _root_logger_restored() -> Iterator[None]:
     root.setLevel(level)
     for handler in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
+def _heap_unfrozen() -> Iterator[None]:
+    """A test that runs a daemon's entry point in this process freezes its heap
+    (app/heap.py); thaw it, so later tests' garbage is collected as usual."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture(autouse=True)

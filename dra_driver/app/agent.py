@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dra_driver.app.heap import settle_heap
 from dra_driver.app.tasks import BackgroundTaskFailed, first_of
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, MpsAgent
@@ -103,10 +104,13 @@ async def run_agent(
     install_signal_handlers: bool = True,
     ready: asyncio.Event | None = None,
     metrics: AgentMetrics | None = None,
+    settle: bool = False,
 ) -> None:
     """Run the agent until cancelled, SIGTERM or SIGINT; then shut down in order.
 
-    ``metrics``: report this agent's daemons and shares there while it runs.
+    ``metrics``: report this agent's daemons and shares there while it runs;
+    ``settle``: once serving, freeze the heap (:func:`~dra_driver.app.heap.settle_heap`;
+    the daemon's process, not a test's).
     Raises :class:`BackgroundTaskFailed` (after the same shutdown) when a daemon's
     supervisor died unexpectedly.
     """
@@ -134,6 +138,8 @@ async def run_agent(
     try:
         await agent.start()
         await agent.serve()
+        if settle:
+            settle_heap()
         if ready is not None:
             ready.set()
         await first_of(stop.wait(), failed.wait())
@@ -161,7 +167,7 @@ def run_mps_agent(options: AgentOptions) -> None:
         else None
     )
     try:
-        asyncio.run(run_agent(config, metrics=metrics))
+        asyncio.run(run_agent(config, metrics=metrics, settle=True))
     finally:
         if server is not None:
             server.stop()

@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.app.heap import settle_heap
 from dra_driver.app.tasks import BackgroundTaskFailed, Work, first_of, supervise
 from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import ClaimRef, ClaimUID, PoolName
@@ -447,17 +448,21 @@ class PluginRuntime:
         await self.backend.close()
 
 
-async def run_until_signalled(runtime: PluginRuntime) -> None:
+async def run_until_signalled(runtime: PluginRuntime, *, settle: bool = False) -> None:
     """Serve until SIGTERM or SIGINT, then shut down and remove the sockets.
 
     Raises :class:`BackgroundTaskFailed` (after shutting down) when a background
     task failed or ended: the daemon then exits with an error, to be restarted.
+    ``settle``: once started, freeze the heap (:func:`~dra_driver.app.heap.settle_heap`;
+    the daemon's process, not a test's).
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await runtime.start()
+    if settle:
+        settle_heap()
     try:
         await first_of(stop.wait(), runtime.failed.wait())
         if runtime.failure is None:
@@ -551,7 +556,7 @@ async def run_with_startup_checks(
     so a slow API server never delays serving the kubelet)."""
     task = asyncio.create_task(check(), name="extended-resources-check")
     try:
-        await run_until_signalled(runtime)
+        await run_until_signalled(runtime, settle=True)
     finally:
         if not task.done():
             task.cancel()
