@@ -351,7 +351,7 @@ class ClaimReporter:
     async def _write(self, uid: ClaimUID) -> None:
         assert self.status_writer is not None
         try:
-            while True:
+            while uid in self._wanted:
                 if self._activity is not None:
                     # Off the kubelet's path: let the claims still being prepared
                     # or unprepared have the CPU first.
