@@ -114,24 +114,31 @@ def test_a_single_claim_waits_the_window_at_most(fake_kube: FakeKubeApi, window_
 
 
 def test_get_batch_collects_the_window_from_the_oldest_key() -> None:
+    # Times are measured from the moments that matter (not from a fixed schedule),
+    # and the margins are a quarter second or more, so a loaded CI machine whose
+    # event loop runs late fails none of them.
+    window = 0.5
+
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         queue = WorkQueue()
         queue.add("a")
         start = loop.time()
-        loop.call_later(0.1, queue.add, "b")
-        loop.call_later(0.1, queue.add, "a")  # queued already: once in the batch
-        loop.call_later(0.5, queue.add, "c")  # after the window closed
-        assert await queue.get_batch(0.3) == ["a", "b"]
-        assert 0.29 <= loop.time() - start < 0.45  # b did not extend the window
+        loop.call_later(0.2, queue.add, "b")
+        loop.call_later(0.2, queue.add, "a")  # queued already: once in the batch
+        assert await queue.get_batch(window) == ["a", "b"]
+        # The window counts from a: had b restarted it, the batch would go at 0.7 s.
+        assert window - 0.01 <= loop.time() - start < window + 0.18
         assert not queue.idle()
         queue.add("a")  # held: queued again once done
         for key in ("a", "b"):
             queue.done(key)
-        assert await queue.get_batch(0.3) == ["a", "c"]
-        # c was queued at 0.5 s: its window closes at 0.8 s, a's (queued at 0.3 s) did
-        # at 0.6 s; the batch goes as soon as the oldest key has waited its window.
-        assert 0.59 <= loop.time() - start < 0.75
+        requeued = loop.time()
+        loop.call_later(0.2, queue.add, "c")  # inside a's new window
+        assert await queue.get_batch(window) == ["a", "c"]
+        # The batch goes as soon as the oldest key (a) has waited its window; c's
+        # would close 0.2 s later.
+        assert window - 0.01 <= loop.time() - requeued < window + 0.18
 
     asyncio.run(scenario())
 
