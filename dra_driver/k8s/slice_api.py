@@ -16,6 +16,7 @@ from kubernetes.client import ApiClient
 
 from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.k8s.errors import translate_api_errors
+from dra_driver.k8s.nodes import read_node
 from dra_driver.k8s.rest import JsonObj, request_json
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -41,14 +42,7 @@ class SliceApi:
     def read_node_uid(self) -> str:
         what = f"GET nodes {self._node}"
         try:
-            with translate_api_errors(what):
-                # Not CoreV1Api: loading that module alone costs the plugin ~20 MB.
-                node = request_json(
-                    self._api_client,
-                    "GET",
-                    f"/api/v1/nodes/{quote(self._node, safe='')}",
-                    timeout_s=self._timeout_s,
-                )
+            node = read_node(self._api_client, self._node, self._timeout_s)
         except ApiNotFoundError as err:
             raise ApiNotFoundError(
                 f"{err}; ResourceSlices are owned by their Node: is the node name "
