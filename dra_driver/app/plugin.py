@@ -92,6 +92,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+MPS_KEPT_CONNECTIONS = 16
+"""Connections to the mps-agent kept open between requests (a wave's shares)."""
+
 
 GuardMaker = Callable[[PreparedClaims, Callable[[int], None] | None], DisruptionGuard]
 """(the claims prepared now, told the guarded pods' count or None) → the disruption
@@ -154,6 +157,7 @@ class PluginRuntime:
             config.driver_name, config.registry_dir, config.plugin_dir, config.rolling_update_uid
         )
         self.driver: Driver | None = None
+        self._mps_client: MpsAgentClient | None = None
         self.server: PluginServer | None = None
         self.reconcile_report: ReconcileReport | None = None
         self.readiness_server: ReadinessServer | None = None
@@ -196,6 +200,11 @@ class PluginRuntime:
         checkpoints = CheckpointStore(
             os.path.join(cfg.plugin_dir, CHECKPOINT_FILE), read_boot_id(cfg.boot_id_file)
         )
+        if cfg.mps_agent_socket:
+            # Kept connections: the prepare path sends a wave's shares at once.
+            self._mps_client = MpsAgentClient(
+                cfg.mps_agent_socket, keep_connections=MPS_KEPT_CONNECTIONS
+            )
         driver = self.driver = Driver(
             ctx=ctx,
             inventory=current,
@@ -209,7 +218,7 @@ class PluginRuntime:
                 mig_caps=(
                     MigCapabilities(cfg.proc_root) if self.backend.reads_mig_capabilities else None
                 ),
-                mps=MpsAgentClient(cfg.mps_agent_socket) if cfg.mps_agent_socket else None,
+                mps=self._mps_client,
             ),
             observers=self._observers(_EngineState(checkpoints, current.get)),
             activity=self.activity,
@@ -441,6 +450,9 @@ class PluginRuntime:
             await self.driver.close()
             self.driver.lock.close()
             self.driver = None
+        if self._mps_client is not None:
+            await self._mps_client.close()
+            self._mps_client = None
         if self.disruption_guard is not None:
             await self.disruption_guard.close()
         if self.reporting is not None:

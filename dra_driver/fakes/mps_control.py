@@ -134,7 +134,8 @@ def _write_state(pipe: str, state: dict[str, Any]) -> None:
     path = os.path.join(pipe, STATE_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(state, f, separators=(",", ":"))
+        # dumps, not dump: json.dump encodes in pure Python, dumps in C.
+        f.write(json.dumps(state, separators=(",", ":")))
     os.replace(tmp, path)
 
 

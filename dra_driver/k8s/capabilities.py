@@ -33,10 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kubernetes.client import ApiClient
-
 from dra_driver.base.errors import ApiError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.core.settings import Capabilities
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.publisher import FIELD_MANAGER, SLICES_PATH, dns_subdomain
 from dra_driver.k8s.rest import (
@@ -145,7 +144,7 @@ def capabilities_from(answers: Sequence[Mapping[str, Any]], minor: int | None) -
 
 
 async def read_server_minor(
-    api_client: ApiClient,
+    api_client: KubeClient,
     *,
     executor: Executor | None = None,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
@@ -164,7 +163,7 @@ async def read_server_minor(
 
 
 async def probe_capabilities(
-    api_client: ApiClient,
+    api_client: KubeClient,
     driver_name: str,
     node_name: str,
     server_minor: int | None = None,

@@ -33,8 +33,6 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from kubernetes.client import ApiClient
-
 from dra_driver.base.errors import (
     ApiConflictError,
     ApiError,
@@ -44,6 +42,7 @@ from dra_driver.base.errors import (
 from dra_driver.base.ids import ClaimRef
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.claims import claim_path
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
@@ -112,7 +111,7 @@ class ClaimStatusWriter:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        api_client: KubeClient,
         *,
         driver_name: str,
         node_name: str,

@@ -16,13 +16,12 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
-from kubernetes.client import ApiClient
-
 from dra_driver.base.errors import ApiNotFoundError, ClaimNotFoundError
 from dra_driver.base.ids import ClaimRef
 from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.ports import ensure_same_claim
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
@@ -44,7 +43,7 @@ class KubernetesClaimSource:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        api_client: KubeClient,
         *,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_workers: int = DEFAULT_MAX_WORKERS,

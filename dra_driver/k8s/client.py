@@ -1,4 +1,4 @@
-"""Build the official client's ``ApiClient`` from the driver's flags.
+"""Connect to the API server with the official client's configuration and transport.
 
 Order, as kubectl and client-go do it for a daemon:
 
@@ -13,19 +13,114 @@ Order, as kubectl and client-go do it for a daemon:
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
 
+import urllib3
 import yaml
-from kubernetes.client import ApiClient, Configuration
-from kubernetes.config import ConfigException, load_incluster_config, load_kube_config
 
+from dra_driver import __version__
 from dra_driver.base.errors import ConfigError
+from dra_driver.k8s.official import (
+    ConfigException,
+    Configuration,
+    RESTClientObject,
+    load_incluster_config,
+    load_kube_config,
+)
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
+AUTH_REUSE_S = 10.0
+"""How long the credentials' headers are reused before the configuration is asked
+again (and its loader's refresh hook runs): a rotated token is sent within this."""
+USER_AGENT = f"fractional-gpu-dra/{__version__}"
 
 
-def make_api_client(kubeconfig: str | None, host: str | None = None) -> ApiClient:
-    """Return an ``ApiClient`` for the cluster; :class:`ConfigError` when none is configured."""
+class KubeClient:
+    """The official client's ``Configuration`` and REST transport, without its API classes.
+
+    ``configuration`` holds the host, credentials (refreshed by the loader's
+    hooks), TLS and proxy settings; ``rest_client`` is the client's urllib3
+    pool built from them, the one its generated ``KubeClient`` would use. The
+    requests themselves are ours (:mod:`dra_driver.k8s.rest`).
+    """
+
+    def __init__(
+        self, configuration: Configuration, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.configuration = configuration
+        self._clock = clock
+        self.rest_client = RESTClientObject(configuration)
+        self.default_headers = {"User-Agent": USER_AGENT}
+        host = urllib3.util.parse_url(configuration.host)
+        self.path_prefix = (host.path or "").rstrip("/")
+        """The host's own path (a proxy's ``https://rancher/k8s/clusters/c-1``), before
+        every API path."""
+        self._pool: urllib3.HTTPConnectionPool | None = None
+        self._pool_lock = threading.Lock()
+        self._auth: tuple[float, dict[str, str]] | None = None
+
+    def auth_headers(self) -> dict[str, str]:
+        """The credentials' headers (``Authorization: Bearer ...``), refreshed every
+        :data:`AUTH_REUSE_S` seconds.
+
+        Asking the configuration runs its loader's refresh hook, and the in-cluster
+        loader's hook sets ``host`` again, whose setter scans the whole environment
+        for proxy variables: measured at a third of a claim GET's CPU in a pod's
+        environment, for a token that the loader itself re-reads once a minute.
+        """
+        now = self._clock()
+        with self._pool_lock:
+            cached = self._auth
+            if cached is not None and now - cached[0] < AUTH_REUSE_S:
+                return cached[1]
+        headers: dict[str, str] = {}
+        for setting in cast(Any, self.configuration).auth_settings().values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[setting["key"]] = setting["value"]
+        with self._pool_lock:
+            self._auth = (now, headers)
+        return headers
+
+    def connection_pool(self) -> urllib3.HTTPConnectionPool | None:
+        """The API server's connection pool, to send a request-URI to; None behind an
+        HTTP proxy (the pool manager must write those requests itself).
+
+        The pool manager's ``request`` parses and re-encodes the URL and looks its
+        pool up again on every call; taken once here, that is a third less CPU per
+        request (measured: 0.38 against 0.64 ms for a claim GET).
+        """
+        manager = self.rest_client.pool_manager
+        if isinstance(manager, urllib3.ProxyManager):
+            return None
+        with self._pool_lock:
+            pool = self._pool
+            if pool is None or pool.pool is None:  # none yet, or closed by clear()
+                pool = manager.connection_from_url(self.configuration.host)
+                self._pool = pool
+            return pool
+
+    def close(self) -> None:
+        self.rest_client.pool_manager.clear()
+
+    def __enter__(self) -> KubeClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def make_api_client(kubeconfig: str | None, host: str | None = None) -> KubeClient:
+    """A :class:`KubeClient` for the cluster; :class:`ConfigError` when none is configured."""
     configuration = Configuration()
     if host is not None:
         configuration.host = host.rstrip("/")
@@ -39,7 +134,7 @@ def make_api_client(kubeconfig: str | None, host: str | None = None) -> ApiClien
             ) from err
     else:
         _load_kubeconfig(kubeconfig, configuration)
-    return ApiClient(configuration=configuration)
+    return KubeClient(configuration)
 
 
 def _load_kubeconfig(kubeconfig: str | None, configuration: Configuration) -> None:
@@ -57,7 +152,7 @@ def _load_kubeconfig(kubeconfig: str | None, configuration: Configuration) -> No
             "does not exist; pass --kubeconfig or set KUBECONFIG"
         )
     try:
-        load_kube_config(  # type: ignore[no-untyped-call]
+        load_kube_config(
             config_file=paths, client_configuration=configuration, persist_config=False
         )
     except (ConfigException, OSError, ValueError, yaml.YAMLError) as err:

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.base.errors import (
     ApiConflictError,
@@ -28,6 +27,7 @@ from dra_driver.base.errors import (
     ApiNotFoundError,
     ApiUnavailableError,
 )
+from dra_driver.k8s.official import ApiException
 
 BODY_MAX_CHARS = 512
 """Response bodies are cut to this length so one bad reply cannot flood the logs."""

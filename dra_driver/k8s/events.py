@@ -37,10 +37,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubernetes.client import ApiClient
-
 from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.base.ids import ClaimRef
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
@@ -190,7 +189,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        api_client: KubeClient,
         *,
         component: str,
         instance: str = "",

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from kubernetes.client import ApiClient
-
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
 
-def read_node(api_client: ApiClient, name: str, timeout_s: float = 10.0) -> JsonObj:
+def read_node(api_client: KubeClient, name: str, timeout_s: float = 10.0) -> JsonObj:
     """``GET /api/v1/nodes/<name>`` as raw JSON; API errors become ``core.errors`` ones."""
     what = f"GET nodes {name}"
     with translate_api_errors(what):

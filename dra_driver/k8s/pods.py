@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.client import ApiClient
-
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
@@ -46,7 +45,7 @@ def annotation_patch(
 class PodApi:
     """The node's pods through ``api_client`` (the caller owns it)."""
 
-    def __init__(self, api_client: ApiClient, node_name: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, api_client: KubeClient, node_name: str, *, timeout_s: float = 10.0) -> None:
         self._api = api_client
         self.node_name = node_name
         self._timeout_s = timeout_s

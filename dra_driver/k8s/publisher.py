@@ -37,11 +37,10 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
-from kubernetes.client import ApiClient
-
 from dra_driver.base.errors import ApiConflictError, ApiError, ApiUnavailableError
 from dra_driver.core.slices import DesiredSlice
 from dra_driver.k8s.backoff import Backoff
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S
 from dra_driver.k8s.slice_api import FIELD_MANAGER, SLICES_PATH, SliceApi, StaleView
 from dra_driver.k8s.slice_plan import (
@@ -130,7 +129,7 @@ class SlicePublisher:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        api_client: KubeClient,
         *,
         driver_name: str,
         node_name: str,

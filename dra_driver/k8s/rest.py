@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlencode
 
 import urllib3
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.base.errors import ApiError
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import truncate
+from dra_driver.k8s.official import ApiException
 from dra_driver.k8s.wire import encode_body
 
 JsonObj = dict[str, Any]
@@ -29,7 +29,7 @@ DEFAULT_REQUEST_TIMEOUT_S = 10.0
 
 
 def request_json(
-    api_client: ApiClient,
+    api_client: KubeClient,
     method: str,
     path: str,
     *,
@@ -68,7 +68,7 @@ def request_json(
 
 
 def open_request(
-    api_client: ApiClient,
+    api_client: KubeClient,
     method: str,
     path: str,
     *,
@@ -80,26 +80,38 @@ def open_request(
     """Send ``body`` as it is, with the client's host, credentials, TLS and proxies.
 
     The answer is not read (watch streams read it line by line) and its status
-    is not checked. The bearer token is asked of the configuration on every
-    call, so a rotated service-account token is picked up.
+    is not checked. The bearer token comes from :meth:`KubeClient.auth_headers`,
+    so a rotated service-account token is picked up within seconds.
     """
-    client = cast(Any, api_client)
-    configuration = client.configuration
-    headers: dict[str, str] = {**client.default_headers, "Accept": "application/json"}
-    for setting in configuration.auth_settings().values():
-        if setting.get("in") == "header" and setting.get("value"):
-            headers[setting["key"]] = setting["value"]
+    client = api_client
+    headers = {**client.default_headers, "Accept": "application/json", **client.auth_headers()}
     if body is not None:
         headers["Content-Type"] = content_type
     params = list(query)
-    url = configuration.host + path + (f"?{urlencode(params)}" if params else "")
-    pool = client.rest_client.pool_manager
-    return cast(
-        urllib3.BaseHTTPResponse,
-        pool.request(
-            method, url, body=body, headers=headers, timeout=timeout, preload_content=False
-        ),
-    )
+    target = path + (f"?{urlencode(params)}" if params else "")
+    pool = client.connection_pool()
+    if pool is None:
+        response = client.rest_client.pool_manager.request(
+            method,
+            client.configuration.host + target,
+            body=body,
+            headers=headers,
+            timeout=timeout,
+            preload_content=False,
+        )
+    else:
+        # The API server does not redirect API calls; a 3xx is answered as an error.
+        response = pool.urlopen(
+            method,
+            client.path_prefix + target,
+            body=body,
+            headers=headers,
+            timeout=timeout,
+            preload_content=False,
+            redirect=False,
+            assert_same_host=False,
+        )
+    return response
 
 
 def api_exception(status: int, reason: str | None, data: bytes) -> ApiException:

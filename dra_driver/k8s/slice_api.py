@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from kubernetes.client import ApiClient
-
 from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.nodes import read_node
 from dra_driver.k8s.rest import JsonObj, request_json
@@ -32,7 +31,7 @@ class SliceApi:
     """Node and ResourceSlice requests for one node's pool; every method blocks."""
 
     def __init__(
-        self, api_client: ApiClient, *, node_name: str, field_selector: str, timeout_s: float
+        self, api_client: KubeClient, *, node_name: str, field_selector: str, timeout_s: float
     ) -> None:
         self._api_client = api_client
         self._node = node_name

@@ -22,9 +22,9 @@ import threading
 from collections.abc import Callable, Iterable
 
 import urllib3
-from kubernetes.client import ApiClient
 
 from dra_driver.base.errors import ApiError
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors, truncate
 from dra_driver.k8s.rest import JsonObj, api_exception, open_request, request_json
 
@@ -74,7 +74,7 @@ def _shutdown(response: urllib3.BaseHTTPResponse) -> None:
             response.close()
 
 
-def list_objects(api_client: ApiClient, path: str) -> tuple[list[JsonObj], str]:
+def list_objects(api_client: KubeClient, path: str) -> tuple[list[JsonObj], str]:
     """Every object at ``path`` (a collection) and the list's resourceVersion.
 
     Items get ``kind``/``apiVersion`` filled in from the list when absent (the
@@ -94,7 +94,7 @@ def list_objects(api_client: ApiClient, path: str) -> tuple[list[JsonObj], str]:
 
 
 def watch_events(
-    api_client: ApiClient,
+    api_client: KubeClient,
     path: str,
     resource_version: str,
     emit: Callable[[str, JsonObj], None],
@@ -154,7 +154,7 @@ def watch_events(
 
 
 def _open_stream(
-    api_client: ApiClient, path: str, query: list[tuple[str, str]], read_timeout_s: float
+    api_client: KubeClient, path: str, query: list[tuple[str, str]], read_timeout_s: float
 ) -> urllib3.BaseHTTPResponse:
     response = open_request(
         api_client,
@@ -189,7 +189,7 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 def send_json(
-    api_client: ApiClient,
+    api_client: KubeClient,
     method: str,
     path: str,
     body: JsonObj | None = None,

@@ -40,8 +40,9 @@ _MAX_INT64 = 2**63 - 1
 _MIN_INT64 = -(2**63)
 
 
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d[\d.eE+-]*')
-"""JSON strings, or numbers: to find numbers that are not small integers."""
+_RISKY_NUMBERS = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+[.eE][\d.eE+-]*|-?\d{19,})')
+"""JSON strings (skipped: group 1 is empty), or a number token Go may write otherwise:
+a float, or an integer of 19 digits or more (int64 holds up to 19)."""
 _HTML_TABLE = str.maketrans(_GO_HTML_ESCAPES)
 
 
@@ -66,7 +67,8 @@ def canonical_json(value: Any) -> str:
         allow_nan=False,
         default=_as_plain,
     )
-    if any(_go_writes_otherwise(m.group()) for m in _TOKENS.finditer(text)):
+    # findall runs in C: one pass over the text, no Python call per string.
+    if any(_go_writes_otherwise(n) for n in _RISKY_NUMBERS.findall(text) if n):
         text = "".join(_encode(value))
     return text.translate(_HTML_TABLE)
 

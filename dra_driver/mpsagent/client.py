@@ -1,9 +1,18 @@
 """The plugin's side of the mps-agent socket.
 
-One short connection per request: the plugin holds no connection state, so a
-plugin restart, or an agent restart between two requests, needs no reconnect
-logic. Every method is safe to repeat (``ensure_share`` is idempotent,
-``release_share`` of an unknown share is a no-op).
+Every method is safe to repeat (``ensure_share`` is idempotent,
+``release_share`` of an unknown share is a no-op), so a request may be sent
+again after the agent went away.
+
+By default each request has a connection of its own. With ``keep_connections``
+(the kubelet plugin's prepare path) up to that many connections stay open
+between requests: a wave of ten claims otherwise opens, accepts and closes ten
+unix connections on both sides' event loops. One connection carries one request
+at a time; concurrent requests take different connections. A kept connection
+the agent has closed meanwhile (an agent restart) is noticed by the empty answer
+and the request is sent again once on a new connection; a connection whose
+request timed out or failed is closed, never kept, so no late answer is read
+as the next request's.
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ from typing import Any
 from dra_driver.base.errors import MpsAgentError
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
+
+_Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class MpsAgentUnavailableError(MpsAgentError):
@@ -28,9 +39,14 @@ __all__ = ["MpsAgentClient", "MpsAgentError", "MpsAgentUnavailableError"]
 
 
 class MpsAgentClient:
-    def __init__(self, socket_path: str, timeout: float = 60.0) -> None:
+    def __init__(
+        self, socket_path: str, timeout: float = 60.0, *, keep_connections: int = 0
+    ) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        self.keep_connections = keep_connections
+        self._idle: list[_Connection] = []
+        self._idle_loop: asyncio.AbstractEventLoop | None = None
 
     def _unavailable(self, what: str) -> MpsAgentUnavailableError:
         return MpsAgentUnavailableError(
@@ -39,25 +55,13 @@ class MpsAgentClient:
         )
 
     async def _call(self, request: wire.Request) -> dict[str, Any]:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(self.socket_path, limit=wire.MAX_LINE_BYTES * 64),
-                self.timeout,
-            )
-        except (OSError, TimeoutError) as err:
-            raise self._unavailable(f"{type(err).__name__}: {err}") from err
-        try:
-            writer.write(wire.encode_request(request))
-            await writer.drain()
-            line = await asyncio.wait_for(reader.readline(), self.timeout)
-        except (OSError, TimeoutError) as err:
-            raise self._unavailable(f"{type(err).__name__} during the request") from err
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-        if not line:
-            raise self._unavailable("the agent closed the connection without answering")
+        payload = wire.encode_request(request)
+        kept = self._take_idle()
+        line = b""
+        if kept is not None:
+            line = await self._exchange(kept, payload, fresh=False)
+        if not line:  # no kept connection, or the agent had closed it: a new one
+            line = await self._exchange(await self._connect(), payload, fresh=True)
         try:
             reply = wire.parse_response(line)
         except wire.ProtocolError as err:
@@ -65,6 +69,70 @@ class MpsAgentClient:
         if isinstance(reply, wire.ErrorReply):
             raise MpsAgentError(reply.kind, f"mps-agent: {reply.message}")
         return reply
+
+    async def _connect(self) -> _Connection:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await asyncio.open_unix_connection(
+                    self.socket_path, limit=wire.MAX_LINE_BYTES * 64
+                )
+        except (OSError, TimeoutError) as err:
+            raise self._unavailable(f"{type(err).__name__}: {err}") from err
+
+    async def _exchange(self, conn: _Connection, payload: bytes, *, fresh: bool) -> bytes:
+        """Send one request, read its answer line; keeps the connection if it may.
+
+        On a kept connection, an empty answer or a reset before any answer means
+        the agent closed it: returns ``b""`` so that the caller sends again."""
+        reader, writer = conn
+        keep = False
+        try:
+            writer.write(payload)
+            async with asyncio.timeout(self.timeout):
+                await writer.drain()
+                line = await reader.readline()
+            keep = bool(line) and line.endswith(b"\n")
+        except (OSError, TimeoutError) as err:
+            if not fresh and isinstance(err, ConnectionError):
+                return b""
+            raise self._unavailable(f"{type(err).__name__} during the request") from err
+        finally:
+            if not (keep and self._keep(conn)):
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+        if not line and fresh:
+            raise self._unavailable("the agent closed the connection without answering")
+        return line
+
+    def _take_idle(self) -> _Connection | None:
+        if self._idle_loop is not asyncio.get_running_loop():
+            # Kept by another event loop (a test's earlier asyncio.run): unusable here.
+            self._idle, self._idle_loop = [], None
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn[1].is_closing() and not conn[0].at_eof():
+                return conn
+            conn[1].close()
+        return None
+
+    def _keep(self, conn: _Connection) -> bool:
+        if len(self._idle) >= self.keep_connections:
+            return False
+        self._idle_loop = asyncio.get_running_loop()
+        self._idle.append(conn)
+        return True
+
+    async def close(self) -> None:
+        """Close the kept connections."""
+        idle, self._idle = self._idle, []
+        if self._idle_loop is not asyncio.get_running_loop():
+            self._idle_loop = None
+            return
+        for _, writer in idle:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
     async def ensure_share(
         self,

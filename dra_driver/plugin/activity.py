@@ -48,5 +48,7 @@ class CallActivity:
         """Return when no call is in flight, or after ``max_wait_s`` at the latest."""
         if self._calls == 0:
             return
+        # asyncio.timeout, not wait_for: 3.11's wait_for makes a task per wait.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), self.max_wait_s)
+            async with asyncio.timeout(self.max_wait_s):
+                await self._idle.wait()

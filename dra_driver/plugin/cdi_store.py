@@ -25,7 +25,9 @@ class CdiStore:
     def write(self, claim_uid: str, spec: Mapping[str, Any]) -> str:
         os.makedirs(self.root, exist_ok=True)
         path = self.path_for(claim_uid)
-        blob = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
+        # Compact: with ``indent`` json falls back to its pure-Python encoder, which
+        # was a quarter of the prepare path's own CPU (yappi, 10 claims at once).
+        blob = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode() + b"\n"
         atomic_write(path, blob, mode=0o644, fsync=self.fsync)
         return path
 

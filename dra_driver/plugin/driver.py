@@ -177,9 +177,16 @@ class Driver:
         started = time.monotonic()
         with self.activity.call():
             unique = _unique(refs)
-            fetched = await asyncio.gather(
-                *(self.claims.get_claim(ref) for ref in unique), return_exceptions=True
-            )
+            fetched: list[ResourceClaim | BaseException]
+            if len(unique) == 1:  # the kubelet's usual call: no task and gather for one GET
+                try:
+                    fetched = [await self.claims.get_claim(unique[0])]
+                except Exception as err:
+                    fetched = [err]
+            else:
+                fetched = await asyncio.gather(
+                    *(self.claims.get_claim(ref) for ref in unique), return_exceptions=True
+                )
             work = _Work(
                 prepare=True,
                 refs=unique,

@@ -174,25 +174,18 @@ def serve_plugin(args: argparse.Namespace) -> int:
     timed(ClaimStatusWriter, "apply", "status")
 
     root = args.serve_plugin
-    kubeconfig = os.path.join(root, "kubeconfig")
-    with open(kubeconfig, "w", encoding="utf-8") as f:
-        f.write(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: bench, cluster: {{server: '{args.api}'}}}}]\n"
-            "users: [{name: bench, user: {}}]\n"
-            "contexts: [{name: bench, context: {cluster: bench, user: bench}}]\n"
-            "current-context: bench\n"
-        )
     argv = [
         "kubelet-plugin",
-        *("--driver-name", DRIVER, "--node-name", NODE, "--kubeconfig", kubeconfig),
+        *("--driver-name", DRIVER, "--node-name", NODE),
+        *client_flags(args, root),
         *(
             "--registry-dir",
             os.path.join(root, "reg"),
             "--plugin-dir",
             os.path.join(root, "plugin"),
         ),
-        *("--cdi-root", os.path.join(root, "cdi"), "--boot-id-file", os.path.join(root, "boot_id")),
+        # The chart's cdiRoot is /var/run/cdi, a tmpfs; the checkpoint stays on disk.
+        *("--cdi-root", cdi_root(root), "--boot-id-file", os.path.join(root, "boot_id")),
         *("--backend", "fake", "--fake-gpus", FAKE_GPUS),
         *("--sharing", "timeslicing" if args.mode == "timesliced" else "mps"),
         # As the chart runs it: metrics and /readyz served, claim status and Events on.
@@ -216,6 +209,42 @@ def serve_plugin(args: argparse.Namespace) -> int:
             json.dump(TIMINGS, f)
 
 
+def client_flags(args: argparse.Namespace, root: str) -> list[str]:
+    """How the plugin finds the API server (HTTPS, a bearer token, the server's CA).
+
+    ``in-cluster``, the chart's pod: no flag; the official in-cluster loader reads
+    ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the service account's token and CA
+    files, whose fixed paths under /var/run/secrets are pointed at ours here.
+    ``kubeconfig``, host-process mode: ``--kubeconfig`` naming the same three.
+    """
+    token = os.path.join(root, "token")
+    with open(token, "w", encoding="ascii") as f:
+        f.write("bench-token")
+    if args.client == "kubeconfig":
+        kubeconfig = os.path.join(root, "kubeconfig")
+        with open(kubeconfig, "w", encoding="utf-8") as f:
+            f.write(
+                "apiVersion: v1\nkind: Config\n"
+                f"clusters: [{{name: bench, cluster: {{server: '{args.api}', "
+                f"certificate-authority: '{args.ca}'}}}}]\n"
+                "users: [{name: bench, user: {token: bench-token}}]\n"
+                "contexts: [{name: bench, context: {cluster: bench, user: bench}}]\n"
+                "current-context: bench\n"
+            )
+        return ["--kubeconfig", kubeconfig]
+    # The driver's lean import of the client first: importing the loader alone
+    # would run the whole package's __init__ and inflate the plugin's RSS.
+    import importlib
+
+    importlib.import_module("dra_driver.k8s.official")
+    loader = importlib.import_module("kubernetes.config.incluster_config")
+    loader.SERVICE_TOKEN_FILENAME = token
+    loader.SERVICE_CERT_FILENAME = args.ca
+    host, port = args.api.removeprefix("https://").rsplit(":", 1)
+    os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"] = host, port
+    return []
+
+
 def free_port() -> int:
     import socket
 
@@ -237,7 +266,7 @@ def serve_engine(root: str, count: int) -> None:
         node_name=NODE,
         registry_dir=os.path.join(root, "reg"),
         plugin_dir=os.path.join(root, "plugin"),
-        cdi_root=os.path.join(root, "cdi"),
+        cdi_root=cdi_root(root),
         boot_id_file=os.path.join(root, "boot_id"),
         settings=NodeSettings(default=GpuSettings(Sharing.TIMESLICING)),
     )
@@ -270,11 +299,14 @@ def serve_api(args: argparse.Namespace) -> int:
     references as one JSON line, and serves until its standard input closes."""
     from dra_driver.fakes.objects import claim_ref, node_object, resource_claim, share
     from tests.support.fakekube import FakeKubeApi
+    from tests.support.tls import self_signed, server_context
 
     spec = json.loads(args.serve_api)
+    # HTTPS, as every API server serves: the plugin's TLS work is the node's.
+    pair = self_signed(spec["tls_dir"])
     # The API server's own work is not the node's: the fake's schema check of every
     # write (a millisecond each, on these two cores) is left out of the figures.
-    with FakeKubeApi(kube_minor=36, validate_schema=False) as api:
+    with FakeKubeApi(kube_minor=36, validate_schema=False, tls=server_context(pair)) as api:
         api.create(node_object(NODE))
 
         def claims(prefix: str, count: int) -> list[list[str]]:
@@ -291,18 +323,21 @@ def serve_api(args: argparse.Namespace) -> int:
             ]
             return [[r.namespace, r.name, r.uid] for r in map(claim_ref, made)]
 
-        refs = {"url": api.url, "claims": claims("claim", spec["claims"])}
+        refs = {"url": api.url, "ca": pair.cert, "claims": claims("claim", spec["claims"])}
         refs["resident"] = claims("resident", spec["resident"])
         print(json.dumps(refs), flush=True)
         sys.stdin.read()  # until the benchmark closes it
     return 0
 
 
-def start_api(claims: int, resident: int) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def start_api(
+    root: str, claims: int, resident: int
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    spec = {"claims": claims, "resident": resident, "tls_dir": os.path.join(root, "api-tls")}
     proc = subprocess.Popen(
         [
             *(sys.executable, os.path.abspath(__file__)),
-            *("--serve-api", json.dumps({"claims": claims, "resident": resident})),
+            *("--serve-api", json.dumps(spec)),
         ],
         cwd=ROOT,
         stdin=subprocess.PIPE,
@@ -332,11 +367,16 @@ def stop_api(proc: subprocess.Popen[str] | None) -> None:
 
 def node_root() -> str:
     root = tempfile.mkdtemp(prefix="dra-bench-", dir="/var/tmp")
-    for name in ("reg", "plugin", "cdi"):
+    for name in ("reg", "plugin"):
         os.makedirs(os.path.join(root, name))
     with open(os.path.join(root, "boot_id"), "w", encoding="ascii") as f:
         f.write("bench\n")
     return root
+
+
+def cdi_root(root: str) -> str:
+    """Where CDI specs go: a tmpfs, as the chart's /var/run/cdi is."""
+    return os.path.join(state_root(root), "cdi")
 
 
 def state_root(root: str) -> str:
@@ -372,12 +412,19 @@ def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def start_plugin(
-    root: str, mode: str, api_url: str, agent_socket: str, profile: str | None
+    root: str,
+    mode: str,
+    api: dict[str, Any],
+    agent_socket: str,
+    *,
+    profile: str | None,
+    client: str,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             *(sys.executable, os.path.abspath(__file__), "--serve-plugin", root),
-            *("--mode", mode, "--api", api_url, "--agent-socket", agent_socket),
+            *("--mode", mode, "--api", api["url"], "--ca", api["ca"], "--client", client),
+            *("--agent-socket", agent_socket),
             *("--timings", os.path.join(root, "timings.json")),
             *(("--profile", f"{profile}.{mode}") if profile else ()),
         ],
@@ -444,20 +491,27 @@ async def kubelet_rounds(
 
 
 def run_kubelet_mode(
-    mode: str, rounds: int, burst: int, warmup: int, *, profile: str | None, gap: float
+    mode: str,
+    rounds: int,
+    burst: int,
+    warmup: int,
+    *,
+    profile: str | None,
+    gap: float,
+    client: str,
 ) -> dict[str, Any]:
     from dra_driver.base.ids import ClaimRef, ClaimUID
 
     root = node_root()
     agent = plugin = api = None
     try:
-        api, made = start_api((warmup + rounds) * burst, GPUS if mode == "mps" else 0)
+        api, made = start_api(root, (warmup + rounds) * burst, GPUS if mode == "mps" else 0)
         refs = [ClaimRef(ns, name, ClaimUID(uid)) for ns, name, uid in made["claims"]]
         resident = [ClaimRef(ns, name, ClaimUID(uid)) for ns, name, uid in made["resident"]]
         socket = ""
         if mode.startswith("mps"):
             agent, socket = start_agent(root)
-        plugin = start_plugin(root, mode, made["url"], socket, profile)
+        plugin = start_plugin(root, mode, made, socket, profile=profile, client=client)
         wait_for_socket(os.path.join(root, "reg", f"{DRIVER}-reg.sock"), plugin)
         rss_start = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
         warm = refs[: warmup * burst]
@@ -531,6 +585,7 @@ def run_engine(claims: int, levels: list[int]) -> list[dict[str, Any]]:
         proc.terminate()
         proc.join(10)
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(state_root(root), ignore_errors=True)
     return rows
 
 
@@ -640,12 +695,20 @@ def main() -> int:
     )
     parser.add_argument("--claims", type=int, default=500, help="engine: claims per level")
     parser.add_argument("--concurrency", default="1,8,32", help="engine: caller counts")
+    parser.add_argument(
+        "--client",
+        choices=("in-cluster", "kubeconfig"),
+        default="in-cluster",
+        help="how the plugin reaches the API server: in-cluster (the chart's pod, the "
+        "default) or kubeconfig (host-process mode); HTTPS either way",
+    )
     parser.add_argument("--profile", help="write the plugin's cProfile stats to PROFILE.<mode>")
     # The plugin process (internal).
     parser.add_argument("--serve-plugin", help=argparse.SUPPRESS)
     parser.add_argument("--serve-api", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--api", help=argparse.SUPPRESS)
+    parser.add_argument("--ca", help=argparse.SUPPRESS)
     parser.add_argument("--agent-socket", help=argparse.SUPPRESS)
     parser.add_argument("--timings", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -659,7 +722,13 @@ def main() -> int:
         parser.error(f"unknown mode(s) {sorted(unknown)}")
     rows = [
         run_kubelet_mode(
-            m, args.rounds, args.burst, args.warmup, profile=args.profile, gap=args.gap
+            m,
+            args.rounds,
+            args.burst,
+            args.warmup,
+            profile=args.profile,
+            gap=args.gap,
+            client=args.client,
         )
         for m in modes
         if m != "engine"

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
 
 from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
@@ -24,7 +23,7 @@ from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, Register
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.claim_reporting import (
@@ -65,13 +64,13 @@ class Clock:
 
 
 @pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[ApiClient]:
+def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
     with make_api_client(None, host=fake_kube.url) as client:
         yield client
 
 
 def reporter(
-    api: ApiClient,
+    api: KubeClient,
     clock: Clock,
     *,
     status: bool = True,
@@ -97,7 +96,7 @@ async def _no_sleep(_: float) -> None:
 
 @contextlib.asynccontextmanager
 async def plugin_with(
-    dirs: NodeDirs, api: ApiClient, observer: ClaimReporter
+    dirs: NodeDirs, api: KubeClient, observer: ClaimReporter
 ) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin]]:
     """A plugin on MPS-shared fake GPUs reading claims from the fake API, ``observer`` told.
 
@@ -125,7 +124,7 @@ async def plugin_with(
 
 @contextlib.asynccontextmanager
 async def plugin_reporting_to(
-    dirs: NodeDirs, api: ApiClient, reporting: ClaimReporter
+    dirs: NodeDirs, api: KubeClient, reporting: ClaimReporter
 ) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin]]:
     """A plugin wired as ``dra-driver kubelet-plugin`` wires it: ``reporting`` given to
     the runtime, so it hears the health monitor as well as the driver."""
@@ -171,7 +170,7 @@ def events_on(fake: FakeKubeApi, kind: str, name: str) -> list[dict[str, Any]]:
 
 
 def test_prepare_writes_status_devices_and_unprepare_removes_them(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     a = share("gpu-0", memory="10Gi", compute_percent=25)
     b = share("gpu-0", memory="20Gi")
@@ -226,7 +225,7 @@ def test_prepare_writes_status_devices_and_unprepare_removes_them(
 
 
 def test_overcommit_refusal_is_one_warning_event_counted_on_repeats(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     ok = fake_kube.create(resource_claim("default", "ok", devices=[share("gpu-0", memory="60Gi")]))
     big = fake_kube.create(
@@ -264,7 +263,7 @@ def test_overcommit_refusal_is_one_warning_event_counted_on_repeats(
 
 def test_forbidden_status_write_warns_once_and_prepare_still_works(
     fake_kube: FakeKubeApi,
-    api: ApiClient,
+    api: KubeClient,
     node_dirs: NodeDirs,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -295,7 +294,7 @@ def test_forbidden_status_write_warns_once_and_prepare_still_works(
 
 
 def test_status_off_still_records_events(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     bad = fake_kube.create(
         resource_claim("default", "elsewhere", node="node-b", devices=[share("gpu-0")])
@@ -315,7 +314,7 @@ def test_status_off_still_records_events(
 
 
 def test_health_change_events_on_node_and_claims_and_conditions(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     on_gpu0 = fake_kube.create(resource_claim("default", "a", devices=[share("gpu-0")]))
     on_gpu1 = fake_kube.create(resource_claim("default", "b", devices=[Allocated("gpu-1")]))
@@ -363,7 +362,7 @@ def test_health_change_events_on_node_and_claims_and_conditions(
 
 
 def test_device_healthy_is_known_from_the_first_prepare(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     """Devices are healthy unless a fault says otherwise, without waiting for a change.
 
@@ -397,7 +396,7 @@ def test_device_healthy_is_known_from_the_first_prepare(
 
 
 def test_health_change_for_claims_prepared_before_a_restart(
-    fake_kube: FakeKubeApi, api: ApiClient
+    fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     """Claims the monitor passes in (from the checkpoint) are told too."""
     obj = fake_kube.create(resource_claim("default", "old", devices=[Allocated("gpu-0")]))
@@ -425,7 +424,7 @@ def test_health_change_for_claims_prepared_before_a_restart(
 
 
 def test_prepare_then_quick_unprepare_leaves_nothing(
-    fake_kube: FakeKubeApi, api: ApiClient
+    fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     """Status writes of one claim are applied in order, the newest wanted state last."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
@@ -448,7 +447,9 @@ def status_patches(fake: FakeKubeApi) -> int:
     return len([r for r in fake.requests if r[0] == "PATCH" and r[1].endswith("/status")])
 
 
-def test_status_writes_wait_for_the_calls_in_flight(fake_kube: FakeKubeApi, api: ApiClient) -> None:
+def test_status_writes_wait_for_the_calls_in_flight(
+    fake_kube: FakeKubeApi, api: KubeClient
+) -> None:
     """A claim answered while others of its wave are still being prepared gets its
     status written once the wave is answered, not while it competes with them."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
@@ -469,7 +470,7 @@ def test_status_writes_wait_for_the_calls_in_flight(fake_kube: FakeKubeApi, api:
 
 
 def test_a_node_that_never_rests_still_gets_its_status_written(
-    fake_kube: FakeKubeApi, api: ApiClient
+    fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
     activity = CallActivity(max_wait_s=0.2)
@@ -486,7 +487,7 @@ def test_a_node_that_never_rests_still_gets_its_status_written(
 
 
 def test_the_health_models_device_health_is_a_change(
-    fake_kube: FakeKubeApi, api: ApiClient
+    fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     """core.health.DeviceHealth (the health monitor's) is accepted as it is."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
@@ -509,7 +510,7 @@ def test_the_health_models_device_health_is_a_change(
 
 
 def test_first_healthy_report_updates_conditions_without_events(
-    fake_kube: FakeKubeApi, api: ApiClient
+    fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     """As a health monitor listener: claims remembered from the checkpoint are told."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from kubernetes.client import ApiClient
 
 from dra_driver.base.errors import ConfigError
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.cli import build_parser, claim_reporting
 from dra_driver.cli.plugin import disruption_guard
 from dra_driver.core.prepare import GuardMode
+from dra_driver.k8s.client import KubeClient
+from dra_driver.k8s.official import Configuration
 from dra_driver.plugin.disruption_guard import DisruptionGuard
 from tests.support.node import DRIVER, NODE
 
@@ -20,7 +21,7 @@ def _guard(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> Disruptio
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args(["kubelet-plugin", *argv])
-    api = ApiClient()
+    api = KubeClient(Configuration())
     make = disruption_guard(args, api, DRIVER, NODE, claim_reporting(args, api, DRIVER, NODE))
     if make is None:
         return None

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
 
 from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.prepare import (
@@ -26,7 +25,7 @@ from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.pods import PodApi
 from dra_driver.observability.plugin_metrics import PluginMetrics
@@ -41,7 +40,7 @@ OPTED_IN = {opt_in_key(DRIVER): "true"}
 
 
 @pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[ApiClient]:
+def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
     with make_api_client(None, host=fake_kube.url) as client:
         yield client
 
@@ -106,7 +105,7 @@ def guard_keys_of(fake: FakeKubeApi, name: str) -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def plugin_guarding(
     dirs: NodeDirs,
-    api: ApiClient,
+    api: KubeClient,
     mode: GuardMode = GuardMode.ANNOTATED,
     *,
     metrics: PluginMetrics | None = None,
@@ -156,7 +155,7 @@ async def plugin_guarding(
 
 
 def test_prepare_guards_the_claims_pods_on_this_node_and_unprepare_releases_them(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     guarded = fake_kube.create(claim("guarded", annotations=OPTED_IN))
     plain = fake_kube.create(claim("plain", "gpu-1"))
@@ -207,7 +206,7 @@ def test_prepare_guards_the_claims_pods_on_this_node_and_unprepare_releases_them
 
 
 def test_a_users_own_annotations_are_never_removed(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     guarded = fake_kube.create(claim("guarded", annotations=OPTED_IN))
     mine = {KARPENTER_DO_NOT_DISRUPT: "true", "team": "llm"}
@@ -245,7 +244,7 @@ def test_a_users_own_annotations_are_never_removed(
 )
 def test_which_claims_are_guarded(
     fake_kube: FakeKubeApi,
-    api: ApiClient,
+    api: KubeClient,
     node_dirs: NodeDirs,
     case: tuple[GuardMode, dict[str, str], bool],
 ) -> None:
@@ -269,7 +268,7 @@ def test_which_claims_are_guarded(
 @pytest.mark.parametrize("status", [403, 500])
 def test_api_errors_never_fail_a_prepare(
     fake_kube: FakeKubeApi,
-    api: ApiClient,
+    api: KubeClient,
     node_dirs: NodeDirs,
     caplog: pytest.LogCaptureFixture,
     status: int,
@@ -295,7 +294,7 @@ def test_api_errors_never_fail_a_prepare(
 
 
 def test_a_refused_patch_never_fails_a_prepare(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     obj = fake_kube.create(claim("c", annotations=OPTED_IN))
     fake_kube.create(pod("p", claim_name="c"))
@@ -312,7 +311,7 @@ def test_a_refused_patch_never_fails_a_prepare(
 
 
 def test_a_conflict_is_tried_again_on_a_fresh_read(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     obj = fake_kube.create(claim("c", annotations=OPTED_IN))
     fake_kube.create(pod("p", claim_name="c"))
@@ -328,7 +327,7 @@ def test_a_conflict_is_tried_again_on_a_fresh_read(
 
 
 def test_the_periodic_pass_guards_late_pods_and_drops_stale_claims(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     """A second pod on a prepared claim (the kubelet does not prepare again) is guarded by
     the next pass; a marker naming a claim that is not prepared (unprepared while the
@@ -355,7 +354,7 @@ def test_the_periodic_pass_guards_late_pods_and_drops_stale_claims(
 
 
 def test_a_restarted_plugin_releases_what_it_guarded_before(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
 ) -> None:
     obj = fake_kube.create(claim("c", annotations=OPTED_IN))
     fake_kube.create(pod("p", claim_name="c"))

@@ -23,7 +23,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
 
 from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.slices import EVENT_REASON
@@ -40,7 +39,7 @@ from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim
 from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.nodes import read_node
 from dra_driver.plugin.claim_reporting import ClaimReporter
@@ -68,7 +67,7 @@ CLASSES = [
 
 
 @pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[ApiClient]:
+def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
     with make_api_client(None, host=fake_kube.url) as client:
         yield client
 
@@ -134,7 +133,7 @@ def spec_devices(dirs: NodeDirs, uid: str) -> list[str]:
 
 
 def test_each_container_gets_the_gpus_of_its_own_requests(
-    node_dirs: NodeDirs, fake_kube: FakeKubeApi, api: ApiClient
+    node_dirs: NodeDirs, fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     """Three containers (one an init container reusing the first one's GPU), one of
     them asking two GPUs: every container gets exactly its devices' CDI ids."""
@@ -207,7 +206,7 @@ def test_each_container_gets_the_gpus_of_its_own_requests(
 
 
 def test_a_pod_mixing_extended_resources_and_a_normal_claim(
-    node_dirs: NodeDirs, fake_kube: FakeKubeApi, api: ApiClient
+    node_dirs: NodeDirs, fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     """One container asks nvidia.com/gpu, nvidia.com/mig-1g.10gb and a claim of its
     own: both claims are prepared in one call (a MIG instance created for the
@@ -284,7 +283,7 @@ def node_events(fake: FakeKubeApi) -> list[dict[str, Any]]:
 )
 def test_the_start_up_check_warns_on_the_node(
     fake_kube: FakeKubeApi,
-    api: ApiClient,
+    api: KubeClient,
     caplog: pytest.LogCaptureFixture,
     allocatable: dict[str, str],
     warned: bool,
@@ -312,7 +311,7 @@ def test_the_start_up_check_warns_on_the_node(
 
 
 def test_an_unreadable_node_is_logged_and_not_fatal(
-    fake_kube: FakeKubeApi, api: ApiClient, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario() -> str | None:
         return await check_extended_resources(

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 import urllib3.exceptions
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.base.errors import (
     ApiConflictError,
@@ -28,8 +26,9 @@ from dra_driver.core.model import DeviceResult, OpaqueConfig, ResourceClaim
 from dra_driver.core.ports import ClaimSource
 from dra_driver.fakes.objects import Allocated, resource_claim
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.errors import BODY_MAX_CHARS, translate_api_errors
+from dra_driver.k8s.official import ApiException
 from tests.support.fakekube import DEFAULT_KINDS, FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"
@@ -39,13 +38,13 @@ GPU_CONFIG = {"apiVersion": "gpu.fractional.dev/v1alpha1", "kind": "GpuConfig"}
 
 
 @pytest.fixture
-def api_client(fake_kube: FakeKubeApi) -> Iterator[ApiClient]:
+def api_client(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
     with make_api_client(None, host=fake_kube.url) as api:
         yield api
 
 
 @pytest.fixture
-def source(api_client: ApiClient) -> Iterator[KubernetesClaimSource]:
+def source(api_client: KubeClient) -> Iterator[KubernetesClaimSource]:
     claims = KubernetesClaimSource(api_client, request_timeout_s=5)
     yield claims
     claims.close()

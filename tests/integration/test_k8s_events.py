@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.fakes.objects import Allocated, resource_claim
@@ -18,7 +17,7 @@ from dra_driver.k8s.claim_status import (
     dropped_by_server,
     field_manager,
 )
-from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder, InvolvedObject, event_object
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import run_checked
@@ -38,12 +37,12 @@ class Clock:
 
 
 @pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[ApiClient]:
+def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
     with make_api_client(None, host=fake_kube.url) as client:
         yield client
 
 
-def recorder(api: ApiClient, clock: Clock, **kw: Any) -> EventRecorder:
+def recorder(api: KubeClient, clock: Clock, **kw: Any) -> EventRecorder:
     return EventRecorder(
         api, component="fractional-gpu-dra-kubelet-plugin", instance=NODE, clock=clock, **kw
     )
@@ -82,7 +81,7 @@ def test_event_on_a_claim_and_on_a_node() -> None:
     assert node["source"] == {"component": "c", "host": "i" * 300}
 
 
-def test_rate_limit_and_aggregation(fake_kube: FakeKubeApi, api: ApiClient) -> None:
+def test_rate_limit_and_aggregation(fake_kube: FakeKubeApi, api: KubeClient) -> None:
     clock = Clock()
     rec = recorder(api, clock, interval_s=60, aggregate=True)
     node = InvolvedObject.node(NODE)
@@ -107,7 +106,7 @@ def test_rate_limit_and_aggregation(fake_kube: FakeKubeApi, api: ApiClient) -> N
     assert [m for m, _ in fake_kube.requests].count("PATCH") == 1
 
 
-def test_an_expired_event_is_written_again(fake_kube: FakeKubeApi, api: ApiClient) -> None:
+def test_an_expired_event_is_written_again(fake_kube: FakeKubeApi, api: KubeClient) -> None:
     clock = Clock()
     rec = recorder(api, clock, interval_s=1, aggregate=True)
     claim = InvolvedObject.claim(REF)
@@ -125,7 +124,7 @@ def test_an_expired_event_is_written_again(fake_kube: FakeKubeApi, api: ApiClien
 
 
 def test_forbidden_patch_turns_aggregation_off(
-    fake_kube: FakeKubeApi, api: ApiClient, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
     rec = recorder(api, clock, interval_s=1, aggregate=True)
@@ -146,7 +145,7 @@ def test_forbidden_patch_turns_aggregation_off(
 
 
 def test_forbidden_create_is_logged_once_and_stops_events(
-    fake_kube: FakeKubeApi, api: ApiClient, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     rec = recorder(api, Clock())
     fake_kube.fail_next("POST", "/events", 403, times=5)
@@ -166,7 +165,7 @@ def test_forbidden_create_is_logged_once_and_stops_events(
 
 
 def test_other_failures_are_logged_and_dropped(
-    fake_kube: FakeKubeApi, api: ApiClient, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     rec = recorder(api, Clock())
     fake_kube.fail_next("POST", "/events", 500)
@@ -182,7 +181,7 @@ def test_other_failures_are_logged_and_dropped(
 
 
 def test_emit_never_blocks_and_bounds_what_is_in_flight(
-    fake_kube: FakeKubeApi, api: ApiClient
+    fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     rec = recorder(api, Clock(), max_in_flight=2)
 
@@ -197,7 +196,7 @@ def test_emit_never_blocks_and_bounds_what_is_in_flight(
     assert sorted(e["message"] for e in events(fake_kube)) == ["m0", "m1"]
 
 
-def test_controller_wrapper_keeps_its_api(fake_kube: FakeKubeApi, api: ApiClient) -> None:
+def test_controller_wrapper_keeps_its_api(fake_kube: FakeKubeApi, api: KubeClient) -> None:
     from dra_driver.controller.events import COMPONENT
     from dra_driver.controller.events import EventRecorder as ControllerEvents
     from dra_driver.controller.events import event_object as controller_event
@@ -227,7 +226,7 @@ class Sleeps:
         self.calls.append(seconds)
 
 
-def writer(api: ApiClient, sleeps: Sleeps | None = None) -> ClaimStatusWriter:
+def writer(api: KubeClient, sleeps: Sleeps | None = None) -> ClaimStatusWriter:
     return ClaimStatusWriter(
         api, driver_name=DRIVER, node_name=NODE, sleep=sleeps or Sleeps(), backoff_s=0.5
     )
@@ -243,7 +242,7 @@ def claim(fake_kube: FakeKubeApi) -> dict[str, Any]:
 
 
 def test_apply_sends_server_side_apply(
-    fake_kube: FakeKubeApi, api: ApiClient, claim: dict[str, Any]
+    fake_kube: FakeKubeApi, api: KubeClient, claim: dict[str, Any]
 ) -> None:
     assert run_checked(writer(api).apply(REF, [ours()])) is ApplyResult.WRITTEN
     (request,) = fake_kube.request_log
@@ -258,7 +257,7 @@ def test_apply_sends_server_side_apply(
 
 
 def test_conflicts_and_unavailability_are_retried_with_backoff(
-    fake_kube: FakeKubeApi, api: ApiClient, claim: dict[str, Any]
+    fake_kube: FakeKubeApi, api: KubeClient, claim: dict[str, Any]
 ) -> None:
     sleeps = Sleeps()
     fake_kube.fail_next("PATCH", "/status", 409)
@@ -274,7 +273,7 @@ def test_conflicts_and_unavailability_are_retried_with_backoff(
     [(404, ApplyResult.GONE), (422, ApplyResult.REFUSED), (400, ApplyResult.REFUSED)],
 )
 def test_permanent_failures_are_not_retried(
-    fake_kube: FakeKubeApi, api: ApiClient, claim: dict[str, Any], status: int, result: ApplyResult
+    fake_kube: FakeKubeApi, api: KubeClient, claim: dict[str, Any], status: int, result: ApplyResult
 ) -> None:
     fake_kube.fail_next("PATCH", "/status", status)
     w = writer(api)
@@ -283,7 +282,7 @@ def test_permanent_failures_are_not_retried(
     assert w.enabled
 
 
-def test_a_replaced_claim_is_refused(fake_kube: FakeKubeApi, api: ApiClient) -> None:
+def test_a_replaced_claim_is_refused(fake_kube: FakeKubeApi, api: KubeClient) -> None:
     fake_kube.create(resource_claim("default", "c1", uid="uid-2"))
     assert run_checked(writer(api).apply(REF, [ours()])) is ApplyResult.REFUSED
     assert "devices" not in fake_kube.get("ResourceClaim", "c1", "default")["status"]
@@ -291,7 +290,7 @@ def test_a_replaced_claim_is_refused(fake_kube: FakeKubeApi, api: ApiClient) -> 
 
 def test_forbidden_is_logged_once_with_the_fix(
     fake_kube: FakeKubeApi,
-    api: ApiClient,
+    api: KubeClient,
     claim: dict[str, Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -324,7 +323,7 @@ def test_field_manager_and_body() -> None:
     assert body["status"] == {"devices": [ours()]}
 
 
-def test_writer_keeps_other_drivers_entries(fake_kube: FakeKubeApi, api: ApiClient) -> None:
+def test_writer_keeps_other_drivers_entries(fake_kube: FakeKubeApi, api: KubeClient) -> None:
     other = {"driver": "net.example.com", "pool": NODE, "device": "eth0", "data": {"ip": "x"}}
     obj = resource_claim(
         "default",

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
 
 from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
@@ -30,7 +29,7 @@ from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
@@ -57,12 +56,12 @@ class Clock:
 
 
 @pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[ApiClient]:
+def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
     with make_api_client(None, host=fake_kube.url) as client:
         yield client
 
 
-def reporter(api: ApiClient, clock: Clock) -> ClaimReporter:
+def reporter(api: KubeClient, clock: Clock) -> ClaimReporter:
     events = EventRecorder(
         api, component=COMPONENT, instance=NODE, interval_s=60, aggregate=True, clock=clock
     )
@@ -110,7 +109,7 @@ def cuda_client(agent: AgentConfig, gpu: str, action: str, uid: int) -> str:
 
 @contextlib.asynccontextmanager
 async def mps_plugin(
-    dirs: NodeDirs, agent: AgentConfig, api: ApiClient, observer: ClaimReporter
+    dirs: NodeDirs, agent: AgentConfig, api: KubeClient, observer: ClaimReporter
 ) -> AsyncIterator[tuple[RegisteredPlugin, str]]:
     """The plugin on two MPS-shared fake GPUs, polling ``agent`` every 50 ms; gpu-0's UUID."""
     config = dataclasses.replace(
@@ -152,7 +151,7 @@ def check_first_wait(fake: FakeKubeApi, gpu: str) -> str:
 
 
 def test_a_uid_wait_is_a_warning_on_node_and_claims_until_it_clears(
-    fake_kube: FakeKubeApi, api: ApiClient, node_dirs: NodeDirs, agent: AgentConfig
+    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs, agent: AgentConfig
 ) -> None:
     refs = [
         claim_ref(fake_kube.create(resource_claim("default", name, devices=[share(device)])))
@@ -296,7 +295,7 @@ def test_waiting_claims_are_those_of_a_waiting_uid_when_every_uid_is_known() -> 
 
 
 def test_only_claims_whose_share_waits_are_told_when_the_uids_are_known(
-    fake_kube: FakeKubeApi, api: ApiClient
+    fake_kube: FakeKubeApi, api: KubeClient
 ) -> None:
     refs = {n: ClaimRef("default", n, ClaimUID(f"uid-{n}")) for n in "abcd"}
     observer = reporter(api, Clock())

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
 
 from dra_driver.base.errors import ApiConflictError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.core.settings import Capabilities, NodeSettings
@@ -24,7 +23,7 @@ from dra_driver.core.slices import DesiredSlice, build_slices
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.objects import node_object, resource_claim
 from dra_driver.k8s.capabilities import parse_minor, probe_capabilities, read_server_minor
-from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.publisher import (
     FIELD_MANAGER,
     MANAGED_BY,
@@ -126,7 +125,7 @@ def http(fake: FakeKubeApi, method: str, path: str, body: Any = None) -> tuple[i
 
 
 @pytest.fixture
-def api_client(fake_kube: FakeKubeApi) -> Iterator[ApiClient]:
+def api_client(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
     with make_api_client(None, host=fake_kube.url) as api:
         yield api
 
@@ -137,7 +136,7 @@ def node_uid(fake_kube: FakeKubeApi) -> str:
 
 
 @contextlib.asynccontextmanager
-async def publisher(api_client: ApiClient, **kwargs: Any) -> AsyncIterator[SlicePublisher]:
+async def publisher(api_client: KubeClient, **kwargs: Any) -> AsyncIterator[SlicePublisher]:
     pub = SlicePublisher(api_client, driver_name=DRIVER, node_name=NODE, backoff=FAST, **kwargs)
     try:
         yield pub
@@ -146,7 +145,7 @@ async def publisher(api_client: ApiClient, **kwargs: Any) -> AsyncIterator[Slice
 
 
 def publish_once(
-    api_client: ApiClient, want: Sequence[DesiredSlice], **kwargs: Any
+    api_client: KubeClient, want: Sequence[DesiredSlice], **kwargs: Any
 ) -> PublishResult:
     async def go() -> PublishResult:
         async with publisher(api_client, **kwargs) as pub:
@@ -191,7 +190,7 @@ def test_probe_reads_what_the_server_keeps(
 
 
 def test_probe_with_a_known_version_skips_version(
-    fake_kube: FakeKubeApi, api_client: ApiClient
+    fake_kube: FakeKubeApi, api_client: KubeClient
 ) -> None:
     assert asyncio.run(probe_capabilities(api_client, DRIVER, NODE, 36)) == ALL_ON
     assert [p for _, p in fake_kube.requests if "version" in p] == []
@@ -199,7 +198,7 @@ def test_probe_with_a_known_version_skips_version(
 
 @pytest.mark.parametrize("status", [403, 422, 409])
 def test_refused_probe_falls_back_to_all_off(
-    fake_kube: FakeKubeApi, api_client: ApiClient, status: int, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api_client: KubeClient, status: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake_kube.fail_next("POST", "dryRun=All", status)
     with caplog.at_level(logging.WARNING):
@@ -208,20 +207,20 @@ def test_refused_probe_falls_back_to_all_off(
     assert any("probe" in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
 
 
-def test_refused_version_still_probes(fake_kube: FakeKubeApi, api_client: ApiClient) -> None:
+def test_refused_version_still_probes(fake_kube: FakeKubeApi, api_client: KubeClient) -> None:
     fake_kube.fail_next("GET", "/version", 403)
     assert asyncio.run(probe_capabilities(api_client, DRIVER, NODE, None)) == ALL_ON
 
 
 def test_unavailable_server_is_raised_not_guessed(
-    fake_kube: FakeKubeApi, api_client: ApiClient
+    fake_kube: FakeKubeApi, api_client: KubeClient
 ) -> None:
     fake_kube.fail_next("POST", "dryRun=All", 500)
     with pytest.raises(ApiUnavailableError):
         asyncio.run(probe_capabilities(api_client, DRIVER, NODE, 36))
 
 
-def test_server_minor(api_client: ApiClient) -> None:
+def test_server_minor(api_client: KubeClient) -> None:
     assert asyncio.run(read_server_minor(api_client)) == 36
 
 
@@ -251,7 +250,7 @@ def test_parse_minor_without_digits() -> None:
 
 
 def test_first_publish_creates_named_owned_slices(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     result = publish_once(api_client, two_gpus())
 
@@ -279,7 +278,7 @@ def test_first_publish_creates_named_owned_slices(
 
 
 def test_unchanged_republish_writes_nothing(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     async def go() -> list[PublishResult]:
         async with publisher(api_client) as pub:
@@ -298,7 +297,7 @@ def test_unchanged_republish_writes_nothing(
 
 
 def test_a_changed_device_bumps_every_slice_of_the_pool(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     result = publish_once(api_client, two_gpus(memory="40Gi"))
@@ -310,7 +309,7 @@ def test_a_changed_device_bumps_every_slice_of_the_pool(
 
 
 def test_a_removed_key_deletes_its_slice(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     result = publish_once(api_client, desired(("gpu-0", [gpu("gpu-0")])))
@@ -325,7 +324,7 @@ def test_a_removed_key_deletes_its_slice(
 
 
 def test_other_nodes_and_drivers_are_untouched(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     other_node = fake_kube.create(foreign_slice("b-slice", node="node-b", driver=DRIVER))
     other_driver = fake_kube.create(foreign_slice("a-other", node=NODE, driver="other.example.com"))
@@ -346,13 +345,13 @@ def ours_names(want: Sequence[DesiredSlice]) -> list[str]:
     return [slice_name(NODE, DRIVER, d.key) for d in want]
 
 
-async def _unpublish(api_client: ApiClient) -> tuple[str, ...]:
+async def _unpublish(api_client: KubeClient) -> tuple[str, ...]:
     async with publisher(api_client) as pub:
         return await pub.unpublish()
 
 
 def test_conflict_relists_and_succeeds(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     fake_kube.clear_requests()
@@ -365,7 +364,7 @@ def test_conflict_relists_and_succeeds(
 
 
 def test_conflicts_give_up_after_max_conflict_retries(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     fake_kube.fail_next("PUT", "/resourceslices/", 409, times=10)
@@ -374,7 +373,7 @@ def test_conflicts_give_up_after_max_conflict_retries(
 
 
 def test_our_metadata_is_restored_without_a_new_generation(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     name = slice_name(NODE, DRIVER, "gpu-1")
@@ -390,7 +389,7 @@ def test_our_metadata_is_restored_without_a_new_generation(
 
 
 def test_inconsistent_stored_generations_are_repaired(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     """E.g. a publish cut short: every slice moves past the highest stored generation."""
     publish_once(api_client, two_gpus())
@@ -404,7 +403,7 @@ def test_inconsistent_stored_generations_are_repaired(
 
 
 def test_transient_errors_are_retried_with_backoff(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     fake_kube.fail_next("POST", "/resourceslices", 500, times=2)
     result = publish_once(api_client, two_gpus())
@@ -414,7 +413,7 @@ def test_transient_errors_are_retried_with_backoff(
 
 
 def test_transient_errors_give_up_after_max_attempts(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     fake_kube.fail_next("GET", "/resourceslices", 503, times=3)
     with pytest.raises(ApiUnavailableError, match="503"):
@@ -453,7 +452,7 @@ def test_dropped_fields_are_reported_and_do_not_cause_churn(
 
 
 def test_republish_after_the_kubelet_wiped_the_slices(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     built = 0
 
@@ -492,7 +491,7 @@ def test_republish_after_the_kubelet_wiped_the_slices(
 
 
 def test_run_keeps_retrying_after_failures(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 2 tries per publish: the first publish fails, the loop backs off and tries again.
     fake_kube.fail_next("GET", "/resourceslices", 500, times=3)
@@ -514,7 +513,7 @@ def test_run_keeps_retrying_after_failures(
     assert any("publishing ResourceSlices failed" in r.getMessage() for r in caplog.records)
 
 
-def test_async_desired_fn(fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str) -> None:
+def test_async_desired_fn(fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str) -> None:
     async def desired_fn() -> list[DesiredSlice]:
         await asyncio.sleep(0)
         return two_gpus()
@@ -533,7 +532,7 @@ def test_async_desired_fn(fake_kube: FakeKubeApi, api_client: ApiClient, node_ui
     assert asyncio.run(go()).generation == 1
 
 
-def test_missing_node_is_named(fake_kube: FakeKubeApi, api_client: ApiClient) -> None:
+def test_missing_node_is_named(fake_kube: FakeKubeApi, api_client: KubeClient) -> None:
     with pytest.raises(ApiNotFoundError, match="owned by their Node"):
         publish_once(api_client, two_gpus())
     assert writes(fake_kube) == []
@@ -551,7 +550,7 @@ def test_missing_node_is_named(fake_kube: FakeKubeApi, api_client: ApiClient) ->
     ids=["driver", "node", "duplicate", "count"],
 )
 def test_desired_slices_breaking_the_contract_are_refused(
-    fake_kube: FakeKubeApi, api_client: ApiClient, want: list[DesiredSlice], message: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, want: list[DesiredSlice], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
         publish_once(api_client, want)
@@ -559,7 +558,7 @@ def test_desired_slices_breaking_the_contract_are_refused(
 
 
 def test_publishing_nothing_removes_our_slices(
-    fake_kube: FakeKubeApi, api_client: ApiClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     result = publish_once(api_client, [])
@@ -571,7 +570,7 @@ def test_publishing_nothing_removes_our_slices(
 def test_probe_build_publish_round_trip_drops_nothing(minor: int) -> None:
     """What the builder makes for the probed capabilities is stored as sent."""
 
-    async def go(api: ApiClient) -> tuple[Capabilities, PublishResult, PublishResult]:
+    async def go(api: KubeClient) -> tuple[Capabilities, PublishResult, PublishResult]:
         caps = await probe_capabilities(api, DRIVER, NODE)
         inventory = await FakeGpuBackend("h100-80gb:2,h100-80gb:1:mig,l4", NODE).inventory()
         want = build_slices(

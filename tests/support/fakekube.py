@@ -102,6 +102,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 from types import TracebackType
 from typing import Self
@@ -147,13 +148,16 @@ class FakeKubeApi:
         drop_gated_fields: bool | None = None,
         binary_minor: int | None = None,
         validate_schema: bool = True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """``kube_minor``: the release it plays (``/version``, 1.35+ validation);
         ``drop_gated_fields``: drop the fields of the DRA gates that are off
         before 1.36; ``None`` decides by ``kube_minor``; ``binary_minor``: a newer
         binary emulating ``kube_minor`` (``/version`` shows both); ``validate_schema``
         False skips the schema check of HTTP writes (benchmarks: a real API server's
-        CPU is not the node's)."""
+        CPU is not the node's); ``tls``: serve HTTPS with this server context, as
+        every real API server does (:func:`tests.support.tls.server_context`)."""
+        self.tls = tls
         self.version = ServerVersion(kube_minor, drop_gated_fields, binary_minor)
         validate = self.version.validate if validate_schema else accept_all
         self._store = Store(kinds, history_limit, self.version.prepare, validate)
@@ -171,7 +175,11 @@ class FakeKubeApi:
             raise RuntimeError("FakeKubeApi already started")
         self._store.reopen()
         self._server = Server(
-            self._store, self._record, self._track_connection, self.version.version_info()
+            self._store,
+            self._record,
+            self._track_connection,
+            self.version.version_info(),
+            self.tls,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -213,11 +221,12 @@ class FakeKubeApi:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>``, for ``make_api_client(None, host=url)``."""
+        """``http://127.0.0.1:<port>`` (``https`` with ``tls``), for
+        ``make_api_client(None, host=url)``."""
         if self._server is None:
             raise RuntimeError("FakeKubeApi is not started")
         host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host!s}:{port}"
 
     # Objects
 

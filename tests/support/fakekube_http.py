@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -35,6 +36,8 @@ class RecordedRequest:
     content_type: str | None
     body: bytes = b""
     """Exactly the bytes sent."""
+    authorization: str | None = None
+    user_agent: str | None = None
 
 
 @dataclass
@@ -78,12 +81,22 @@ class Server(ThreadingHTTPServer):
         record: Callable[[RecordedRequest, str], Fault | None],
         track: Callable[[socket.socket, bool], None],
         version_info: JsonObj,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.store = store
         self.record = record
         self.track = track
         self.version_info = version_info
+        self.tls = tls
         super().__init__(("127.0.0.1", 0), _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, address = super().get_request()
+        if self.tls is None:
+            return sock, address
+        # The handshake happens on the handler thread's first read, not here on
+        # the accept loop's: one slow client must not hold up the others.
+        return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client hanging up mid-response is normal in tests; anything else is a bug.
@@ -134,7 +147,16 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = self.headers.get("Content-Type")
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fault = self.server.record(
-            RecordedRequest(method, url.path, query, content_type, raw), self.path
+            RecordedRequest(
+                method,
+                url.path,
+                query,
+                content_type,
+                raw,
+                self.headers.get("Authorization"),
+                self.headers.get("User-Agent"),
+            ),
+            self.path,
         )
         if fault is not None:
             self._send_fault(fault)

@@ -14,7 +14,6 @@ import pytest
 from kubernetes import client, watch
 
 from dra_driver.fakes.objects import node_object, resource_claim
-from dra_driver.k8s.client import make_api_client
 from tests.support.fakekube import DEFAULT_KINDS, FakeApiError, FakeKubeApi, ResourceKind
 from tests.support.fakekube_patch import json_patch, merge_patch
 from tests.support.fakekube_selectors import parse_label_selector
@@ -43,7 +42,8 @@ def events(lines: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 @pytest.fixture
 def api(fake_kube: FakeKubeApi) -> Iterator[client.ApiClient]:
-    with make_api_client(None, host=fake_kube.url) as api_client:
+    """The official client's generated API, whole: these tests check the fake against it."""
+    with client.ApiClient(client.Configuration(host=fake_kube.url)) as api_client:
         yield api_client
 
 

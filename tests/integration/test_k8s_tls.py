@@ -1,0 +1,131 @@
+"""The client over HTTPS, as every real API server serves: the in-cluster configuration
+(service-account token and CA file, ``https://$KUBERNETES_SERVICE_HOST``), a kubeconfig
+naming the CA, and a server certificate nobody vouches for."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.base.errors import ApiUnavailableError
+from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.fakes.objects import resource_claim
+from dra_driver.k8s import client as client_module
+from dra_driver.k8s.claims import KubernetesClaimSource
+from dra_driver.k8s.client import USER_AGENT, KubeClient, make_api_client
+from tests.support.fakekube import FakeKubeApi
+from tests.support.tls import SelfSigned, openssl_missing, self_signed, server_context
+
+pytestmark = pytest.mark.skipif(openssl_missing() is not None, reason=str(openssl_missing()))
+
+TOKEN = "service-account-token"
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> SelfSigned:
+    return self_signed(str(tmp_path / "tls"))
+
+
+@pytest.fixture
+def https_kube(pair: SelfSigned) -> Iterator[FakeKubeApi]:
+    with FakeKubeApi(tls=server_context(pair)) as api:
+        api.create(resource_claim("default", "c1", uid="uid-1"))
+        yield api
+
+
+def read_claim(client: KubeClient) -> str:
+    source = KubernetesClaimSource(client, request_timeout_s=5)
+    try:
+        claim = asyncio.run(source.get_claim(ClaimRef("default", "c1", ClaimUID("uid-1"))))
+    finally:
+        source.close()
+    return claim.ref.name
+
+
+def test_in_cluster_configuration_talks_https_with_the_token(
+    https_kube: FakeKubeApi, pair: SelfSigned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod's path: the official in-cluster loader, the service account's files."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    loader = importlib.import_module("kubernetes.config.incluster_config")
+    monkeypatch.setattr(loader, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(loader, "SERVICE_CERT_FILENAME", pair.cert)
+    port = https_kube.url.rsplit(":", 1)[1]
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+    with make_api_client(None) as client:
+        assert client.configuration.host == f"https://127.0.0.1:{port}"
+        assert read_claim(client) == "c1"
+    (request,) = [r for r in https_kube.request_log if r.path.endswith("/resourceclaims/c1")]
+    # The official loader writes the scheme in lower case; HTTP auth schemes are
+    # case-insensitive (RFC 9110), and the API server reads them so.
+    assert request.authorization is not None
+    scheme, _, sent = request.authorization.partition(" ")
+    assert (scheme.lower(), sent) == ("bearer", TOKEN)
+    assert request.user_agent == USER_AGENT
+
+
+def test_kubeconfig_with_the_ca_talks_https(
+    https_kube: FakeKubeApi, pair: SelfSigned, tmp_path: Path
+) -> None:
+    """The host-process path: a kubeconfig naming the server, its CA and a token."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: '{https_kube.url}', "
+        f"certificate-authority: '{pair.cert}'}}}}]\n"
+        f"users: [{{name: u, user: {{token: {TOKEN}}}}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    with make_api_client(str(kubeconfig)) as client:
+        assert read_claim(client) == "c1"
+    assert {r.authorization for r in https_kube.request_log} == {f"Bearer {TOKEN}"}
+
+
+def test_a_server_certificate_nobody_vouches_for_is_refused(
+    https_kube: FakeKubeApi, tmp_path: Path
+) -> None:
+    """Another CA than the server's: the TLS handshake fails, and it is a transport
+    error of that claim, not a crash."""
+    other = self_signed(str(tmp_path / "other"))
+    with make_api_client(None, host=https_kube.url) as client:
+        client.configuration.ssl_ca_cert = other.cert
+        fresh = KubeClient(client.configuration)  # the pool is built from the configuration
+    with fresh, pytest.raises(ApiUnavailableError, match="transport error"):
+        read_claim(fresh)
+
+
+def test_a_rotated_token_is_sent_once_the_reuse_window_ends(
+    https_kube: FakeKubeApi, pair: SelfSigned
+) -> None:
+    """The credentials' headers are computed once per window, not per request (the
+    in-cluster hook costs a scan of the environment), and a new token goes out after."""
+    clock = [1000.0]
+    asked: list[str] = []
+
+    def refresh(configuration: Any) -> None:
+        asked.append(configuration.api_key["BearerToken"])
+
+    with make_api_client(None, host=https_kube.url) as client:
+        client.configuration.ssl_ca_cert = pair.cert
+        fresh = KubeClient(client.configuration, clock=lambda: clock[0])
+    fresh.configuration.api_key = {"BearerToken": "old"}
+    fresh.configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    settings: Any = fresh.configuration  # the client's attributes are typed too narrowly
+    settings.refresh_api_key_hook = refresh
+    with fresh:
+        for _ in range(3):
+            assert read_claim(fresh) == "c1"
+        fresh.configuration.api_key = {"BearerToken": "new"}  # the loader re-read the file
+        assert read_claim(fresh) == "c1"  # still inside the window
+        clock[0] += client_module.AUTH_REUSE_S
+        assert read_claim(fresh) == "c1"
+    sent = [r.authorization for r in https_kube.request_log]
+    assert sent == ["Bearer old"] * 4 + ["Bearer new"]
+    assert len(asked) == 2
