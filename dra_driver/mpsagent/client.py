@@ -47,6 +47,13 @@ class MpsAgentClient:
         self.keep_connections = keep_connections
         self._idle: list[_Connection] = []
         self._idle_loop: asyncio.AbstractEventLoop | None = None
+        self.connections_opened = 0
+        """Connections made so far (how often keeping one was not possible)."""
+
+    @property
+    def kept_connections(self) -> int:
+        """Connections open and waiting for the next request."""
+        return len(self._idle)
 
     def _unavailable(self, what: str) -> MpsAgentUnavailableError:
         return MpsAgentUnavailableError(
@@ -73,11 +80,13 @@ class MpsAgentClient:
     async def _connect(self) -> _Connection:
         try:
             async with asyncio.timeout(self.timeout):
-                return await asyncio.open_unix_connection(
+                conn = await asyncio.open_unix_connection(
                     self.socket_path, limit=wire.MAX_LINE_BYTES * 64
                 )
         except (OSError, TimeoutError) as err:
             raise self._unavailable(f"{type(err).__name__}: {err}") from err
+        self.connections_opened += 1
+        return conn
 
     async def _exchange(self, conn: _Connection, payload: bytes, *, fresh: bool) -> bytes:
         """Send one request, read its answer line; keeps the connection if it may.

@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -343,3 +344,69 @@ def test_client_without_an_agent_names_the_socket_and_the_daemonset() -> None:
         asyncio.run(client.status())
     assert "/tmp/no-such-dir/mps-agent.sock" in str(err.value)
     assert "mps-agent DaemonSet" in str(err.value)
+
+
+# -- kept connections (the plugin's prepare path) -------------------------------------
+
+
+def test_kept_connections_are_reused_and_survive_an_agent_restart(v3_node: Node) -> None:
+    """Concurrent requests take connections of their own and leave them open for the
+    next ones; after the agent restarts, the closed ones are dropped, not used."""
+    node = v3_node
+
+    async def scenario() -> None:
+        client = MpsAgentClient(node.config.socket_path, timeout=20, keep_connections=4)
+        try:
+            async with agent_running(node.config):
+                await asyncio.gather(*(client.status() for _ in range(3)))
+                assert (client.connections_opened, client.kept_connections) == (3, 3)
+                await asyncio.gather(*(client.status() for _ in range(3)))
+                assert (client.connections_opened, client.kept_connections) == (3, 3)
+            async with agent_running(node.config):
+                assert (await client.status()).daemons == ()
+                assert (client.connections_opened, client.kept_connections) == (4, 1)
+        finally:
+            await client.close()
+        assert client.kept_connections == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_kept_connection_closed_mid_request_is_retried_once_on_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """An agent that goes away between reading a request and answering it (a restart):
+    the request is sent again on a new connection (every request is safe to repeat).
+    On a connection of its own, the same silence is an error, not a retry."""
+    path = str(tmp_path / "agent.sock")
+    seen: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = len(seen)
+        seen.append(number)
+        answered = 0
+        while await reader.readline():
+            if (number == 0 and answered == 1) or number == 2:
+                break  # connection 0's second request, and all of connection 2's: silence
+            writer.write(wire.encode_result({"shares": []}))
+            await writer.drain()
+            answered += 1
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_unix_server(serve, path=path)
+        client = MpsAgentClient(path, timeout=5, keep_connections=2)
+        try:
+            assert await client.list_shares() == []  # connection 0, kept
+            assert await client.list_shares() == []  # 0 says nothing: again on 1
+            assert client.connections_opened == 2
+            alone = MpsAgentClient(path, timeout=5)  # one connection per request
+            with pytest.raises(MpsAgentUnavailableError, match="without answering"):
+                await alone.list_shares()  # connection 2: silence, no retry
+            assert len(seen) == 3
+        finally:
+            await client.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
