@@ -22,11 +22,12 @@ submodule without running the whole ``__init__`` (``kubernetes.client``'s
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -51,6 +52,22 @@ def defer_package_init(name: str, exports: Mapping[str, str] | None = None) -> N
     parent, _, child = name.rpartition(".")
     if parent:
         setattr(sys.modules[parent], child, module)
+
+
+@contextlib.contextmanager
+def provisionally(package: str, name: str, value: object) -> Iterator[None]:
+    """``package.name`` is ``value`` inside the block (for a module imported there,
+    which binds it); afterwards the name is looked up as before. ``package`` must be
+    deferred and not have the name yet."""
+    namespace = sys.modules[package].__dict__
+    if name in namespace:
+        raise ValueError(f"{package}.{name} is already set")
+    namespace[name] = value
+    try:
+        yield
+    finally:
+        if namespace.get(name) is value:
+            del namespace[name]
 
 
 def is_deferred(name: str) -> bool:

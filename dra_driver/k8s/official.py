@@ -7,16 +7,18 @@ config loaders. Its generated API classes and models are not used (see
 :mod:`dra_driver.k8s.rest`), so the package ``__init__``s that import them are
 deferred (:mod:`dra_driver.k8s.lean_import`): in a pod, with the in-cluster
 configuration, the client costs the plugin 2.4 MB of RSS instead of 22.3.
-A kubeconfig still loads the official loader, which imports OAuth, requests
-and the client's ``ApiClient`` (pydantic): :func:`load_kube_config` does that
-on first use only.
+A kubeconfig loads the official loader, on first use only
+(:func:`load_kube_config`); it imports OAuth and requests (5.4 MB), and its
+``ApiClient`` (pydantic, 10 MB more) only when it makes one.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import Any
 
-from dra_driver.k8s.lean_import import defer_package_init
+from dra_driver.k8s.lean_import import defer_package_init, is_deferred, provisionally
 
 defer_package_init("kubernetes")
 defer_package_init(
@@ -48,8 +50,22 @@ __all__ = [
 
 
 def load_kube_config(**kwargs: Any) -> None:
-    """The official ``load_kube_config``, imported on first use (it costs 15 MB)."""
-    # Deferred on purpose: see the module's docstring.
-    from kubernetes.config.kube_config import load_kube_config as load  # noqa: PLC0415
+    """The official ``load_kube_config``, imported on first use."""
+    if "kubernetes.config.kube_config" not in sys.modules and is_deferred("kubernetes.client"):
+        # The loader binds ``ApiClient`` when imported, for the two functions that
+        # make one (an OIDC token refresh, ``new_client_from_config``); importing
+        # the real class imports pydantic and the client's models: 10 MB of the
+        # 15 the loader would cost. It gets a class that imports the real one when
+        # first called and returns a real ``ApiClient``.
+        with provisionally("kubernetes.client", "ApiClient", ApiClientOnFirstUse):
+            importlib.import_module("kubernetes.config.kube_config")
+    loader = importlib.import_module("kubernetes.config.kube_config")
+    loader.load_kube_config(**kwargs)
 
-    load(**kwargs)  # type: ignore[no-untyped-call]
+
+class ApiClientOnFirstUse:
+    """Makes the official client's ``ApiClient``, importing it on the first call."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        real = importlib.import_module("kubernetes.client.api_client").ApiClient
+        return real(*args, **kwargs)

@@ -10,6 +10,7 @@ from typing import Any
 from dra_driver.base.ids import ClaimUID
 from dra_driver.core.cdi import transient_spec_filename, transient_spec_prefix
 from dra_driver.state.files import atomic_write, remove_if_exists
+from dra_driver.state.filesystems import on_memory_filesystem
 
 
 class CdiStore:
@@ -18,6 +19,9 @@ class CdiStore:
         self.kind = kind
         self.fsync = fsync
         self._prefix = transient_spec_prefix(kind)
+        self.in_memory = on_memory_filesystem(root)
+        """On tmpfs or ramfs (the chart's /var/run/cdi): a write cannot block, so the
+        plugin makes it from its event loop instead of a thread."""
 
     def path_for(self, claim_uid: str) -> str:
         return os.path.join(self.root, transient_spec_filename(self.kind, claim_uid))

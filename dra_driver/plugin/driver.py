@@ -117,6 +117,31 @@ class _Change:
     """The entry to record (PrepareCompleted, or kept for a retry); None: remove it."""
 
 
+def with_changes(checkpoint: Checkpoint, changes: Sequence[_Change]) -> Checkpoint:
+    """``checkpoint`` with each claim's recorded entry, or without it."""
+    for change in changes:
+        if change.entry is None:
+            checkpoint = checkpoint.without(change.uid)
+        else:
+            # Keep a MIG instance handed to this claim while its side effects ran.
+            entry = keep_handed_over(change.entry, checkpoint.claims.get(change.uid))
+            checkpoint = checkpoint.with_claim(entry)
+    return checkpoint
+
+
+def _settle(
+    changes: Sequence[tuple[_Change, asyncio.Future[None]]], error: BaseException | None
+) -> None:
+    """Tell the claims waiting on ``changes`` that their write is done, or failed."""
+    for _, done in changes:
+        if done.done():
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+
 def _needs_effects(entry: CheckpointClaim) -> bool:
     return any(d.mode in (Mode.MPS, Mode.MIG) for d in entry.devices)
 
@@ -286,13 +311,18 @@ class Driver:
             await self._decide_batch(ready)
 
     async def _decide_batch(self, batch: list[_Work]) -> None:
+        changes: list[tuple[_Change, asyncio.Future[None]]] = []
         try:
             async with self.lock.hold():
-                plan = await asyncio.to_thread(self._phase1, batch)
+                # The completions waiting for the group commit go into this write
+                # too: one checkpoint write where there would be two in a row.
+                changes, self._changes = self._changes, []
+                plan = await asyncio.to_thread(self._phase1, batch, [c for c, _ in changes])
         except Exception as err:  # lock timeout, checkpoint unreadable: fail the batch
             # Nothing of this batch is known to be on disk: every claim fails
             # (even those decided as done) and the kubelet retries.
             log.error("prepare/unprepare batch failed: %s", err)
+            _settle(changes, err)
             for work in batch:
                 for ref in work.refs:
                     work.outcomes[ref.uid] = ClaimOutcome(
@@ -300,6 +330,7 @@ class Driver:
                     )
                 work.resolve_if_done()
             return
+        _settle(changes, None)
         if plan is not None:
             for work, entry in plan.to_release:
                 self._start(work, entry.ref.uid, self._finish_release(work, entry))
@@ -331,12 +362,15 @@ class Driver:
 
     # --- the critical section (runs in a worker thread, under the lock) -------
 
-    def _phase1(self, batch: list[_Work]) -> _BatchPlan | None:
-        """Decide, then record PrepareStarted entries (and drop unprepared ones) on disk
-        before any side effect; finish the claims that have none. Returns what is
-        left for the claims' own tasks (None: nothing)."""
-        plan = self._decide(batch, self.checkpoints.load())
+    def _phase1(self, batch: list[_Work], changes: Sequence[_Change] = ()) -> _BatchPlan | None:
+        """Record ``changes`` (completions waiting for the group commit), decide, then
+        record PrepareStarted entries (and drop unprepared ones) on disk before any
+        side effect, in one write; finish the claims that have none. Returns what
+        is left for the claims' own tasks (None: nothing)."""
+        plan = self._decide(batch, with_changes(self.checkpoints.load(), changes))
         if not plan.changed:
+            if changes:
+                self.checkpoints.save(plan.checkpoint)
             return None
         self.checkpoints.save(plan.checkpoint)
         for path in plan.to_remove.values():
@@ -370,7 +404,10 @@ class Driver:
             return
         entry = replace(started, devices=devices, cdi_spec=render_spec(spec))
         try:
-            await asyncio.to_thread(self.cdi.write, ref.uid, entry.cdi_spec or {})
+            if self.cdi.in_memory:  # a few microseconds: cheaper than a thread hop
+                self.cdi.write(ref.uid, entry.cdi_spec or {})
+            else:
+                await asyncio.to_thread(self.cdi.write, ref.uid, entry.cdi_spec or {})
         except OSError as err:
             message = f"claim {ref}: cannot write CDI spec {entry.cdi_spec_file}: {err}"
             log.error("%s", message)
@@ -443,29 +480,21 @@ class Driver:
 
     async def _commit(self) -> None:
         while self._changes:
-            changes, self._changes = self._changes, []
+            changes: list[tuple[_Change, asyncio.Future[None]]] = []
             try:
                 async with self.lock.hold():
-                    await asyncio.to_thread(self._apply_changes, [c for c, _ in changes])
+                    # Taken once the lock is ours: whatever arrived while we waited
+                    # for it goes into this write (a batch's pass may have taken all).
+                    changes, self._changes = self._changes, []
+                    if changes:
+                        await asyncio.to_thread(self._apply_changes, [c for c, _ in changes])
             except Exception as err:
-                for _, done in changes:
-                    if not done.done():
-                        done.set_exception(err)
+                _settle(changes, err)
                 continue
-            for _, done in changes:
-                if not done.done():
-                    done.set_result(None)
+            _settle(changes, None)
 
     def _apply_changes(self, changes: Sequence[_Change]) -> None:
-        checkpoint = self.checkpoints.load()
-        for change in changes:
-            if change.entry is None:
-                checkpoint = checkpoint.without(change.uid)
-            else:
-                # Keep a MIG instance handed to this claim while its side effects ran.
-                entry = keep_handed_over(change.entry, checkpoint.claims.get(change.uid))
-                checkpoint = checkpoint.with_claim(entry)
-        self.checkpoints.save(checkpoint)
+        self.checkpoints.save(with_changes(self.checkpoints.load(), changes))
 
     def _decide(self, batch: list[_Work], checkpoint: Checkpoint) -> _BatchPlan:
         """Decide every claim of the batch in arrival order; writes nothing."""

@@ -473,6 +473,7 @@ async def kubelet_rounds(
     try:
         await asyncio.gather(*(prepare(r) for r in resident))
         prepare_ms.clear()
+        await asyncio.sleep(gap)  # their status writes, before the first wave
         for start in range(0, len(refs), burst):
             group = refs[start : start + burst]
             t0 = time.perf_counter()

@@ -20,6 +20,7 @@ from dra_driver.fakes.mps_control import DELAY_ENV
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
+from dra_driver.state.checkpoint import Checkpoint, ClaimState
 from tests.support.mps import agent_running, fake_agent_config
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -132,3 +133,62 @@ def test_an_unprepare_waits_for_the_prepare_in_flight(node_dirs: NodeDirs) -> No
 
     resident_uid = claim_ref(resident).uid
     run_checked(scenario())
+
+
+def test_a_completion_waiting_for_the_lock_shares_the_next_batchs_write(
+    node_dirs: NodeDirs,
+) -> None:
+    """Claim A's side effects finish while the next call's batch waits for the node
+    lock: the batch's write records A's completion too (one write, not two in a row),
+    and the group commit that A queued for finds nothing left to write."""
+    agent = slow_agent(node_dirs)
+    resident = [resource_claim("r", f"resident-{i}", devices=[share(f"gpu-{i}")]) for i in (0, 1)]
+    first = resource_claim("b", "first", devices=[share("gpu-0")])
+    second = resource_claim("b", "second", devices=[share("gpu-1")])
+    source = InMemoryClaimSource([*resident, first, second])
+    config = dataclasses.replace(
+        node_dirs.config(), settings=NodeSettings(), mps_agent_socket=agent.socket_path
+    )
+
+    async def scenario() -> None:
+        async with agent_running(agent):
+            runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:2", NODE), source)
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                plugin = await kubelet.wait_for_plugin(DRIVER)
+                warm = await plugin.prepare([claim_ref(c) for c in resident])
+                assert not any(r.error for r in warm.values()), warm
+                driver = runtime.driver
+                assert driver is not None
+                written: list[dict[str, ClaimState]] = []
+                save = driver.checkpoints.save
+
+                def counting_save(checkpoint: Checkpoint) -> None:
+                    written.append({c.ref.name: c.state for c in checkpoint.claims.values()})
+                    save(checkpoint)
+
+                driver.checkpoints.save = counting_save  # type: ignore[method-assign]
+                a, b = claim_ref(first), claim_ref(second)
+                call_a = asyncio.create_task(plugin.prepare([a]))
+                await asyncio.sleep(COMMAND_S / 2)  # A's namespace is being made
+                async with driver.lock.hold():
+                    call_b = asyncio.create_task(plugin.prepare([b]))
+                    await asyncio.sleep(COMMAND_S / 2)  # B's batch waits for the lock
+                    await asyncio.sleep(4 * COMMAND_S)  # A's two commands are done
+                    assert written == [{"resident-0": DONE, "resident-1": DONE, "first": STARTED}]
+                assert not (await call_a)[a.uid].error
+                assert not (await call_b)[b.uid].error
+                # One write with A completed and B started; then B's completion.
+                assert written[1:] == [
+                    {"resident-0": DONE, "resident-1": DONE, "first": DONE, "second": STARTED},
+                    {"resident-0": DONE, "resident-1": DONE, "first": DONE, "second": DONE},
+                ]
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+
+    run_checked(scenario())
+
+
+STARTED, DONE = ClaimState.PREPARE_STARTED, ClaimState.PREPARE_COMPLETED

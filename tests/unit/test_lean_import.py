@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.k8s.lean_import import defer_package_init, is_deferred
+from dra_driver.k8s.lean_import import defer_package_init, is_deferred, provisionally
 
 PKG = "leanpkg_under_test"
 
@@ -152,3 +152,49 @@ def test_the_whole_official_client_still_imports_after_the_lean_one() -> None:
         [sys.executable, "-c", WHOLE_CLIENT], capture_output=True, text=True, check=True
     )
     assert done.stdout.split() == ["V1Pod", "Watch", "kubernetes.client.api_client"]
+
+
+KUBECONFIG_PATH = """
+import sys, tempfile
+from dra_driver.k8s.client import make_api_client
+path = tempfile.mktemp()
+with open(path, "w") as f:
+    f.write(
+        "apiVersion: v1\\nkind: Config\\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\\n"
+        "users: [{name: u, user: {token: t}}]\\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\\ncurrent-context: x\\n"
+    )
+with make_api_client(path) as client:
+    assert client.auth_headers() == {"authorization": "Bearer t"}, client.auth_headers()
+print("pydantic" in sys.modules, "kubernetes.client.api_client" in sys.modules)
+from kubernetes.config import kube_config
+made = kube_config.ApiClient(configuration=client.configuration)  # what an OIDC refresh does
+import kubernetes.client
+from kubernetes.client.api_client import ApiClient
+print(type(made) is ApiClient, kubernetes.client.ApiClient is ApiClient)
+"""
+
+
+def test_a_kubeconfig_loads_without_the_clients_api_classes_until_one_is_made() -> None:
+    """The kubeconfig loader binds ``ApiClient`` when imported: it gets a class that
+    imports the real one when called, and returns a real instance; the package's own
+    ``ApiClient`` is the real class."""
+    done = subprocess.run(
+        [sys.executable, "-c", KUBECONFIG_PATH], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False", "False", "True", "True"], done.stdout
+
+
+def test_a_provisional_name_lasts_for_the_block_only(package: Path) -> None:
+    defer_package_init(PKG, {"Light": f"{PKG}.light"})
+    module = sys.modules[PKG]
+    stand_in = object()
+    with provisionally(PKG, "Light", stand_in):
+        from leanpkg_under_test import Light
+
+        assert Light is stand_in
+    assert module.Light is not stand_in  # the export answers again
+    with pytest.raises(ValueError, match="already set"), provisionally(PKG, "Light", stand_in):
+        pass
+    assert is_deferred(PKG)
