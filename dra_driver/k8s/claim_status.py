@@ -106,6 +106,13 @@ def refusal_hint(err: ApiError) -> str:
     return ""
 
 
+MAX_WRITES_IN_FLIGHT = 2
+"""Status writes sent at once. A wave's writes wait for its answers, then all go
+together: ten at once took ten threads of the loop's executor (each with its own
+malloc arena: the plugin's RSS grew 5 MB in a run) and, GIL-bound, wrote no faster
+than two. Two also leave the CPU to a new wave that arrives while they run."""
+
+
 class ClaimStatusWriter:
     """Applies our ``status.devices`` entries on claims; see the module docstring."""
 
@@ -120,8 +127,11 @@ class ClaimStatusWriter:
         max_backoff_s: float = 8.0,
         timeout_s: float = 10.0,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        max_in_flight: int = MAX_WRITES_IN_FLIGHT,
     ) -> None:
         self._api = api_client
+        self._max_in_flight = max_in_flight
+        self._in_flight: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self.driver_name = driver_name
         self.field_manager = field_manager(driver_name, node_name)
         self._attempts = max(1, attempts)
@@ -151,13 +161,21 @@ class ClaimStatusWriter:
     ) -> ApplyResult | None:
         """One write; None: retry it."""
         try:
-            answer = await asyncio.to_thread(self._patch, ref, entries)
+            async with self._slots():
+                answer = await asyncio.to_thread(self._patch, ref, entries)
         except ApiError as err:
             return self._failed(ref, entries, err, attempt)
         if dropped_by_server(self.driver_name, entries, answer):
             self._dropped(ref)
             return ApplyResult.DISABLED
         return ApplyResult.WRITTEN
+
+    def _slots(self) -> asyncio.Semaphore:
+        """At most ``max_in_flight`` writes at once, in this event loop."""
+        loop = asyncio.get_running_loop()
+        if self._in_flight is None or self._in_flight[0] is not loop:
+            self._in_flight = (loop, asyncio.Semaphore(self._max_in_flight))
+        return self._in_flight[1]
 
     def _failed(
         self, ref: ClaimRef, entries: Sequence[JsonObj], err: ApiError, attempt: int

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -338,3 +341,30 @@ def test_writer_keeps_other_drivers_entries(fake_kube: FakeKubeApi, api: KubeCli
     assert fake_kube.get("ResourceClaim", "c1", "default")["status"]["devices"] == [other, ours()]
     assert run_checked(w.apply(REF, [])) is ApplyResult.WRITTEN
     assert fake_kube.get("ResourceClaim", "c1", "default")["status"]["devices"] == [other]
+
+
+def test_status_writes_go_two_at_a_time(fake_kube: FakeKubeApi) -> None:
+    """A wave's writes all become due at once; at most ``max_in_flight`` are sent
+    together (each holds a thread of the loop's executor while it runs)."""
+    lock = threading.Lock()
+    running, most = [0], [0]
+
+    def slow_patch(ref: ClaimRef, entries: Any) -> dict[str, Any]:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return {"status": {"devices": list(entries)}}
+
+    with make_api_client(None, host=fake_kube.url) as api:
+        writer = ClaimStatusWriter(api, driver_name=DRIVER, node_name="node-a", max_in_flight=2)
+        writer._patch = slow_patch  # type: ignore[method-assign]
+        refs = [ClaimRef("default", f"c{i}", ClaimUID(f"uid-{i}")) for i in range(6)]
+
+        async def wave() -> list[ApplyResult]:
+            return list(await asyncio.gather(*(writer.apply(r, []) for r in refs)))
+
+        assert asyncio.run(wave()) == [ApplyResult.WRITTEN] * 6
+    assert most[0] == 2
