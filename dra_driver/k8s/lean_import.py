@@ -70,6 +70,24 @@ def provisionally(package: str, name: str, value: object) -> Iterator[None]:
             del namespace[name]
 
 
+@contextlib.contextmanager
+def provisional_module(name: str, attributes: Mapping[str, object]) -> Iterator[None]:
+    """Inside the block, importing ``name`` gives a module holding ``attributes``
+    (for a module imported there, which binds them); afterwards ``name`` imports
+    as usual. No-op if ``name`` is imported already."""
+    if name in sys.modules:
+        yield
+        return
+    stand_in = ModuleType(name)
+    stand_in.__dict__.update(attributes)
+    sys.modules[name] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+
+
 def is_deferred(name: str) -> bool:
     """True while ``name`` is registered and its ``__init__`` has not run."""
     module = sys.modules.get(name)

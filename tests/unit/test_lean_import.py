@@ -3,6 +3,7 @@ runs, whole, the first time the package itself is asked for a name it lacks."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.k8s.lean_import import defer_package_init, is_deferred, provisionally
+from dra_driver.k8s.lean_import import (
+    defer_package_init,
+    is_deferred,
+    provisional_module,
+    provisionally,
+)
 
 PKG = "leanpkg_under_test"
 
@@ -167,23 +173,28 @@ with open(path, "w") as f:
     )
 with make_api_client(path) as client:
     assert client.auth_headers() == {"authorization": "Bearer t"}, client.auth_headers()
-print("pydantic" in sys.modules, "kubernetes.client.api_client" in sys.modules)
+loaded = ("pydantic", "kubernetes.client.api_client", "requests", "oauthlib.oauth2.rfc6749")
+print(*(name in sys.modules for name in loaded))
 from kubernetes.config import kube_config
 made = kube_config.ApiClient(configuration=client.configuration)  # what an OIDC refresh does
+session = kube_config.OAuth2Session(client_id="c", token={"access_token": "a"})
 import kubernetes.client
+import requests_oauthlib
 from kubernetes.client.api_client import ApiClient
 print(type(made) is ApiClient, kubernetes.client.ApiClient is ApiClient)
+print(type(session) is requests_oauthlib.OAuth2Session, hasattr(requests_oauthlib, "__file__"))
+print(isinstance(kube_config.oauthlib.oauth2.rfc6749.errors.InvalidClientIdError("x"), Exception))
 """
 
 
-def test_a_kubeconfig_loads_without_the_clients_api_classes_until_one_is_made() -> None:
-    """The kubeconfig loader binds ``ApiClient`` when imported: it gets a class that
-    imports the real one when called, and returns a real instance; the package's own
-    ``ApiClient`` is the real class."""
+def test_a_kubeconfig_loads_without_what_only_an_oidc_refresh_uses() -> None:
+    """The kubeconfig loader binds ``ApiClient``, ``OAuth2Session`` and ``oauthlib``
+    when imported: it gets classes that import the real ones when called and return
+    real instances, and oauthlib deferred; the packages themselves are the real ones."""
     done = subprocess.run(
         [sys.executable, "-c", KUBECONFIG_PATH], capture_output=True, text=True, check=True
     )
-    assert done.stdout.split() == ["False", "False", "True", "True"], done.stdout
+    assert done.stdout.split() == ["False"] * 4 + ["True"] * 5, done.stdout
 
 
 def test_a_provisional_name_lasts_for_the_block_only(package: Path) -> None:
@@ -198,3 +209,15 @@ def test_a_provisional_name_lasts_for_the_block_only(package: Path) -> None:
     with pytest.raises(ValueError, match="already set"), provisionally(PKG, "Light", stand_in):
         pass
     assert is_deferred(PKG)
+
+
+def test_a_provisional_module_answers_imports_inside_the_block_only(package: Path) -> None:
+    name = f"{PKG}_standin"
+    with provisional_module(name, {"Thing": 42}):
+        assert importlib.import_module(name).Thing == 42
+    assert name not in sys.modules
+    with pytest.raises(ImportError):
+        importlib.import_module(name)  # nothing real by that name
+    real = importlib.import_module(f"{PKG}.light")
+    with provisional_module(f"{PKG}.light", {"Thing": 42}):
+        assert importlib.import_module(f"{PKG}.light") is real  # already imported
