@@ -28,7 +28,7 @@ from dra_driver.fakes.objects import Allocated, resource_claim
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.errors import BODY_MAX_CHARS, translate_api_errors
-from dra_driver.k8s.official import ApiException
+from dra_driver.k8s.official import ApiException, Configuration
 from tests.support.fakekube import DEFAULT_KINDS, FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"
@@ -347,3 +347,19 @@ def test_in_cluster_without_service_account(
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     with pytest.raises(ConfigError, match="in-cluster"):
         make_api_client(None)
+
+
+def test_a_host_with_a_path_keeps_it_before_every_api_path() -> None:
+    """A proxy in front of the API server (``https://rancher/k8s/clusters/c-1``)."""
+    with make_api_client(None, host="https://rancher.example/k8s/clusters/c-1/") as api:
+        assert api.path_prefix == "/k8s/clusters/c-1"
+        assert api.connection_pool() is not None
+    with make_api_client(None, host="https://10.0.0.1:6443") as api:
+        assert api.path_prefix == ""
+
+
+def test_behind_an_http_proxy_the_pool_manager_writes_the_requests() -> None:
+    configuration = Configuration(host="https://10.0.0.1:6443")
+    configuration.proxy = "http://127.0.0.1:3128"
+    with KubeClient(configuration) as api:
+        assert api.connection_pool() is None
