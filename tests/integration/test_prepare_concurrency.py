@@ -5,9 +5,12 @@ binary as real processes, every accepted control command taking 50 ms."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -15,7 +18,7 @@ from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
-from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.mps_control import DELAY_ENV
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
@@ -32,66 +35,76 @@ def slow_agent(dirs: NodeDirs) -> AgentConfig:
     return fake_agent_config(dirs.plugin, dirs.root, {DELAY_ENV: str(COMMAND_S)})
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    dirs: NodeDirs, claims: list[dict[str, Any]], gpus: int, settings: NodeSettings
+) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin, AgentConfig]]:
+    """The slow agent, and the plugin on ``gpus`` fake H100s serving ``claims`` over
+    its real socket, registered with a kubelet-like client."""
+    agent = slow_agent(dirs)
+    config = dataclasses.replace(
+        dirs.config(), settings=settings, mps_agent_socket=agent.socket_path
+    )
+    async with agent_running(agent):
+        backend = FakeGpuBackend(f"h100-80gb:{gpus}", NODE)
+        runtime = PluginRuntime(config, backend, InMemoryClaimSource(claims))
+        await runtime.start()
+        kubelet = FakeKubelet(dirs.registry)
+        try:
+            yield runtime, await kubelet.wait_for_plugin(DRIVER), agent
+        finally:
+            await kubelet.close()
+            await runtime.stop()
+
+
 @pytest.mark.parametrize("calls", ["one call per claim", "one call"])
 def test_ten_claims_on_ten_gpus_are_enforced_at_once(node_dirs: NodeDirs, calls: str) -> None:
     """Each new share is two control commands (namespace create, set): 100 ms of the
     daemon's time per claim. One after another, ten claims take over a second."""
-    agent = slow_agent(node_dirs)
     resident = [
         resource_claim("r", f"resident-{i}", devices=[share(f"gpu-{i}")]) for i in range(GPUS)
     ]
     burst = [resource_claim("b", f"claim-{i}", devices=[share(f"gpu-{i}")]) for i in range(GPUS)]
     timesliced = resource_claim("t", "timesliced", devices=[share("gpu-10")])
-    source = InMemoryClaimSource([*resident, *burst, timesliced])
     settings = NodeSettings(
         default=GpuSettings(Sharing.MPS), per_gpu={"10": GpuSettings(Sharing.TIMESLICING)}
     )
-    config = dataclasses.replace(
-        node_dirs.config(), settings=settings, mps_agent_socket=agent.socket_path
-    )
+    claims = [*resident, *burst, timesliced]
 
     async def scenario() -> None:
-        async with agent_running(agent):
-            runtime = PluginRuntime(config, FakeGpuBackend(f"h100-80gb:{GPUS + 1}", NODE), source)
-            await runtime.start()
-            kubelet = FakeKubelet(node_dirs.registry)
-            try:
-                plugin = await kubelet.wait_for_plugin(DRIVER)
-                # Every GPU's daemon up (a daemon start is more commands and a process).
-                warm = await plugin.prepare([claim_ref(c) for c in resident])
-                assert not any(r.error for r in warm.values()), warm
+        async with serving(node_dirs, claims, GPUS + 1, settings) as (_, plugin, agent):
+            # Every GPU's daemon up (a daemon start is more commands and a process).
+            warm = await plugin.prepare([claim_ref(c) for c in resident])
+            assert not any(r.error for r in warm.values()), warm
 
-                refs = [claim_ref(c) for c in burst]
-                quick_ref = claim_ref(timesliced)
-                answered: dict[str, float] = {}
-                started = time.perf_counter()
+            refs = [claim_ref(c) for c in burst]
+            quick_ref = claim_ref(timesliced)
+            answered: dict[str, float] = {}
+            started = time.perf_counter()
 
-                async def call(group: list) -> None:  # type: ignore[type-arg]
-                    results = await plugin.prepare(group)
-                    for ref in group:
-                        assert results[ref.uid].error == "", results[ref.uid].error
-                        answered[ref.uid] = time.perf_counter() - started
+            async def call(group: list) -> None:  # type: ignore[type-arg]
+                results = await plugin.prepare(group)
+                for ref in group:
+                    assert results[ref.uid].error == "", results[ref.uid].error
+                    answered[ref.uid] = time.perf_counter() - started
 
-                groups = [[r] for r in refs] if calls == "one call per claim" else [refs]
-                await asyncio.gather(*(call(g) for g in groups), call([quick_ref]))
-                elapsed = time.perf_counter() - started
+            groups = [[r] for r in refs] if calls == "one call per claim" else [refs]
+            await asyncio.gather(*(call(g) for g in groups), call([quick_ref]))
+            elapsed = time.perf_counter() - started
 
-                shares = await MpsAgentClient(agent.socket_path).list_shares()
-                assert {s.claim_uid for s in shares} >= {r.uid for r in refs}
-                # Serial: >= 10 x 2 x 50 ms. Concurrent: about 2 x 50 ms plus overhead.
-                assert elapsed < GPUS * COMMAND_S, (elapsed, answered)
-                # A claim without side effects is not held up by the MPS claims.
-                assert answered[quick_ref.uid] < min(answered[r.uid] for r in refs), answered
+            shares = await MpsAgentClient(agent.socket_path).list_shares()
+            assert {s.claim_uid for s in shares} >= {r.uid for r in refs}
+            # Serial: >= 10 x 2 x 50 ms. Concurrent: about 2 x 50 ms plus overhead.
+            assert elapsed < GPUS * COMMAND_S, (elapsed, answered)
+            # A claim without side effects is not held up by the MPS claims.
+            assert answered[quick_ref.uid] < min(answered[r.uid] for r in refs), answered
 
-                started = time.perf_counter()
-                groups = [[r] for r in refs] if calls == "one call per claim" else [refs]
-                gone = await asyncio.gather(*(plugin.unprepare(g) for g in groups))
-                assert not any(e for errors in gone for e in errors.values()), gone
-                # Namespace delete: one command each, also at once.
-                assert time.perf_counter() - started < GPUS * COMMAND_S
-            finally:
-                await kubelet.close()
-                await runtime.stop()
+            started = time.perf_counter()
+            groups = [[r] for r in refs] if calls == "one call per claim" else [refs]
+            gone = await asyncio.gather(*(plugin.unprepare(g) for g in groups))
+            assert not any(e for errors in gone for e in errors.values()), gone
+            # Namespace delete: one command each, also at once.
+            assert time.perf_counter() - started < GPUS * COMMAND_S
 
     run_checked(scenario())
 
@@ -99,39 +112,26 @@ def test_ten_claims_on_ten_gpus_are_enforced_at_once(node_dirs: NodeDirs, calls:
 def test_an_unprepare_waits_for_the_prepare_in_flight(node_dirs: NodeDirs) -> None:
     """The kubelet gives up on a slow prepare and unprepares: the unprepare is decided
     after the prepare's side effects finish, so it releases the share they made."""
-    agent = slow_agent(node_dirs)
     resident = resource_claim("r", "resident", devices=[share("gpu-0")])
     claim = resource_claim("b", "slow", devices=[share("gpu-0")])
-    source = InMemoryClaimSource([resident, claim])
-    config = dataclasses.replace(
-        node_dirs.config(), settings=NodeSettings(), mps_agent_socket=agent.socket_path
-    )
+    resident_uid = claim_ref(resident).uid
 
     async def scenario() -> None:
-        async with agent_running(agent):
-            runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)
-            await runtime.start()
-            kubelet = FakeKubelet(node_dirs.registry)
-            try:
-                plugin = await kubelet.wait_for_plugin(DRIVER)
-                assert not (await plugin.prepare([claim_ref(resident)]))[resident_uid].error
-                ref = claim_ref(claim)
-                prepare = asyncio.create_task(plugin.prepare([ref]))
-                await asyncio.sleep(COMMAND_S / 2)  # its namespace is being made
-                assert not prepare.done()
-                errors = await plugin.unprepare([ref])
-                assert errors[ref.uid] == ""
-                assert prepare.done()  # answered before the unprepare was
-                shares = await MpsAgentClient(agent.socket_path).list_shares()
-                assert [s.claim_uid for s in shares] == [resident_uid]
-                assert not os.path.exists(
-                    os.path.join(node_dirs.cdi, f"k8s.gpu.fractional.dev-claim_{ref.uid}.json")
-                )
-            finally:
-                await kubelet.close()
-                await runtime.stop()
+        async with serving(node_dirs, [resident, claim], 1, NodeSettings()) as (_, plugin, agent):
+            assert not (await plugin.prepare([claim_ref(resident)]))[resident_uid].error
+            ref = claim_ref(claim)
+            prepare = asyncio.create_task(plugin.prepare([ref]))
+            await asyncio.sleep(COMMAND_S / 2)  # its namespace is being made
+            assert not prepare.done()
+            errors = await plugin.unprepare([ref])
+            assert errors[ref.uid] == ""
+            assert prepare.done()  # answered before the unprepare was
+            shares = await MpsAgentClient(agent.socket_path).list_shares()
+            assert [s.claim_uid for s in shares] == [resident_uid]
+            assert not os.path.exists(
+                os.path.join(node_dirs.cdi, f"k8s.gpu.fractional.dev-claim_{ref.uid}.json")
+            )
 
-    resident_uid = claim_ref(resident).uid
     run_checked(scenario())
 
 
@@ -141,52 +141,40 @@ def test_a_completion_waiting_for_the_lock_shares_the_next_batchs_write(
     """Claim A's side effects finish while the next call's batch waits for the node
     lock: the batch's write records A's completion too (one write, not two in a row),
     and the group commit that A queued for finds nothing left to write."""
-    agent = slow_agent(node_dirs)
     resident = [resource_claim("r", f"resident-{i}", devices=[share(f"gpu-{i}")]) for i in (0, 1)]
     first = resource_claim("b", "first", devices=[share("gpu-0")])
     second = resource_claim("b", "second", devices=[share("gpu-1")])
-    source = InMemoryClaimSource([*resident, first, second])
-    config = dataclasses.replace(
-        node_dirs.config(), settings=NodeSettings(), mps_agent_socket=agent.socket_path
-    )
+    claims = [*resident, first, second]
 
     async def scenario() -> None:
-        async with agent_running(agent):
-            runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:2", NODE), source)
-            await runtime.start()
-            kubelet = FakeKubelet(node_dirs.registry)
-            try:
-                plugin = await kubelet.wait_for_plugin(DRIVER)
-                warm = await plugin.prepare([claim_ref(c) for c in resident])
-                assert not any(r.error for r in warm.values()), warm
-                driver = runtime.driver
-                assert driver is not None
-                written: list[dict[str, ClaimState]] = []
-                save = driver.checkpoints.save
+        async with serving(node_dirs, claims, 2, NodeSettings()) as (runtime, plugin, _):
+            warm = await plugin.prepare([claim_ref(c) for c in resident])
+            assert not any(r.error for r in warm.values()), warm
+            driver = runtime.driver
+            assert driver is not None
+            written: list[dict[str, ClaimState]] = []
+            save = driver.checkpoints.save
 
-                def counting_save(checkpoint: Checkpoint) -> None:
-                    written.append({c.ref.name: c.state for c in checkpoint.claims.values()})
-                    save(checkpoint)
+            def counting_save(checkpoint: Checkpoint) -> None:
+                written.append({c.ref.name: c.state for c in checkpoint.claims.values()})
+                save(checkpoint)
 
-                driver.checkpoints.save = counting_save  # type: ignore[method-assign]
-                a, b = claim_ref(first), claim_ref(second)
-                call_a = asyncio.create_task(plugin.prepare([a]))
-                await asyncio.sleep(COMMAND_S / 2)  # A's namespace is being made
-                async with driver.lock.hold():
-                    call_b = asyncio.create_task(plugin.prepare([b]))
-                    await asyncio.sleep(COMMAND_S / 2)  # B's batch waits for the lock
-                    await asyncio.sleep(4 * COMMAND_S)  # A's two commands are done
-                    assert written == [{"resident-0": DONE, "resident-1": DONE, "first": STARTED}]
-                assert not (await call_a)[a.uid].error
-                assert not (await call_b)[b.uid].error
-                # One write with A completed and B started; then B's completion.
-                assert written[1:] == [
-                    {"resident-0": DONE, "resident-1": DONE, "first": DONE, "second": STARTED},
-                    {"resident-0": DONE, "resident-1": DONE, "first": DONE, "second": DONE},
-                ]
-            finally:
-                await kubelet.close()
-                await runtime.stop()
+            driver.checkpoints.save = counting_save  # type: ignore[method-assign]
+            a, b = claim_ref(first), claim_ref(second)
+            call_a = asyncio.create_task(plugin.prepare([a]))
+            await asyncio.sleep(COMMAND_S / 2)  # A's namespace is being made
+            async with driver.lock.hold():
+                call_b = asyncio.create_task(plugin.prepare([b]))
+                await asyncio.sleep(COMMAND_S / 2)  # B's batch waits for the lock
+                await asyncio.sleep(4 * COMMAND_S)  # A's two commands are done
+                assert written == [{"resident-0": DONE, "resident-1": DONE, "first": STARTED}]
+            assert not (await call_a)[a.uid].error
+            assert not (await call_b)[b.uid].error
+            # One write with A completed and B started; then B's completion.
+            assert written[1:] == [
+                {"resident-0": DONE, "resident-1": DONE, "first": DONE, "second": STARTED},
+                {"resident-0": DONE, "resident-1": DONE, "first": DONE, "second": DONE},
+            ]
 
     run_checked(scenario())
 
