@@ -83,17 +83,20 @@ def open_request(
     is not checked. The bearer token comes from :meth:`KubeClient.auth_headers`,
     so a rotated service-account token is picked up within seconds.
     """
-    client = api_client
-    headers = {**client.default_headers, "Accept": "application/json", **client.auth_headers()}
+    headers = {
+        **api_client.default_headers,
+        "Accept": "application/json",
+        **api_client.auth_headers(),
+    }
     if body is not None:
         headers["Content-Type"] = content_type
     params = list(query)
     target = path + (f"?{urlencode(params)}" if params else "")
-    pool = client.connection_pool()
+    pool = api_client.connection_pool()
     if pool is None:
-        response = client.rest_client.pool_manager.request(
+        response = api_client.rest_client.pool_manager.request(
             method,
-            client.configuration.host + target,
+            api_client.configuration.host + target,
             body=body,
             headers=headers,
             timeout=timeout,
@@ -103,7 +106,7 @@ def open_request(
         # The API server does not redirect API calls; a 3xx is answered as an error.
         response = pool.urlopen(
             method,
-            client.path_prefix + target,
+            api_client.path_prefix + target,
             body=body,
             headers=headers,
             timeout=timeout,
