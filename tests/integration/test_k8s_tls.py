@@ -18,6 +18,7 @@ from dra_driver.fakes.objects import resource_claim
 from dra_driver.k8s import client as client_module
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import USER_AGENT, KubeClient, make_api_client
+from dra_driver.k8s.official import Configuration
 from tests.support.fakekube import FakeKubeApi
 from tests.support.tls import SelfSigned, openssl_missing, self_signed, server_context
 
@@ -36,6 +37,13 @@ def https_kube(pair: SelfSigned) -> Iterator[FakeKubeApi]:
     with FakeKubeApi(tls=server_context(pair)) as api:
         api.create(resource_claim("default", "c1", uid="uid-1"))
         yield api
+
+
+def trusting(url: str, ca_file: str, **kwargs: Any) -> KubeClient:
+    """A client of ``url`` that trusts the CA in ``ca_file``, without credentials."""
+    configuration = Configuration(host=url)
+    configuration.ssl_ca_cert = ca_file
+    return KubeClient(configuration, **kwargs)
 
 
 def read_claim(client: KubeClient) -> str:
@@ -94,11 +102,11 @@ def test_a_server_certificate_nobody_vouches_for_is_refused(
     """Another CA than the server's: the TLS handshake fails, and it is a transport
     error of that claim, not a crash."""
     other = self_signed(str(tmp_path / "other"))
-    with make_api_client(None, host=https_kube.url) as client:
-        client.configuration.ssl_ca_cert = other.cert
-        fresh = KubeClient(client.configuration)  # the pool is built from the configuration
-    with fresh, pytest.raises(ApiUnavailableError, match="transport error"):
-        read_claim(fresh)
+    with (
+        trusting(https_kube.url, other.cert) as client,
+        pytest.raises(ApiUnavailableError, match="transport error"),
+    ):
+        read_claim(client)
 
 
 def test_a_rotated_token_is_sent_once_the_reuse_window_ends(
@@ -112,9 +120,7 @@ def test_a_rotated_token_is_sent_once_the_reuse_window_ends(
     def refresh(configuration: Any) -> None:
         asked.append(configuration.api_key["BearerToken"])
 
-    with make_api_client(None, host=https_kube.url) as client:
-        client.configuration.ssl_ca_cert = pair.cert
-        fresh = KubeClient(client.configuration, clock=lambda: clock[0])
+    fresh = trusting(https_kube.url, pair.cert, clock=lambda: clock[0])
     fresh.configuration.api_key = {"BearerToken": "old"}
     fresh.configuration.api_key_prefix = {"BearerToken": "Bearer"}
     settings: Any = fresh.configuration  # the client's attributes are typed too narrowly
