@@ -1,0 +1,56 @@
+"""The pure helpers of hack/bench/prepare.py: steal accounting and the runs' tally."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    path = os.path.join(ROOT, "hack", "bench", "prepare.py")
+    spec = importlib.util.spec_from_file_location("bench_prepare", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_machine_ticks_reads_the_eight_kinds_of_cpu_time(bench: ModuleType) -> None:
+    ticks = bench.machine_ticks()
+    assert len(ticks) == 8
+    assert all(t >= 0 for t in ticks)
+
+
+def test_steal_is_counted_against_all_of_the_machines_time(bench: ModuleType) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    before = [100, 0, 50, 1000, 5, 0, 2, 10]
+    # 300 ticks go by: 60 user, 20 system, 190 idle, 30 stolen.
+    after = [160, 0, 70, 1190, 5, 0, 2, 40]
+    seconds, share = bench.stolen(before, after)
+    assert seconds == pytest.approx(30 / tick)
+    assert share == pytest.approx(0.1)
+    assert bench.stolen(before, before) == (0.0, 0.0)
+
+
+def run(prepare_p99: float, unprepare_p99: float, plugin: float, agent: float) -> dict[str, Any]:
+    return {
+        "prepare_p99": prepare_p99,
+        "unprepare_p99": unprepare_p99,
+        "rss_start": (plugin - 4, agent - 0.5),
+        "rss_end": (plugin, agent),
+    }
+
+
+def test_met_counts_tallies_each_target_and_its_range(bench: ModuleType) -> None:
+    line = bench.met_counts([run(45.0, 20.0, 57.0, 30.0), run(52.5, 31.0, 61.0, 29.0)])
+    assert "prepare p99 <= 50 in 1 of 2 (range 45.0-52.5)" in line
+    assert "unprepare p99 <= 30 in 1 of 2 (range 20.0-31.0)" in line
+    assert "plugin RSS <= 60 in 1 of 2 (range 57.0-61.0)" in line
+    assert "mps-agent RSS <= 35 in 2 of 2 (range 29.0-30.0)" in line
