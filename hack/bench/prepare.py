@@ -35,10 +35,10 @@ times per claim it ran: GET, plan, agent, CDI, checkpoint write, status
 write; the status write runs after the answer, off the kubelet's path),
 measured by wrapping those ports in the plugin process; the RSS of the
 plugin and the agent after start and after the run; the CPU time the
-hypervisor stole during the run and a fixed pure-Python workload's time before
-and after it (on a shared host the same code runs slower at times: compare runs
-at similar calibrations). ``--repeat N`` runs each mode N times with fresh
-processes and counts the runs that met each target.
+hypervisor stole during the run (on a shared host the same code runs slower at
+times; the plugin's CPU per claim, the same work in every run, shows it too:
+compare runs at similar values). ``--repeat N`` runs each mode N times with
+fresh processes and counts the runs that met each target.
 
 Usage:   .venv/bin/python hack/bench/prepare.py [--rounds 100] [--burst 10] [--modes mps,...]
          [--client in-cluster|kubeconfig] [--repeat 1]
@@ -144,24 +144,6 @@ def stolen(before: list[int], after: list[int]) -> tuple[float, float]:
     delta = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(delta)
     return delta[7] / os.sysconf("SC_CLK_TCK"), delta[7] / total if total else 0.0
-
-
-def calibrate() -> float:
-    """Milliseconds this machine takes now for a fixed piece of pure-Python work
-    (dicts, strings, a JSON round trip: the kind of work the plugin does), best of
-    three. On a shared host a VM's CPU slows down without any steal being counted
-    (the host's other guests share caches and cores), so the figures of two runs
-    compare only at similar calibrations."""
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for i in range(4000):
-            doc = {"metadata": {"name": f"claim-{i}", "uid": str(i) * 4}, "spec": {"n": i}}
-            text = json.dumps(doc)
-            back = json.loads(text)
-            _ = [k.upper() for k in back["metadata"]] + sorted(str(x) for x in range(12))
-        best = min(best, time.perf_counter() - started)
-    return best * 1000
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -566,8 +548,6 @@ def run_kubelet_mode(
             kubelet_rounds(os.path.join(root, "reg"), warm, resident, burst, keep=True, gap=gap)
         )
         time.sleep(0.5)  # the status writes after the last answers
-        # Outside the CPU and steal counts: the calibration runs in this process.
-        speed_before = calibrate()
         cpu_before = cpu_now(plugin.pid, agent.pid if agent else None, api.pid)
         ticks_before = machine_ticks()
         prepare_ms, unprepare_ms, rounds_ms = asyncio.run(
@@ -584,7 +564,6 @@ def run_kubelet_mode(
         cpu_after = cpu_now(plugin.pid, agent.pid if agent else None, api.pid)
         steal_s, steal_share = stolen(ticks_before, machine_ticks())
         rss_end = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
-        speed = (speed_before, calibrate())
         stop(plugin)
         with open(os.path.join(root, "timings.json")) as f:
             timings: dict[str, list[float]] = json.load(f)
@@ -611,7 +590,6 @@ def run_kubelet_mode(
         "cpu_ms": {k: (cpu_after[k] - cpu_before[k]) * 1000 / len(prepare_ms) for k in cpu_after},
         "steal_ms": steal_s * 1000 / len(prepare_ms),
         "steal_share": steal_share,
-        "calibration_ms": speed,
         "rss_start": rss_start,
         "rss_end": rss_end,
     }
@@ -722,13 +700,6 @@ def report(rows: list[dict[str, Any]], burst: int) -> None:
             f"{r['label']:<10}  {line}  on the node {node:.1f}  stolen {r['steal_ms']:.1f} "
             f"({r['steal_share']:.1%} of the machine's time)"
         )
-    print(
-        "\nmachine speed: a fixed piece of pure-Python work, ms before / after the "
-        "measured rounds (lower is faster; compare runs at similar values)"
-    )
-    for r in rows:
-        before, after = r["calibration_ms"]
-        print(f"{r['label']:<10}  {before:.1f} / {after:.1f}")
     print("\nRSS (MB)    plugin start / end       mps-agent start / end")
     for r in rows:
         (p0, a0), (p1, a1) = r["rss_start"], r["rss_end"]
