@@ -710,7 +710,7 @@ def report(rows: list[dict[str, Any]], burst: int) -> None:
         )
     if any(r["steal_share"] > NOISY_STEAL for r in rows):
         print(
-            f"\nnote: the hypervisor took over {NOISY_STEAL:.0%} of this machine's CPU time "
+            f"\nnote: the hypervisor took more than {NOISY_STEAL:.0%} of this machine's CPU time "
             "during a run: its latencies are those of a disturbed machine"
         )
     for r in rows:
