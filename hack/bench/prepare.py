@@ -76,8 +76,8 @@ SHARE = "4Gi"
 MODES = ("mps", "mps-cold", "timesliced", "engine")
 TARGETS = {"prepare_p99": 50.0, "unprepare_p99": 30.0, "plugin_rss": 60.0, "agent_rss": 35.0}
 NOISY_STEAL = 0.02
-"""Steal above this share of the machine's CPU time marks a run as disturbed (in a
-quiet period it stays well under 1%)."""
+"""Steal above this share of the machine's CPU time marks a run as disturbed (the
+least disturbed runs measured so far stayed at 0.1-0.5%, crowded ones 2-4%)."""
 STEPS = (
     ("GET", "get"),
     ("plan", "plan"),
