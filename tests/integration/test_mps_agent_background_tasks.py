@@ -15,6 +15,7 @@ import pytest
 from dra_driver.app.agent import run_agent
 from dra_driver.app.tasks import BackgroundTaskFailed
 from dra_driver.cli import main
+from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentError
 from dra_driver.mpsagent.daemon import MpsDaemon
 from dra_driver.mpsagent.procs import alive
@@ -55,6 +56,13 @@ async def _ensure(node: Node) -> None:
     )
 
 
+async def _daemon_of_a_first_agent(node: Node, live: AgentConfig) -> int | None:
+    """A first agent starts GPU0's daemon for a share and exits; the daemon's pid."""
+    async with agent_running(live):
+        await _ensure(node)
+        return await daemon_pid(node.client(), GPU0)
+
+
 def test_a_dying_supervisor_stops_the_agent_as_a_signal_does(
     v3_node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -63,9 +71,7 @@ def test_a_dying_supervisor_stops_the_agent_as_a_signal_does(
     live = replace(node.config, stop_daemons_on_exit=False)
 
     async def scenario() -> int | None:
-        async with agent_running(live):  # a first agent starts GPU0's daemon
-            await _ensure(node)
-            pid = await daemon_pid(node.client(), GPU0)
+        pid = await _daemon_of_a_first_agent(node, live)
         assert pid is not None and alive(pid)
         _supervisor_explodes(monkeypatch)
         ready = asyncio.Event()
@@ -92,12 +98,7 @@ def test_the_mps_agent_command_exits_with_an_error(
     node = v3_node
     live = replace(node.config, stop_daemons_on_exit=False)
 
-    async def first_agent() -> int | None:
-        async with agent_running(live):
-            await _ensure(node)
-            return await daemon_pid(node.client(), GPU0)
-
-    pid = asyncio.run(first_agent())
+    pid = asyncio.run(_daemon_of_a_first_agent(node, live))
     assert pid is not None and alive(pid)
     _supervisor_explodes(monkeypatch)
     argv = [
