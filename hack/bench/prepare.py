@@ -63,7 +63,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
@@ -146,6 +146,20 @@ def stolen(before: list[int], after: list[int]) -> tuple[float, float]:
     return delta[7] / os.sysconf("SC_CLK_TCK"), delta[7] / total if total else 0.0
 
 
+def add_spent(total: dict[str, float], before: dict[str, float], after: dict[str, float]) -> None:
+    """Add to ``total`` what each process spent between two :func:`cpu_now` readings."""
+    for name, seconds in after.items():
+        total[name] = total.get(name, 0.0) + seconds - before.get(name, seconds)
+
+
+def wave_floor_ms(cpu_ms_per_claim: dict[str, float], burst: int, cores: int) -> float:
+    """The shortest a wave of ``burst`` claims could take: all its CPU, every core busy.
+
+    A wave's answers cannot come sooner, whatever the order of its work; its
+    latencies above this are waiting (I/O, hand-offs, the hypervisor)."""
+    return sum(cpu_ms_per_claim.values()) * burst / cores
+
+
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
@@ -218,7 +232,8 @@ def serve_plugin(args: argparse.Namespace) -> int:
         *("--sharing", "timeslicing" if args.mode == "timesliced" else "mps"),
         # As the chart runs it: metrics and /readyz served, claim status and Events on.
         *("--metrics-port", str(free_port()), "--readiness-port", str(free_port())),
-        *("--metrics-address", "127.0.0.1", "--log-level", "WARNING"),
+        # The chart's log level and format (INFO, text): one line per claim operation.
+        *("--metrics-address", "127.0.0.1", "--log-level", "INFO", "--log-format", "text"),
         *(("--mps-agent-socket", args.agent_socket) if args.agent_socket else ()),
     ]
     profiler = None
@@ -413,11 +428,28 @@ def state_root(root: str) -> str:
     return os.path.join(shm, os.path.basename(root)) if os.path.isdir(shm) else root
 
 
-def wait_for_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+def component_log(root: str, name: str) -> IO[bytes]:
+    """Where a component's stdout and stderr go: a file on disk, as the container
+    runtime keeps a container's log, so its INFO lines cost what they cost there."""
+    return open(os.path.join(root, f"{name}.log"), "ab")
+
+
+def log_tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+    except OSError as err:
+        return f"(no log: {err})"
+
+
+def wait_for_socket(
+    path: str, proc: subprocess.Popen[bytes], timeout: float = 30, log: str = ""
+) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+            tail = f"; the end of its log:\n{log_tail(log)}" if log else ""
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}{tail}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear")
         time.sleep(0.02)
@@ -425,17 +457,21 @@ def wait_for_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 3
 
 def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
     socket = os.path.join(root, "plugin", "mps-agent.sock")
-    agent = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "dra_driver", "mps-agent", "--mps-control", "fake"),
-            *("--mps-protocol", "v3", "--socket", socket),
-            # A tmpfs, as on a node (the chart's /run/fractional-gpu-dra/mps).
-            *("--state-dir", os.path.join(state_root(root), "mps"), "--log-level", "WARNING"),
-            *("--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1"),
-        ],
-        cwd=ROOT,
-    )
-    wait_for_socket(socket, agent)
+    with component_log(root, "mps-agent") as log:
+        agent = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "dra_driver", "mps-agent", "--mps-control", "fake"),
+                *("--mps-protocol", "v3", "--socket", socket),
+                # A tmpfs, as on a node (the chart's /run/fractional-gpu-dra/mps).
+                # The chart's log level (INFO), its lines in a file as a container's are.
+                *("--state-dir", os.path.join(state_root(root), "mps"), "--log-level", "INFO"),
+                *("--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1"),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    wait_for_socket(socket, agent, log=os.path.join(root, "mps-agent.log"))
     return agent, socket
 
 
@@ -448,16 +484,19 @@ def start_plugin(
     profile: str | None,
     client: str,
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            *(sys.executable, os.path.abspath(__file__), "--serve-plugin", root),
-            *("--mode", mode, "--api", api["url"], "--ca", api["ca"], "--client", client),
-            *("--agent-socket", agent_socket),
-            *("--timings", os.path.join(root, "timings.json")),
-            *(("--profile", f"{profile}.{mode}") if profile else ()),
-        ],
-        cwd=ROOT,
-    )
+    with component_log(root, "plugin") as log:
+        return subprocess.Popen(
+            [
+                *(sys.executable, os.path.abspath(__file__), "--serve-plugin", root),
+                *("--mode", mode, "--api", api["url"], "--ca", api["ca"], "--client", client),
+                *("--agent-socket", agent_socket),
+                *("--timings", os.path.join(root, "timings.json")),
+                *(("--profile", f"{profile}.{mode}") if profile else ()),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def stop(proc: subprocess.Popen[bytes] | None) -> None:
@@ -471,11 +510,20 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
 
 
 async def kubelet_rounds(
-    registry: str, refs: list[Any], resident: list[Any], burst: int, *, keep: bool, gap: float
-) -> tuple[list[float], list[float], list[float]]:
+    registry: str,
+    refs: list[Any],
+    resident: list[Any],
+    burst: int,
+    *,
+    keep: bool,
+    gap: float,
+    cpu: Callable[[], dict[str, float]] | None = None,
+) -> tuple[list[float], list[float], list[float], dict[str, dict[str, float]]]:
     """Prepare ``resident`` (and unprepare them at the end unless ``keep``) around
     rounds of ``burst`` concurrent one-claim calls; returns prepare and unprepare
-    latencies (ms) and each round's wall time (ms)."""
+    latencies (ms), each round's wall time (ms), and, given ``cpu`` (CPU seconds
+    so far by process), the CPU seconds each process spent inside the prepare
+    waves and inside the unprepare waves."""
     from dra_driver.fakes.kubelet import FakeKubelet
 
     kubelet = FakeKubelet(registry)
@@ -483,6 +531,11 @@ async def kubelet_rounds(
     prepare_ms: list[float] = []
     unprepare_ms: list[float] = []
     rounds_ms: list[float] = []
+    in_waves: dict[str, dict[str, float]] = {"prepare": {}, "unprepare": {}}
+
+    def add_cpu(kind: str, before: dict[str, float]) -> None:
+        if cpu is not None:
+            add_spent(in_waves[kind], before, cpu())
 
     async def prepare(ref: Any) -> None:
         t0 = time.perf_counter()
@@ -504,19 +557,24 @@ async def kubelet_rounds(
         await asyncio.sleep(gap)  # their status writes, before the first wave
         for start in range(0, len(refs), burst):
             group = refs[start : start + burst]
+            # Read outside the timed part: a few /proc reads, about 0.1 ms.
+            before = cpu() if cpu is not None else {}
             t0 = time.perf_counter()
             await asyncio.gather(*(prepare(r) for r in group))
             wave = time.perf_counter() - t0
+            add_cpu("prepare", before)
             await asyncio.sleep(gap)  # the pods run; their status writes land
+            before = cpu() if cpu is not None else {}
             t0 = time.perf_counter()
             await asyncio.gather(*(unprepare(r) for r in group))
             rounds_ms.append((wave + time.perf_counter() - t0) * 1000)
+            add_cpu("unprepare", before)
             await asyncio.sleep(gap)
         if not keep:
             await asyncio.gather(*(plugin.unprepare([r]) for r in resident))
     finally:
         await kubelet.close()
-    return prepare_ms, unprepare_ms, rounds_ms
+    return prepare_ms, unprepare_ms, rounds_ms, in_waves
 
 
 def run_kubelet_mode(
@@ -541,16 +599,21 @@ def run_kubelet_mode(
         if mode.startswith("mps"):
             agent, socket = start_agent(root)
         plugin = start_plugin(root, mode, made, socket, profile=profile, client=client)
-        wait_for_socket(os.path.join(root, "reg", f"{DRIVER}-reg.sock"), plugin)
+        wait_for_socket(
+            os.path.join(root, "reg", f"{DRIVER}-reg.sock"),
+            plugin,
+            log=os.path.join(root, "plugin.log"),
+        )
         rss_start = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
         warm = refs[: warmup * burst]
         asyncio.run(
             kubelet_rounds(os.path.join(root, "reg"), warm, resident, burst, keep=True, gap=gap)
         )
         time.sleep(0.5)  # the status writes after the last answers
-        cpu_before = cpu_now(plugin.pid, agent.pid if agent else None, api.pid)
+        pids = (plugin.pid, agent.pid if agent else None, api.pid)
+        cpu_before = cpu_now(*pids)
         ticks_before = machine_ticks()
-        prepare_ms, unprepare_ms, rounds_ms = asyncio.run(
+        prepare_ms, unprepare_ms, rounds_ms, in_waves = asyncio.run(
             kubelet_rounds(
                 os.path.join(root, "reg"),
                 refs[len(warm) :],
@@ -558,10 +621,11 @@ def run_kubelet_mode(
                 burst,
                 keep=True,
                 gap=gap,
+                cpu=lambda: cpu_now(*pids),
             )
         )
         time.sleep(0.5)  # the status writes after the last answers
-        cpu_after = cpu_now(plugin.pid, agent.pid if agent else None, api.pid)
+        cpu_after = cpu_now(*pids)
         steal_s, steal_share = stolen(ticks_before, machine_ticks())
         rss_end = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
         stop(plugin)
@@ -588,6 +652,10 @@ def run_kubelet_mode(
             if v
         },
         "cpu_ms": {k: (cpu_after[k] - cpu_before[k]) * 1000 / len(prepare_ms) for k in cpu_after},
+        "wave_cpu_ms": {
+            kind: {k: v * 1000 / len(prepare_ms) for k, v in by_process.items()}
+            for kind, by_process in in_waves.items()
+        },
         "steal_ms": steal_s * 1000 / len(prepare_ms),
         "steal_share": steal_share,
         "rss_start": rss_start,
@@ -700,6 +768,16 @@ def report(rows: list[dict[str, Any]], burst: int) -> None:
             f"{r['label']:<10}  {line}  on the node {node:.1f}  stolen {r['steal_ms']:.1f} "
             f"({r['steal_share']:.1%} of the machine's time)"
         )
+    cores = os.cpu_count() or 1
+    print(
+        "\nCPU per claim inside the waves (from a call's start to the last answer), ms; "
+        f"floor: the wave's CPU spread over {cores} CPUs"
+    )
+    for r in rows:
+        for kind, by_process in r["wave_cpu_ms"].items():
+            line = "  ".join(f"{k} {v:.1f}" for k, v in by_process.items())
+            floor = wave_floor_ms(by_process, burst, cores)
+            print(f"{r['label']:<10}  {kind:<9}  {line}  floor {floor:.1f} per wave")
     print("\nRSS (MB)    plugin start / end       mps-agent start / end")
     for r in rows:
         (p0, a0), (p1, a1) = r["rss_start"], r["rss_end"]

@@ -1,4 +1,4 @@
-"""The pure helpers of hack/bench/prepare.py: steal accounting and the runs' tally."""
+"""The pure helpers of hack/bench/prepare.py: steal, the runs' tally, CPU in the waves."""
 
 from __future__ import annotations
 
@@ -54,3 +54,20 @@ def test_met_counts_tallies_each_target_and_its_range(bench: ModuleType) -> None
     assert "unprepare p99 <= 30 in 1 of 2 (range 20.0-31.0)" in line
     assert "plugin RSS <= 60 in 1 of 2 (range 57.0-61.0)" in line
     assert "mps-agent RSS <= 35 in 2 of 2 (range 29.0-30.0)" in line
+
+
+def test_add_spent_sums_each_process_over_the_waves(bench: ModuleType) -> None:
+    total: dict[str, float] = {}
+    bench.add_spent(total, {"plugin": 1.0, "agent": 2.0}, {"plugin": 1.5, "agent": 2.25})
+    bench.add_spent(total, {"plugin": 3.0, "agent": 4.0}, {"plugin": 3.25, "agent": 4.0})
+    assert total == {"plugin": 0.75, "agent": 0.25}
+    # A process first seen after the wave started (no reading before) adds nothing.
+    bench.add_spent(total, {}, {"fake MPS": 9.0})
+    assert total["fake MPS"] == 0.0
+
+
+def test_wave_floor_spreads_the_waves_cpu_over_the_cores(bench: ModuleType) -> None:
+    per_claim = {"plugin": 4.0, "agent": 1.0, "API server*": 1.0}
+    # 10 claims x 6 ms of CPU on 2 cores: 30 ms at the least.
+    assert bench.wave_floor_ms(per_claim, 10, 2) == pytest.approx(30.0)
+    assert bench.wave_floor_ms(per_claim, 10, 1) == pytest.approx(60.0)
