@@ -22,6 +22,10 @@ once all of its claims are. A claim whose side effects are in flight is not
 decided again until they finish (a repeated or crossing prepare/unprepare
 waits for it).
 
+The observers (the claim log, metrics, claim status and Events) hear of each
+claim after its answer: a lone call's before it returns, a wave's once the
+whole wave has been answered (what they do is not what the wave waits for).
+
 Each claim's failure stays its own: it becomes that claim's error string, the
 others go on. A repeated prepare returns what the checkpoint recorded; an
 unprepare of an unknown claim succeeds.
@@ -190,6 +194,9 @@ class Driver:
         self._gpu_lock: dict[str, asyncio.Lock] = {}
         self._changes: list[tuple[_Change, asyncio.Future[None]]] = []
         self._committer: asyncio.Task[None] | None = None
+        self._untold: list[tuple[_Work, dict[ClaimUID, ClaimOutcome], float]] = []
+        """Answered calls whose observers are told once their wave is over."""
+        self._teller: asyncio.Task[None] | None = None
 
     @property
     def inventory(self) -> Inventory:
@@ -253,14 +260,22 @@ class Driver:
             return report
 
     async def close(self) -> None:
-        while self._worker is not None or self._inflight or self._committer is not None:
-            for task in (self._worker, self._committer, *self._inflight.values()):
+        """Wait for the claims in flight, their checkpoint writes and their observers."""
+        while (
+            self._worker is not None
+            or self._inflight
+            or self._committer is not None
+            or self._teller is not None
+        ):
+            for task in (self._worker, self._committer, *self._inflight.values(), self._teller):
                 if task is not None:
                     await asyncio.gather(task, return_exceptions=True)
             if self._worker is not None and self._worker.done():
                 self._worker = None
             if self._committer is not None and self._committer.done():
                 self._committer = None
+            if self._teller is not None and self._teller.done():
+                self._teller = None
 
     # --- batching -----------------------------------------------------------
 
@@ -273,8 +288,28 @@ class Driver:
         # the kubelet's retry then finds the recorded result.
         outcomes = await asyncio.shield(work.future)
         if self.observers:
-            self._tell(work, outcomes, time.monotonic() - started)
+            self._report(work, outcomes, time.monotonic() - started)
         return outcomes
+
+    def _report(self, work: _Work, outcomes: dict[ClaimUID, ClaimOutcome], seconds: float) -> None:
+        """Tell the observers now when this call is the only one in flight; in a wave,
+        once the wave has been answered (its log lines, metrics and status are not
+        what the other claims wait for, and they cost a quarter of a millisecond of
+        the one core the wave's claims share)."""
+        if self.activity.calls <= 1 and not self._untold:
+            self._tell(work, outcomes, seconds)
+            return
+        # In the order the answers went out: a claim's prepare is always told first.
+        self._untold.append((work, outcomes, seconds))
+        if self._teller is None or self._teller.done():
+            self._teller = asyncio.create_task(self._tell_after_wave(), name="claim-observers")
+
+    async def _tell_after_wave(self) -> None:
+        while self._untold:
+            await self.activity.lull()
+            told, self._untold = self._untold, []
+            for work, outcomes, seconds in told:
+                self._tell(work, outcomes, seconds)
 
     def _tell(self, work: _Work, outcomes: dict[ClaimUID, ClaimOutcome], seconds: float) -> None:
         for ref in work.refs:

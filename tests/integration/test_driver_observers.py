@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import pytest
 
@@ -15,11 +18,13 @@ from dra_driver.base.errors import (
     OvercommitError,
 )
 from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.core.model import ResourceClaim
 from dra_driver.core.prepare import ClaimOperation, error_reason, notify
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
+from dra_driver.plugin.activity import CallActivity
 from tests.support.mps import agent_config, agent_running, mps_runtime
 from tests.support.node import DRIVER, NodeDirs, run_checked
 
@@ -81,6 +86,77 @@ def test_prepare_repeat_error_and_unprepare_are_reported(node_dirs: NodeDirs) ->
     assert all(o.seconds >= 0 for o in recorder.ops)
     big = next(o for o in recorder.ops if o.ref.name == "big")
     assert big.error is not None and "gpu-0" in big.error and not big.devices
+
+
+class GatedSource(InMemoryClaimSource):
+    """Holds every GET until ``wave`` of them wait: the calls are surely in flight together."""
+
+    def __init__(self, claims: Iterable[Mapping[str, Any]], wave: int) -> None:
+        super().__init__(claims)
+        self.wave = wave
+        self.waiting = 0
+        self.gate = asyncio.Event()
+
+    async def get_claim(self, ref: ClaimRef) -> ResourceClaim:
+        self.waiting += 1
+        if self.waiting >= self.wave:
+            self.gate.set()
+        await self.gate.wait()
+        return await super().get_claim(ref)
+
+
+class CallsInFlight:
+    """Records, for each claim it is told of, how many kubelet calls were in flight."""
+
+    def __init__(self, activity: CallActivity) -> None:
+        self.activity = activity
+        self.seen: list[tuple[str, str, int]] = []
+
+    def claim_done(self, op: ClaimOperation) -> None:
+        self.seen.append((op.operation, op.ref.name, self.activity.calls))
+
+
+def test_a_wave_is_answered_before_its_observers_are_told(node_dirs: NodeDirs) -> None:
+    wave = [resource_claim("ns", f"w{i}", devices=[share("gpu-0", memory="4Gi")]) for i in range(3)]
+    alone = resource_claim("ns", "alone", devices=[share("gpu-0", memory="4Gi")])
+    source = GatedSource([*wave, alone], wave=3)
+
+    async def scenario() -> list[tuple[str, str, int]]:
+        async with agent_running(agent_config(node_dirs)):
+            runtime = mps_runtime(node_dirs, source)
+            await runtime.start()
+            kubelet = FakeKubelet(node_dirs.registry)
+            try:
+                assert runtime.driver is not None
+                seen = CallsInFlight(runtime.driver.activity)
+                runtime.driver.observers[:] = [seen]
+                plugin = await kubelet.wait_for_plugin(DRIVER)
+                answers = await asyncio.gather(*(plugin.prepare([claim_ref(c)]) for c in wave))
+                assert not any(r.error for a in answers for r in a.values()), answers
+                await asyncio.wait_for(_until(lambda: len(seen.seen) == 3), 10)
+                await asyncio.gather(*(plugin.unprepare([claim_ref(c)]) for c in wave))
+                await asyncio.wait_for(_until(lambda: len(seen.seen) == 6), 10)
+                source.wave = 1  # a lone call: no one to wait for
+                await plugin.prepare([claim_ref(alone)])
+                told_alone = len(seen.seen)
+                await plugin.unprepare([claim_ref(alone)])
+                assert told_alone == 7, "a lone call's observers are told before its answer"
+                return seen.seen
+            finally:
+                await kubelet.close()
+                await runtime.stop()
+
+    seen = run_checked(scenario())
+    # Told once no call was in flight any more, each prepare before its unprepare.
+    assert sorted(seen[:3]) == [("prepare", f"w{i}", 0) for i in range(3)]
+    assert sorted(seen[3:6]) == [("unprepare", f"w{i}", 0) for i in range(3)]
+    # Alone: told while its own call was still in flight, i.e. before it was answered.
+    assert seen[6:] == [("prepare", "alone", 1), ("unprepare", "alone", 1)]
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    while not done():
+        await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize(
