@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -19,12 +20,13 @@ from dra_driver.base.errors import (
 )
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import ResourceClaim
-from dra_driver.core.prepare import ClaimOperation, error_reason, notify
+from dra_driver.core.prepare import ClaimOperation, DriverObserver, error_reason, notify
 from dra_driver.fakes.claims import InMemoryClaimSource
-from dra_driver.fakes.kubelet import FakeKubelet
+from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
 from dra_driver.plugin.activity import CallActivity
+from dra_driver.plugin.driver import Driver
 from tests.support.mps import agent_config, agent_running, mps_runtime
 from tests.support.node import DRIVER, NodeDirs, run_checked
 
@@ -42,6 +44,26 @@ class Broken:
         raise RuntimeError("observer bug")
 
 
+@contextlib.asynccontextmanager
+async def observed_plugin(
+    node_dirs: NodeDirs,
+    source: InMemoryClaimSource,
+    observers: Callable[[Driver], list[DriverObserver]],
+) -> AsyncIterator[RegisteredPlugin]:
+    """The plugin with its agent, its engine's observers replaced, as the kubelet sees it."""
+    async with agent_running(agent_config(node_dirs)):
+        runtime = mps_runtime(node_dirs, source)
+        await runtime.start()
+        kubelet = FakeKubelet(node_dirs.registry)
+        try:
+            assert runtime.driver is not None
+            runtime.driver.observers[:] = observers(runtime.driver)
+            yield await kubelet.wait_for_plugin(DRIVER)
+        finally:
+            await kubelet.close()
+            await runtime.stop()
+
+
 def test_prepare_repeat_error_and_unprepare_are_reported(node_dirs: NodeDirs) -> None:
     ok = resource_claim("ns", "ok", devices=[share("gpu-0", memory="60Gi")])
     too_big = resource_claim("ns", "big", devices=[share("gpu-0", memory="60Gi")])
@@ -50,25 +72,15 @@ def test_prepare_repeat_error_and_unprepare_are_reported(node_dirs: NodeDirs) ->
     recorder = Recorder()
 
     async def scenario() -> None:
-        async with agent_running(agent_config(node_dirs)):
-            runtime = mps_runtime(node_dirs, source)
-            await runtime.start()
-            kubelet = FakeKubelet(node_dirs.registry)
-            try:
-                assert runtime.driver is not None
-                # A failing observer must not fail the claims or starve the others.
-                runtime.driver.observers[:] = [Broken(), recorder]
-                plugin = await kubelet.wait_for_plugin(DRIVER)
-                first = await plugin.prepare([claim_ref(ok)])
-                assert not first[claim_ref(ok).uid].error
-                await plugin.prepare([claim_ref(ok)])  # repeated
-                results = await plugin.prepare([claim_ref(too_big), missing])
-                assert results[claim_ref(too_big).uid].error
-                assert results[missing.uid].error
-                await plugin.unprepare([claim_ref(ok)])
-            finally:
-                await kubelet.close()
-                await runtime.stop()
+        # A failing observer must not fail the claims or starve the others.
+        async with observed_plugin(node_dirs, source, lambda _: [Broken(), recorder]) as plugin:
+            first = await plugin.prepare([claim_ref(ok)])
+            assert not first[claim_ref(ok).uid].error
+            await plugin.prepare([claim_ref(ok)])  # repeated
+            results = await plugin.prepare([claim_ref(too_big), missing])
+            assert results[claim_ref(too_big).uid].error
+            assert results[missing.uid].error
+            await plugin.unprepare([claim_ref(ok)])
 
     run_checked(scenario())
     ops = [(o.operation, o.ref.name, o.ok, o.reason, o.repeated) for o in recorder.ops]
@@ -108,9 +120,13 @@ class GatedSource(InMemoryClaimSource):
 class CallsInFlight:
     """Records, for each claim it is told of, how many kubelet calls were in flight."""
 
-    def __init__(self, activity: CallActivity) -> None:
-        self.activity = activity
+    def __init__(self) -> None:
+        self.activity = CallActivity()
         self.seen: list[tuple[str, str, int]] = []
+
+    def watching(self, driver: Driver) -> list[DriverObserver]:
+        self.activity = driver.activity
+        return [self]
 
     def claim_done(self, op: ClaimOperation) -> None:
         self.seen.append((op.operation, op.ref.name, self.activity.calls))
@@ -122,29 +138,20 @@ def test_a_wave_is_answered_before_its_observers_are_told(node_dirs: NodeDirs) -
     source = GatedSource([*wave, alone], wave=3)
 
     async def scenario() -> list[tuple[str, str, int]]:
-        async with agent_running(agent_config(node_dirs)):
-            runtime = mps_runtime(node_dirs, source)
-            await runtime.start()
-            kubelet = FakeKubelet(node_dirs.registry)
-            try:
-                assert runtime.driver is not None
-                seen = CallsInFlight(runtime.driver.activity)
-                runtime.driver.observers[:] = [seen]
-                plugin = await kubelet.wait_for_plugin(DRIVER)
-                answers = await asyncio.gather(*(plugin.prepare([claim_ref(c)]) for c in wave))
-                assert not any(r.error for a in answers for r in a.values()), answers
-                await asyncio.wait_for(_until(lambda: len(seen.seen) == 3), 10)
-                await asyncio.gather(*(plugin.unprepare([claim_ref(c)]) for c in wave))
-                await asyncio.wait_for(_until(lambda: len(seen.seen) == 6), 10)
-                source.wave = 1  # a lone call: no one to wait for
-                await plugin.prepare([claim_ref(alone)])
-                told_alone = len(seen.seen)
-                await plugin.unprepare([claim_ref(alone)])
-                assert told_alone == 7, "a lone call's observers are told before its answer"
-                return seen.seen
-            finally:
-                await kubelet.close()
-                await runtime.stop()
+        calls = CallsInFlight()
+        async with observed_plugin(node_dirs, source, calls.watching) as plugin:
+            told = calls.seen
+            answers = await asyncio.gather(*(plugin.prepare([claim_ref(c)]) for c in wave))
+            assert not any(r.error for a in answers for r in a.values()), answers
+            await asyncio.wait_for(_until(lambda: len(told) == 3), 10)
+            await asyncio.gather(*(plugin.unprepare([claim_ref(c)]) for c in wave))
+            await asyncio.wait_for(_until(lambda: len(told) == 6), 10)
+            source.wave = 1  # a lone call: no one to wait for
+            await plugin.prepare([claim_ref(alone)])
+            told_alone = len(told)
+            await plugin.unprepare([claim_ref(alone)])
+            assert told_alone == 7, "a lone call's observers are told before its answer"
+            return told
 
     seen = run_checked(scenario())
     # Told once no call was in flight any more, each prepare before its unprepare.
