@@ -16,8 +16,9 @@ import contextlib
 from collections.abc import Iterator
 
 DEFAULT_MAX_WAIT_S = 2.0
-"""How long background work may wait for a lull: ``status.devices`` stays
-current within this, however busy the node is."""
+"""How long background work may wait for a lull. ``status.devices`` stays
+current within twice this, however busy the node is: the engine tells the
+claim reporter of a wave's claims after a lull, and the write waits for one."""
 
 
 class CallActivity:
