@@ -9,14 +9,25 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.chart import chart_api
 from tests.support.fakekube import FakeKubeApi
 from tests.support.leaks import leaked_threads, watching_asyncio_run
 
 
 @pytest.fixture
-def fake_kube() -> Iterator[FakeKubeApi]:
-    """A started fake Kubernetes API server; closed (watches ended) after the test."""
-    with FakeKubeApi() as api:
+def fake_kube(request: pytest.FixtureRequest) -> Iterator[FakeKubeApi]:
+    """A started fake Kubernetes API server; closed (watches ended) after the test.
+
+    Under ``@pytest.mark.chart(values)`` (a module's ``pytestmark``) it enforces the
+    Helm chart's RBAC and admission policies rendered with those ``--set`` values, so
+    components must talk to it as their ServiceAccounts (``tests/support/chart.py``)."""
+    marker = request.node.get_closest_marker("chart")
+    if marker is None:
+        api = FakeKubeApi()
+    else:
+        values = tuple(marker.args[0]) if marker.args else ()
+        api = chart_api(values, **marker.kwargs)
+    with api:
         yield api
 
 

@@ -58,6 +58,7 @@ def build_controller(
             namespace=config.lease_namespace,
             identity=config.identity,
             lease_duration_s=config.lease_duration_s,
+            renew_deadline_s=config.renew_deadline_s,
             renew_interval_s=config.renew_interval_s,
             retry_interval_s=config.retry_interval_s,
         ),

@@ -23,6 +23,7 @@ translated at their adapter with ``raise ... from err``::
     │   │                          misconfigured
     │   └── MigPlacementBusyError  a MIG instance cannot go where asked: the placement
     │                              overlaps an existing instance (or the GPU lacks room)
+    ├── LeadershipLostError        the controller lost its Lease: it exits, to be restarted
     ├── ConfigError                a flag or file given to the driver is invalid
     └── InvalidConfigError         an opaque config (gpu.fractional.dev/v1alpha1) is
                                    invalid, or asks more than the allocation granted
@@ -141,3 +142,8 @@ class InvalidConfigError(DriverError):
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
+
+
+class LeadershipLostError(DriverError):
+    """The controller led and lost its Lease (renewals failed past the renew deadline,
+    or another holder has it): it must stop allocating and exit, to be restarted."""

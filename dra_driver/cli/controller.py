@@ -35,6 +35,25 @@ def controller_parser(sub: Any) -> None:
     )
     add_flag(
         controller,
+        "--lease-duration",
+        "seconds a Lease holds without renewal before another replica may take it",
+        default="15",
+    )
+    add_flag(
+        controller,
+        "--renew-deadline",
+        "seconds the leader keeps retrying a failed renewal before it exits (status 2),"
+        " less than --lease-duration",
+        default="10",
+    )
+    add_flag(
+        controller,
+        "--retry-period",
+        "seconds between attempts to take the Lease or to retry a failed renewal",
+        default="2",
+    )
+    add_flag(
+        controller,
         "--batch-window",
         "seconds claims that become ready together are collected, then allocated largest"
         " first (0: one at a time in arrival order)",
@@ -57,6 +76,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace,
         identity=args.pod_name or socket.gethostname(),
+        lease_duration_s=parse_seconds(args.lease_duration, "--lease-duration"),
+        renew_deadline_s=parse_seconds(args.renew_deadline, "--renew-deadline"),
+        # client-go's rhythm: a leader renews, and a candidate retries, every retry period.
+        renew_interval_s=parse_seconds(args.retry_period, "--retry-period"),
+        retry_interval_s=parse_seconds(args.retry_period, "--retry-period"),
         batch_window_s=parse_seconds(args.batch_window, "--batch-window"),
         metrics_port=metrics_port(args.metrics_port),
         metrics_address=args.metrics_address,

@@ -4,8 +4,17 @@ A candidate takes the Lease when it is free (no holder) or expired
 (``renewTime + leaseDurationSeconds`` in the past), renews it every
 ``renew_interval_s`` while it leads, and gives it up on shutdown (holder
 cleared, duration 1 s). Every write carries the resourceVersion read, so two
-candidates never both win. Leadership is lost when a renewal has not
-succeeded for ``lease_duration_s`` (or the Lease names someone else).
+candidates never both win.
+
+Nothing fails silently: every failed attempt is logged with its cause (the
+call, HTTP status, reason and the API server's message), a leader's at
+WARNING. A failed renewal is retried every ``retry_interval_s``; when none has
+succeeded within ``renew_deadline_s`` (shorter than the lease, so the Lease is
+still ours when we stop), or the Lease names another holder, leadership is
+lost: :meth:`LeaderElector.run` raises :class:`LeadershipLostError`, which ends
+the controller with exit status 2 so that its pod restarts and another replica
+(or this one, anew) takes over. A replica never stays up neither leading nor
+trying to.
 
 :func:`lease_action` is the pure rule; :class:`LeaderElector` does the I/O.
 """
@@ -18,7 +27,13 @@ import functools
 import logging
 from typing import Any, Literal
 
-from dra_driver.base.errors import ApiError, ApiNotFoundError
+from dra_driver.base.errors import (
+    ApiConflictError,
+    ApiError,
+    ApiNotFoundError,
+    ConfigError,
+    LeadershipLostError,
+)
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
 
@@ -66,25 +81,41 @@ class LeaderElector:
         namespace: str,
         identity: str,
         lease_duration_s: float = 15.0,
+        renew_deadline_s: float = 10.0,
         renew_interval_s: float = 5.0,
         retry_interval_s: float = 2.0,
     ) -> None:
+        if not (0 < max(retry_interval_s, renew_interval_s) < renew_deadline_s < lease_duration_s):
+            raise ConfigError(
+                f"leader election needs 0 < retry period ({retry_interval_s:g}s) and renew "
+                f"interval ({renew_interval_s:g}s) < renew deadline ({renew_deadline_s:g}s) < "
+                f"lease duration ({lease_duration_s:g}s), as client-go does: change "
+                "--retry-period, --renew-deadline or --lease-duration"
+            )
         self._api = api_client
         self.name, self.namespace, self.identity = name, namespace, identity
         self.lease_duration_s = lease_duration_s
+        self.renew_deadline_s = renew_deadline_s
         self.renew_interval_s = renew_interval_s
         self.retry_interval_s = retry_interval_s
         self.is_leader = False
         self.leading = asyncio.Event()
         self.lost = asyncio.Event()
         self._last_renew = 0.0
+        self._last_error: ApiError | None = None
 
     @property
     def _path(self) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
 
+    @property
+    def lease(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
     async def try_acquire_or_renew(self) -> bool:
-        """One attempt; True when this candidate holds the Lease afterwards."""
+        """One attempt; True when this candidate holds the Lease afterwards. Raises
+        :class:`ApiError` when a call fails, :class:`LeadershipLostError` when this
+        leader finds the Lease held by another."""
         now = datetime.datetime.now(datetime.UTC)
         try:
             lease: JsonObj | None = await asyncio.to_thread(
@@ -94,8 +125,9 @@ class LeaderElector:
             lease = None
         action = lease_action(lease, self.identity, now)
         if action == "wait":
-            if self.is_leader:  # someone else holds it now
-                self._step_down("another candidate holds it")
+            if self.is_leader:
+                holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+                self._lose(f"the Lease is held by {holder!r} now")
             return False
         spec: JsonObj = dict((lease or {}).get("spec") or {})
         if action == "take":
@@ -135,38 +167,77 @@ class LeaderElector:
         )
 
     async def run(self) -> None:
-        """Campaign, then renew, until cancelled; releases the Lease when cancelled."""
+        """Campaign, then renew, until cancelled (then the Lease is released) or until
+        leadership is lost (:class:`LeadershipLostError`)."""
         loop = asyncio.get_running_loop()
         try:
             while True:
-                try:
-                    held = await self.try_acquire_or_renew()
-                except ApiError as err:  # conflict: someone else won; others: retry
-                    log.debug("lease %s/%s: %s", self.namespace, self.name, err)
-                    held = False
+                held = await self._attempt()
                 now = loop.time()
                 if held:
                     self._last_renew = now
+                    self._last_error = None
                     if not self.is_leader:
-                        log.info("%s leads (lease %s/%s)", self.identity, self.namespace, self.name)
+                        log.info("%s leads (lease %s)", self.identity, self.lease)
                         self.is_leader = True
                         self.lost.clear()
                         self.leading.set()
-                elif self.is_leader and now - self._last_renew > self.lease_duration_s:
-                    self._step_down("no renewal within the lease duration")
-                elif self.is_leader:
-                    pass  # a failed renewal within the lease: keep trying
+                elif self.is_leader and now - self._last_renew >= self.renew_deadline_s:
+                    self._lose(
+                        f"no renewal succeeded within the renew deadline "
+                        f"({self.renew_deadline_s:g}s); the last attempt: {self._last_error}"
+                    )
                 await asyncio.sleep(self.renew_interval_s if held else self.retry_interval_s)
         finally:
-            if self.is_leader:
+            if self.is_leader:  # cancelled while leading: shutting down
                 self._step_down("shutting down")
                 await self.release()
 
+    async def _attempt(self) -> bool:
+        """One attempt, its failure logged with its cause (never silently)."""
+        try:
+            return await self.try_acquire_or_renew()
+        except ApiError as err:
+            self._last_error = err
+            if self.is_leader:
+                log.warning(
+                    "%s could not renew the lease %s (retrying in %gs, leadership ends "
+                    "%gs after the last renewal): %s",
+                    self.identity,
+                    self.lease,
+                    self.retry_interval_s,
+                    self.renew_deadline_s,
+                    err,
+                )
+            elif isinstance(err, ApiConflictError):
+                log.info(
+                    "%s: another candidate wrote the lease %s first", self.identity, self.lease
+                )
+            else:
+                log.warning(
+                    "%s could not take the lease %s (retrying in %gs): %s",
+                    self.identity,
+                    self.lease,
+                    self.retry_interval_s,
+                    err,
+                )
+            return False
+
     def _step_down(self, why: str) -> None:
-        log.info("%s gives up the lease %s/%s: %s", self.identity, self.namespace, self.name, why)
+        log.info("%s gives up the lease %s: %s", self.identity, self.lease, why)
         self.is_leader = False
         self.leading.clear()
         self.lost.set()
+
+    def _lose(self, why: str) -> None:
+        """Leadership is gone while running: stop leading and end the process."""
+        self.is_leader = False
+        self.leading.clear()
+        self.lost.set()
+        raise LeadershipLostError(
+            f"{self.identity} lost the leadership (lease {self.lease}): {why}; exiting so "
+            "that the pod restarts and a replica that can hold the Lease leads"
+        )
 
     async def release(self) -> None:
         """Give the Lease up so another candidate need not wait for it to expire."""
@@ -181,4 +252,4 @@ class LeaderElector:
             spec["leaseDurationSeconds"] = 1
             await self._patch_spec(lease, spec)
         except ApiError as err:
-            log.warning("could not release lease %s/%s: %s", self.namespace, self.name, err)
+            log.warning("could not release the lease %s: %s", self.lease, err)

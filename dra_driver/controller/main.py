@@ -97,6 +97,8 @@ class ControllerConfig:
     lease_namespace: str = "default"
     identity: str = field(default_factory=socket.gethostname)
     lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    """How long a leader keeps trying to renew before it gives up and exits."""
     renew_interval_s: float = 5.0
     retry_interval_s: float = 2.0
     read_timeout_s: float = 30.0

@@ -21,14 +21,15 @@ from dra_driver.controller.informer import CLAIMS, Informer
 from dra_driver.controller.leader import lease_action, micro_time
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import FINALIZER, REJECTED_ANNOTATION
-from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.watch import MERGE_PATCH
 from tests.support import controller_env
+from tests.support.chart import CONTROLLER_VALUES
 from tests.support.controller_env import (
     DRIVER,
     GI,
     JsonObj,
     allocation_of,
+    controller_client,
     events_for,
     make_pod,
     running,
@@ -38,6 +39,9 @@ from tests.support.controller_env import (
 )
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
+
+pytestmark = pytest.mark.chart(CONTROLLER_VALUES)
+"""The controller runs as its ServiceAccount under the chart's RBAC."""
 
 # --- seeding: nodes with zone labels, the class and claims with config -----------------
 
@@ -267,7 +271,9 @@ def test_only_the_leader_writes(fake_kube: FakeKubeApi) -> None:
                 await asyncio.sleep(0.5)
                 assert not two.elector.is_leader
                 assert one.writes >= 2 and two.writes == 0
-                lease = fake_kube.get("Lease", "fractional-gpu-dra-controller", "default")
+                lease = fake_kube.get(
+                    "Lease", "fractional-gpu-dra-controller", controller_env.LEASE_NAMESPACE
+                )
                 assert lease["spec"]["holderIdentity"] == "one"
                 await asyncio.sleep(0)
             # "two" stopped without ever leading; now "one" stops and releases, a new one leads
@@ -336,7 +342,7 @@ def test_informer_resumes_and_relists_after_410(fake_kube: FakeKubeApi) -> None:
     make_claim(fake_kube, "before")
 
     async def scenario() -> None:
-        informer = Informer(make_api_client(None, host=fake_kube.url), CLAIMS, read_timeout_s=0.3)
+        informer = Informer(controller_client(fake_kube), CLAIMS, read_timeout_s=0.3)
         task = asyncio.create_task(informer.run())
         try:
             await asyncio.wait_for(informer.synced.wait(), 10)

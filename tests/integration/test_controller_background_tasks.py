@@ -13,9 +13,20 @@ from dra_driver.app.tasks import BackgroundTaskFailed
 from dra_driver.cli import main
 from dra_driver.controller import Controller
 from dra_driver.controller.informer import PODS, Informer
-from dra_driver.k8s.client import make_api_client
-from tests.support.controller_env import DRIVER, controller_config, make_claim, seed_cluster
+from tests.support.chart import CONTROLLER_VALUES, controller_user
+from tests.support.controller_env import (
+    DRIVER,
+    LEASE_NAMESPACE,
+    controller_client,
+    controller_config,
+    make_claim,
+    seed_cluster,
+)
 from tests.support.fakekube import FakeKubeApi
+from tests.support.node import write_kubeconfig
+
+pytestmark = pytest.mark.chart(CONTROLLER_VALUES)
+"""The controller runs as its ServiceAccount under the chart's RBAC."""
 
 _informer_run = Informer.run
 
@@ -39,7 +50,7 @@ def test_an_informer_that_returns_stops_the_controller(
 ) -> None:
     seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
     monkeypatch.setattr(Informer, "run", _pods_informer_returns)
-    controller = build_controller(make_api_client(None, host=fake_kube.url), controller_config())
+    controller = build_controller(controller_client(fake_kube), controller_config())
     stop = asyncio.Event()
 
     async def scenario() -> BackgroundTaskFailed:
@@ -67,18 +78,12 @@ def test_a_failing_worker_ends_the_controller_command_with_an_error(
     make_claim(fake_kube, "c1", "10Gi")
     monkeypatch.setattr(Controller, "process", _process_explodes)
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{fake_kube.url}'}}}}]\n"
-        "users: [{name: fake, user: {}}]\n"
-        "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
-        "current-context: fake\n",
-        encoding="utf-8",
-    )
+    write_kubeconfig(kubeconfig, fake_kube.url, fake_kube.token_for(controller_user()))
     argv = [
         "controller",
         f"--driver-name={DRIVER}",
         f"--kubeconfig={kubeconfig}",
+        f"--lease-namespace={LEASE_NAMESPACE}",
         "--pod-name=replica-0",
         "--batch-window=0",
     ]

@@ -20,6 +20,7 @@ import pytest
 from dra_driver.cli import build_parser, main
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import CONTROLLER_CLASS, FINALIZER, placement_order
+from tests.support.chart import CONTROLLER_VALUES
 from tests.support.controller_env import (
     DRIVER,
     allocation_of,
@@ -32,6 +33,9 @@ from tests.support.controller_env import (
 )
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
+
+pytestmark = pytest.mark.chart(CONTROLLER_VALUES)
+"""The controller runs as its ServiceAccount under the chart's RBAC."""
 
 JsonObj = dict[str, Any]
 SMALL = ["s0", "s1", "s2", "s3"]

@@ -13,9 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.app.controller import run_controller
 from dra_driver.controller.metrics import PREFIX
-from dra_driver.k8s.client import make_api_client
+from tests.support.chart import CONTROLLER_VALUES
 from tests.support.controller_env import (
     GI,
+    controller_client,
     controller_config,
     make_claim,
     make_namespace,
@@ -24,6 +25,9 @@ from tests.support.controller_env import (
 )
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
+
+pytestmark = pytest.mark.chart(CONTROLLER_VALUES)
+"""The controller runs as its ServiceAccount under the chart's RBAC."""
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 H100_SHAREABLE = 81559 * 2**20
@@ -69,7 +73,7 @@ def test_metrics_endpoint_after_allocations(fake_kube: FakeKubeApi, free_port: i
 
     async def scenario() -> None:
         stop = asyncio.Event()
-        api = make_api_client(None, host=fake_kube.url)
+        api = controller_client(fake_kube)
         task = asyncio.create_task(run_controller(config, stop, api_client=api))
         try:
             for name in ("c1", "c2", "c3", "huge"):

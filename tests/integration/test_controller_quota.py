@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from tests.support.chart import CONTROLLER_VALUES
 from tests.support.controller_env import (
     QUOTA,
     allocation_of,
@@ -18,6 +21,9 @@ from tests.support.controller_env import (
 )
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
+
+pytestmark = pytest.mark.chart(CONTROLLER_VALUES)
+"""The controller runs as its ServiceAccount under the chart's RBAC."""
 
 
 def cannot_allocate(api: FakeKubeApi, claim: str, namespace: str) -> list[str]:

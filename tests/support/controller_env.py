@@ -20,11 +20,14 @@ from dra_driver.controller.reconcile import CONTROLLER_CLASS
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
 from dra_driver.core.slices import build_slices
 from dra_driver.fakes.gpu import build_inventory, load_spec
-from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.client import KubeClient, make_api_client
+from tests.support.chart import NAMESPACE, client_as, controller_user
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"
+LEASE_NAMESPACE = NAMESPACE
+"""The controller's Lease lives in the chart's release namespace, where its Role is."""
 QUOTA = quota_annotation(DRIVER)
 GI = 1024**3
 JsonObj = dict[str, Any]
@@ -161,7 +164,9 @@ def controller_config(identity: str = "ctrl-1", **overrides: Any) -> ControllerC
     settings: dict[str, Any] = {
         "driver_name": DRIVER,
         "identity": identity,
+        "lease_namespace": LEASE_NAMESPACE,
         "lease_duration_s": 2.0,
+        "renew_deadline_s": 1.4,
         "renew_interval_s": 0.3,
         "retry_interval_s": 0.2,
         "read_timeout_s": 0.5,
@@ -173,15 +178,20 @@ def controller_config(identity: str = "ctrl-1", **overrides: Any) -> ControllerC
     return ControllerConfig(**(settings | overrides))
 
 
+def controller_client(api: FakeKubeApi) -> KubeClient:
+    """The controller's client: as its ServiceAccount where ``api`` enforces the chart."""
+    if api.security is not None:
+        return client_as(api, controller_user())
+    return make_api_client(None, host=api.url)
+
+
 @contextlib.asynccontextmanager
 async def running(
     api: FakeKubeApi, *, claim_watch_lag_s: float = 0.0, **overrides: Any
 ) -> AsyncIterator[Controller]:
     """A running controller; ``claim_watch_lag_s`` delays every claim watch event it
     sees (a slow watch: only the assume cache shows its own recent writes)."""
-    controller = build_controller(
-        make_api_client(None, host=api.url), controller_config(**overrides)
-    )
+    controller = build_controller(controller_client(api), controller_config(**overrides))
     if claim_watch_lag_s:
         informer = controller.claims
         apply = informer._apply

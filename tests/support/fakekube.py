@@ -81,8 +81,16 @@ Implemented, per kind, namespaced or cluster-scoped:
 * every HTTP write checked against the release's official OpenAPI schema
   (strict: unknown fields refused; :mod:`tests.support.fakekube_schema`).
 
-NOT implemented: authentication and authorization, admission (mutating or
-validating, including ValidatingAdmissionPolicy), defaulting, validation
+Authentication, RBAC authorization and validating admission (the chart's
+ValidatingAdmissionPolicies, the ResourceClaim status authorization of 1.36+) when
+built with ``security=`` (:class:`~tests.support.fakekube_admission.ApiSecurity`,
+from rendered manifests: :func:`tests.support.chart.chart_api`): every request
+then needs a token from :meth:`FakeKubeApi.token_for` (none: ``system:anonymous``),
+and is answered 401, 403 or 422 as kube-apiserver answers; what is emulated is in
+:mod:`tests.support.fakekube_auth` and :mod:`tests.support.fakekube_admission`.
+Without it everything is allowed (``--authorization-mode=AlwaysAllow``).
+
+NOT implemented: mutating admission, defaulting, validation
 beyond the schema and the rules above, server-side apply of anything but
 claims' ``status.devices`` (``application/apply-patch+yaml`` gets 415) and
 managedFields, strategic-merge
@@ -107,6 +115,8 @@ import threading
 from types import TracebackType
 from typing import Self
 
+from tests.support.fakekube_admission import ApiSecurity
+from tests.support.fakekube_auth import User
 from tests.support.fakekube_http import Fault, RecordedRequest, Server
 from tests.support.fakekube_store import Store, accept_all
 from tests.support.fakekube_types import (
@@ -149,6 +159,7 @@ class FakeKubeApi:
         binary_minor: int | None = None,
         validate_schema: bool = True,
         tls: ssl.SSLContext | None = None,
+        security: ApiSecurity | None = None,
     ) -> None:
         """``kube_minor``: the release it plays (``/version``, 1.35+ validation);
         ``drop_gated_fields``: drop the fields of the DRA gates that are off
@@ -156,8 +167,10 @@ class FakeKubeApi:
         binary emulating ``kube_minor`` (``/version`` shows both); ``validate_schema``
         False skips the schema check of HTTP writes (benchmarks: a real API server's
         CPU is not the node's); ``tls``: serve HTTPS with this server context, as
-        every real API server does (:func:`tests.support.tls.server_context`)."""
+        every real API server does (:func:`tests.support.tls.server_context`);
+        ``security``: authenticate, authorize and admit every HTTP request."""
         self.tls = tls
+        self.security = security
         self.version = ServerVersion(kube_minor, drop_gated_fields, binary_minor)
         validate = self.version.validate if validate_schema else accept_all
         self._store = Store(kinds, history_limit, self.version.prepare, validate)
@@ -179,7 +192,8 @@ class FakeKubeApi:
             self._record,
             self._track_connection,
             self.version.version_info(),
-            self.tls,
+            tls=self.tls,
+            security=self.security,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -227,6 +241,14 @@ class FakeKubeApi:
             raise RuntimeError("FakeKubeApi is not started")
         host, port = self._server.server_address[:2]
         return f"{'https' if self.tls else 'http'}://{host!s}:{port}"
+
+    # Identities
+
+    def token_for(self, user: User) -> str:
+        """A bearer token that authenticates as ``user`` (needs ``security``)."""
+        if self.security is None:
+            raise RuntimeError("this FakeKubeApi authorizes nothing: build it with security=")
+        return self.security.token_for(user)
 
     # Objects
 

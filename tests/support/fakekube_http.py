@@ -13,9 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tests.support.fakekube_admission import ApiSecurity, WriteRequest
+from tests.support.fakekube_auth import User, request_attributes
 from tests.support.fakekube_raw import decode_body, encode_wire, raw_paths
 from tests.support.fakekube_selectors import parse_field_selector, parse_label_selector
-from tests.support.fakekube_store import Store, WatchFilter, without
+from tests.support.fakekube_store import Admit, Store, WatchFilter, without
 from tests.support.fakekube_types import (
     FakeApiError,
     JsonObj,
@@ -69,7 +71,9 @@ class Server(ThreadingHTTPServer):
 
     ``record`` logs each request and returns the fault it triggers, if any;
     ``track`` is told of each connection opening (True) and closing (False);
-    ``version_info`` is the body of ``GET /version``.
+    ``version_info`` is the body of ``GET /version``; ``security``, when given,
+    authenticates, authorizes and admits every request (else everything is allowed,
+    as with ``--authorization-mode=AlwaysAllow``).
     """
 
     daemon_threads = True
@@ -81,9 +85,12 @@ class Server(ThreadingHTTPServer):
         record: Callable[[RecordedRequest, str], Fault | None],
         track: Callable[[socket.socket, bool], None],
         version_info: JsonObj,
+        *,
         tls: ssl.SSLContext | None = None,
+        security: ApiSecurity | None = None,
     ) -> None:
         self.store = store
+        self.security = security
         self.record = record
         self.track = track
         self.version_info = version_info
@@ -163,6 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_fault(fault)
             return
         try:
+            user = self._authorized(method, url.path, query)
             if method == "GET" and url.path.rstrip("/") == "/version":
                 self._send_json(200, self.server.version_info)
                 return
@@ -179,13 +187,49 @@ class _Handler(BaseHTTPRequestHandler):
                 self._serve_watch(route, param)
                 return
             code, obj = _handle(
-                store, method, route, body=body, content_type=content_type or "", param=param
+                store,
+                method,
+                route,
+                body=body,
+                content_type=content_type or "",
+                param=param,
+                admit=self._admission(user, method, route),
             )
         except FakeApiError as err:
             code, obj = err.code, err.status()
         except Exception as err:  # a bug in the fake: make the test fail loudly, not hang
             code, obj = 500, FakeApiError(500, f"fake API server bug: {err!r}").status()
         self._send_json(code, obj)
+
+    def _authorized(self, method: str, path: str, query: Mapping[str, list[str]]) -> User | None:
+        """The request's user; 401 or 403 (raised) as the API server answers before routing."""
+        security = self.server.security
+        if security is None:
+            return None
+        user = security.authenticator.authenticate(self.headers.get("Authorization"))
+        security.rbac.check(user, request_attributes(method, path, query))
+        return user
+
+    def _admission(self, user: User | None, method: str, route: Route) -> Admit | None:
+        security = self.server.security
+        if security is None or user is None or method not in _WRITES:
+            return None
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+
+        def admit(operation: str, old: JsonObj | None, new: JsonObj | None) -> None:
+            name = route.name or str(((new or {}).get("metadata") or {}).get("name", ""))
+            request = WriteRequest(
+                user,
+                operation,
+                verb,
+                route.kind,
+                route.namespace or "",
+                name,
+                route.subresource or "",
+            )
+            security.admission.admit(request, old, new)
+
+        return admit
 
     def _send_json(self, code: int, obj: JsonObj, headers: Mapping[str, str] | None = None) -> None:
         data = encode_wire(obj)
@@ -282,6 +326,7 @@ def _handle(
     body: Any,
     content_type: str,
     param: Callable[[str], str],
+    admit: Admit | None = None,
 ) -> tuple[int, JsonObj]:
     """Everything but watch: one verb on one route, returning (HTTP code, body)."""
     kind, namespace, name = route.kind, route.namespace, route.name
@@ -301,7 +346,9 @@ def _handle(
                 "items": [without(i, "kind", "apiVersion") for i in items],
             }
         if method == "POST" and (namespace is not None or not kind.namespaced):
-            return 201, store.create(kind, namespace, body, dry_run=dry_run, checked=True)
+            return 201, store.create(
+                kind, namespace, body, dry_run=dry_run, checked=True, admit=admit
+            )
     else:
         status_only = route.subresource == "status"
         if method == "GET":
@@ -315,6 +362,7 @@ def _handle(
                 status_only=status_only,
                 dry_run=dry_run,
                 checked=True,
+                admit=admit,
             )
         if method == "PATCH":
             return 200, store.patch(
@@ -328,9 +376,10 @@ def _handle(
                 field_manager=param("fieldManager"),
                 force=param("force") == "true",
                 checked=True,
+                admit=admit,
             )
         if method == "DELETE" and not status_only:
-            gone, obj = store.delete(kind, namespace, name, body, dry_run=dry_run)
+            gone, obj = store.delete(kind, namespace, name, body, dry_run=dry_run, admit=admit)
             return (200 if gone else 202), obj
     raise FakeApiError(405, "the server does not allow this method on the requested resource")
 

@@ -117,6 +117,17 @@ def accept_all(kind: ResourceKind, obj: JsonObj) -> None:
     """The default :data:`Validate`."""
 
 
+Admit = Callable[[str, JsonObj | None, JsonObj | None], None]
+"""Called with (operation, old, new) after validation and before storing, as the API
+server's validating admission runs: raises :class:`FakeApiError` to refuse the write.
+``operation`` is CREATE, UPDATE or DELETE; old is None on create, new on delete.
+None (the Python-side seeding of tests): no admission."""
+
+
+def _no_admission(operation: str, old: JsonObj | None, new: JsonObj | None) -> None:
+    """What ``admit=None`` does: let every write through."""
+
+
 class Store:
     """All objects and the event history, guarded by one condition variable.
 
@@ -177,6 +188,7 @@ class Store:
         keep_uid: bool = False,
         dry_run: bool = False,
         checked: bool = False,
+        admit: Admit | None = None,
     ) -> JsonObj:
         """POST. ``keep_uid`` keeps a given ``metadata.uid`` (seeding tests); the API never does.
         ``checked``: validate against the kind's schema (HTTP writes).
@@ -218,6 +230,8 @@ class Store:
             self._prepare(kind, obj)
             if checked:
                 self._validate(kind, obj)
+            if admit is not None:
+                admit("CREATE", None, copy.deepcopy(obj))
             if not dry_run:
                 self._commit(kind, key, "ADDED", obj, None)
             return copy.deepcopy(obj)
@@ -232,6 +246,7 @@ class Store:
         status_only: bool = False,
         dry_run: bool = False,
         checked: bool = False,
+        admit: Admit | None = None,
     ) -> JsonObj:
         """PUT, on the main resource or (``status_only``) the status subresource."""
         new = as_sent(self._checked_body(kind, body), kind)
@@ -245,6 +260,7 @@ class Store:
                 dry_run=dry_run,
                 checked=checked,
                 resent_status=False,
+                admit=admit,
             )
 
     def patch(
@@ -260,6 +276,7 @@ class Store:
         field_manager: str = "",
         force: bool = False,
         checked: bool = False,
+        admit: Admit | None = None,
     ) -> JsonObj:
         """``field_manager``/``force``: server-side apply (claims' status.devices only).
 
@@ -305,6 +322,7 @@ class Store:
                 dry_run=dry_run,
                 checked=checked,
                 resent_status=True,
+                admit=admit,
             )
             if owners is not None and not dry_run:
                 self._apply_owners[owner_key] = owners
@@ -318,6 +336,7 @@ class Store:
         options: Any,
         *,
         dry_run: bool = False,
+        admit: Admit | None = None,
     ) -> tuple[bool, JsonObj]:
         """Delete; returns (gone now, object). With finalizers only marks it."""
         preconditions = (options or {}).get("preconditions") or {}
@@ -336,6 +355,8 @@ class Store:
                     )
             key = self._key(kind, namespace, name)
             obj = copy.deepcopy(current)
+            if admit is not None:
+                admit("DELETE", copy.deepcopy(current), None)
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     obj["metadata"]["deletionTimestamp"] = _now()
@@ -455,6 +476,7 @@ class Store:
         dry_run: bool,
         checked: bool,
         resent_status: bool,
+        admit: Admit | None,
     ) -> JsonObj:
         """``resent_status``: the write carries the whole object as the server re-encoded
         it (a patch), so a main-resource write is checked against the stored status too."""
@@ -499,6 +521,7 @@ class Store:
         self._prepare(kind, obj)
         if checked:
             self._validate(kind, obj)
+        (admit or _no_admission)("UPDATE", copy.deepcopy(current), copy.deepcopy(obj))
         if same_bytes(obj, current):
             return copy.deepcopy(current)  # a no-op write keeps its resourceVersion
         if without(obj, "metadata", "status") != without(current, "metadata", "status"):

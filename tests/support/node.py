@@ -46,17 +46,11 @@ class NodeDirs:
     cdi: str
     boot_id_file: str
 
-    def kubeconfig(self, url: str) -> str:
-        """A kubeconfig file for the API server at ``url`` (no credentials); its path."""
-        path = os.path.join(self.root, "kubeconfig")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(
-                "apiVersion: v1\nkind: Config\n"
-                f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
-                "users: [{name: fake, user: {}}]\n"
-                "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
-                "current-context: fake\n"
-            )
+    def kubeconfig(self, url: str, token: str | None = None, name: str = "kubeconfig") -> str:
+        """A kubeconfig file ``name`` for the API server at ``url``, with a bearer
+        ``token`` (none: no credentials); its path."""
+        path = os.path.join(self.root, name)
+        write_kubeconfig(path, url, token)
         return path
 
     def set_boot_id(self, boot_id: str) -> None:
@@ -106,3 +100,17 @@ async def serving(
     finally:
         await kubelet.close()
         await runtime.stop()
+
+
+def write_kubeconfig(path: str | os.PathLike[str], url: str, token: str | None = None) -> None:
+    """A kubeconfig for the API server at ``url``; ``token``: a bearer token (a
+    ServiceAccount's, from :meth:`~tests.support.fakekube.FakeKubeApi.token_for`)."""
+    user = f"{{token: '{token}'}}" if token else "{}"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
+            f"users: [{{name: fake, user: {user}}}]\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+            "current-context: fake\n"
+        )

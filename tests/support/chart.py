@@ -1,0 +1,105 @@
+"""The Helm chart as the tests install it: rendered RBAC and admission policies loaded
+into the fake API server, and each component's ServiceAccount identity.
+
+:func:`chart_api` builds a :class:`~tests.support.fakekube.FakeKubeApi` that answers
+every request as a cluster with the chart installed would: the Roles, ClusterRoles,
+bindings and ValidatingAdmissionPolicies that ``helm template`` renders for the
+given ``--set`` values, enforced for the identity each component has in a pod
+(:func:`plugin_user`, :func:`controller_user`; the mps-agent has none: the chart
+mounts it no token). Components then talk to it with :func:`client_as` (in-process)
+or a kubeconfig holding :meth:`FakeKubeApi.token_for` (a process). ``helm`` comes
+from ``hack/install-helm.sh`` (``hack/test.sh`` runs it); without one these tests
+fail and say so, since what they check is the chart.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra_driver.k8s.client import KubeClient
+from dra_driver.k8s.official import Configuration
+from tests.support.fakekube import FakeKubeApi
+from tests.support.fakekube_admission import ApiSecurity
+from tests.support.fakekube_auth import User, service_account
+from tests.support.fakekube_types import JsonObj
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "fractional-gpu-dra"
+RELEASE = "fractional-gpu-dra"
+NAMESPACE = "fractional-gpu-dra"
+"""As ``hack/kind/install-driver.sh`` installs it: object names are ``<release>-<component>``."""
+
+CONTROLLER_VALUES = (
+    "controller.enabled=true",
+    "nodeSettings.defaults.allocator=controller",
+)
+GUARD_VALUES = ("kubeletPlugin.disruptionGuard.enabled=true",)
+EXTENDED_VALUES = ("extendedResources.enabled=true",)
+ALL_VALUES = (*CONTROLLER_VALUES, *GUARD_VALUES, *EXTENDED_VALUES)
+"""Every option that adds RBAC or policies: what the widest install grants."""
+
+
+def helm_binary() -> str | None:
+    """``hack/bin/helm`` (``hack/install-helm.sh``), else ``helm`` on PATH."""
+    local = ROOT / "hack" / "bin" / "helm"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which("helm")
+
+
+@functools.cache
+def render_chart(values: tuple[str, ...] = (), kube_minor: int = 36) -> tuple[JsonObj, ...]:
+    """The chart's manifests for ``--set`` ``values`` on Kubernetes 1.<kube_minor>."""
+    helm = helm_binary()
+    if helm is None:
+        raise RuntimeError(
+            "helm not found on PATH or in hack/bin/: run hack/install-helm.sh "
+            "(the RBAC-enforcing fake API server loads the chart's rendered RBAC)"
+        )
+    args = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    args += ["--kube-version", f"1.{kube_minor}.0"]
+    for value in values:
+        args += ["--set", value]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"helm template {values} failed: {done.stderr}")
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def chart_security(values: tuple[str, ...] = (), kube_minor: int = 36) -> ApiSecurity:
+    return ApiSecurity(render_chart(values, kube_minor), kube_minor=kube_minor)
+
+
+def chart_api(values: tuple[str, ...] = (), *, kube_minor: int = 36, **kwargs: Any) -> FakeKubeApi:
+    """A (not yet started) fake API server that enforces the chart's RBAC and policies."""
+    return FakeKubeApi(kube_minor=kube_minor, security=chart_security(values, kube_minor), **kwargs)
+
+
+def component_account(component: str) -> str:
+    """The ServiceAccount name the chart gives ``component`` (``fgd.component``)."""
+    return f"{RELEASE}-{component}"
+
+
+def plugin_user(node: str) -> User:
+    """The kubelet plugin in its pod on ``node``: its token carries the node's name."""
+    return service_account(NAMESPACE, component_account("kubelet-plugin"), node=node)
+
+
+def controller_user() -> User:
+    return service_account(NAMESPACE, component_account("controller"), node="control-plane")
+
+
+def client_as(api: FakeKubeApi, user: User) -> KubeClient:
+    """An API client of ``api`` that authenticates as ``user`` (a bearer token)."""
+    configuration = Configuration()
+    configuration.host = api.url
+    configuration.api_key = {"authorization": api.token_for(user)}
+    configuration.api_key_prefix = {"authorization": "Bearer"}
+    return KubeClient(configuration)
