@@ -51,7 +51,7 @@ def build_controller(
         api_client,
         informer=informer,
         queue=WorkQueue(),
-        events=EventRecorder(api_client),
+        events=EventRecorder(api_client, interval_s=config.event_interval_s),
         elector=LeaderElector(
             api_client,
             name=config.lease_name,

@@ -107,6 +107,9 @@ class ControllerConfig:
     retry_unfit_s: float = 30.0
     """A claim that fits nowhere is tried again after this long (and on any change)."""
     error_backoff_s: float = 2.0
+    event_interval_s: float = 60.0
+    """An equal Event (same claim, reason and message) is written again, as a count on
+    the one before, at most this often."""
     batch_window_s: float = 0.2
     """Claims queued within this long of the oldest are worked together, largest
     first; 0: one at a time in arrival order."""

@@ -23,7 +23,7 @@ from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, Register
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import KubeClient, make_api_client
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.claim_reporting import (
@@ -31,8 +31,12 @@ from dra_driver.plugin.claim_reporting import (
     ClaimReporter,
     DeviceHealthReport,
 )
+from tests.support.chart import plugin_client
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+pytestmark = pytest.mark.chart(())
+"""The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
 
 OTHER = "net.example.com"
 GPU_0 = PlannedDevice(
@@ -65,7 +69,7 @@ class Clock:
 
 @pytest.fixture
 def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with make_api_client(None, host=fake_kube.url) as client:
+    with plugin_client(fake_kube) as client:
         yield client
 
 

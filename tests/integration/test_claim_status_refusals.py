@@ -11,9 +11,12 @@ import pytest
 
 from dra_driver.fakes.objects import claim_ref, resource_claim
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter
-from dra_driver.k8s.client import make_api_client
+from tests.support.chart import plugin_client
 from tests.support.fakekube import FakeKubeApi
 from tests.support.http import send
+
+pytestmark = pytest.mark.chart(())
+"""The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
 
 DRIVER = "gpu.fractional.dev"
 PARAMS = {"kind": "GpuConfig", "apiVersion": "gpu.fractional.dev/v1alpha1"}
@@ -43,7 +46,7 @@ def test_apply_on_an_allocation_stored_with_spaces(
     code, written = send(fake_kube, "PUT", f"{CLAIMS}/c/status", body.encode())
     assert code == 200, written
     entry = {"driver": DRIVER, "pool": "node-a", "device": "gpu-0", "data": {"mode": "exclusive"}}
-    with make_api_client(None, host=fake_kube.url) as api:
+    with plugin_client(fake_kube) as api:
         writer = ClaimStatusWriter(api, driver_name=DRIVER, node_name="node-a", sleep=_no_sleep)
         with caplog.at_level(logging.WARNING):
             result = asyncio.run(writer.apply(claim_ref(written), [entry]))

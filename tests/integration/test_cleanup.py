@@ -15,14 +15,13 @@ from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim, share
-from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.cleanup import cleanup_node
-from tests.support.fakekube import FakeKubeApi
+from tests.support.chart import chart_api, plugin_client
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -47,11 +46,9 @@ def test_cleanup_undoes_mig_mps_cdi_and_slices(node_dirs: NodeDirs) -> None:
     )
 
     async def scenario() -> None:
-        with FakeKubeApi() as api:
+        with chart_api() as api:  # the plugin as its ServiceAccount
             api.create(node_object(NODE))
-            publisher = SlicePublisher(
-                make_api_client(None, host=api.url), driver_name=DRIVER, node_name=NODE
-            )
+            publisher = SlicePublisher(plugin_client(api), driver_name=DRIVER, node_name=NODE)
             async with agent_running(agent):
                 runtime = PluginRuntime(config, backend, InMemoryClaimSource(claims))
                 await runtime.start()

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,8 +36,10 @@ from dra_driver.controller.reconcile import CONTROLLER_CLASS, FINALIZER
 from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import node_object
 from dra_driver.mpsagent.client import MpsAgentClient
-from tests.support.controller_env import share_class
+from tests.support.chart import CONTROLLER_VALUES, chart_api, controller_token, plugin_token
+from tests.support.controller_env import LEASE_NAMESPACE, share_class
 from tests.support.fakekube import FakeApiError, FakeKubeApi
+from tests.support.http import send
 from tests.support.node import DRIVER, NODE, NodeDirs
 
 EXIT_BUDGET_S = 5.0
@@ -118,12 +119,10 @@ def processes(node_dirs: NodeDirs) -> Iterator[Processes]:
 
 
 def post(api: FakeKubeApi, path: str, body_text: str) -> dict[str, Any]:
-    """POST ``body_text`` byte for byte."""
-    request = urllib.request.Request(api.url + path, data=body_text.encode(), method="POST")
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        created: dict[str, Any] = json.loads(response.read())
-        return created
+    """POST ``body_text`` byte for byte, as the user (the cluster admin) does."""
+    code, created = send(api, "POST", path, body_text.encode())
+    assert code == 201, created
+    return dict(created)
 
 
 def user_claim(api: FakeKubeApi, writer: str) -> dict[str, Any]:
@@ -165,7 +164,10 @@ def our_entries(api: FakeKubeApi) -> list[dict[str, Any]]:
 def start_driver(api: FakeKubeApi, dirs: NodeDirs, processes: Processes) -> str:
     """The mps-agent, the plugin (GPUs for the controller) and the controller; the
     agent's socket."""
-    kubeconfig = dirs.kubeconfig(api.url)
+    # Each process with its own ServiceAccount's token, as the chart runs them; the
+    # mps-agent has none (the chart mounts it no token: it talks to no API server).
+    plugin_kubeconfig = dirs.kubeconfig(api.url, plugin_token(api), "plugin.kubeconfig")
+    controller_kubeconfig = dirs.kubeconfig(api.url, controller_token(api), "controller.kubeconfig")
     agent_socket = os.path.join(dirs.plugin, "mps-agent.sock")
     common = ["--driver-name", DRIVER, "--plugin-dir", dirs.plugin]
     processes.start(
@@ -177,11 +179,14 @@ def start_driver(api: FakeKubeApi, dirs: NodeDirs, processes: Processes) -> str:
     processes.start(
         "kubelet-plugin", "kubelet-plugin", *common, "--node-name", NODE,
         "--registry-dir", dirs.registry, "--cdi-root", dirs.cdi,
-        "--fake-gpus", "h100-80gb:2", "--kubeconfig", kubeconfig,
+        "--fake-gpus", "h100-80gb:2", "--kubeconfig", plugin_kubeconfig,
         "--boot-id-file", dirs.boot_id_file, "--allocator", "controller",
         "--mps-agent-socket", agent_socket, "--cdi-hook-path", "",
     )  # fmt: skip
-    processes.start("controller", "controller", "--kubeconfig", kubeconfig)
+    processes.start(
+        "controller", "controller", "--kubeconfig", controller_kubeconfig,
+        "--lease-namespace", LEASE_NAMESPACE,
+    )  # fmt: skip
     return agent_socket
 
 
@@ -244,7 +249,10 @@ def test_a_users_share_is_allocated_prepared_and_reported(
     node_dirs: NodeDirs, processes: Processes, minor: int, writer: str
 ) -> None:
     # 1.34 as observed: a 1.36 binary with --emulated-version=1.34 and default gates.
-    with FakeKubeApi(kube_minor=minor, binary_minor=36 if minor < 36 else None) as api:
+    # The chart's RBAC and admission policies, enforced for each process's identity.
+    with chart_api(
+        CONTROLLER_VALUES, kube_minor=minor, binary_minor=36 if minor < 36 else None
+    ) as api:
         api.create(node_object(NODE))
         api.create(share_class())
         agent_socket = start_driver(api, node_dirs, processes)

@@ -25,14 +25,18 @@ from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import KubeClient, make_api_client
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.pods import PodApi
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.plugin.claim_reporting import COMPONENT
 from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
+from tests.support.chart import GUARD_VALUES, plugin_client
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+pytestmark = pytest.mark.chart(GUARD_VALUES)
+"""The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
 
 MARKER = marker_key(DRIVER)
 GUARD = {KARPENTER_DO_NOT_DISRUPT: "true", CA_SAFE_TO_EVICT: "false"}
@@ -41,7 +45,7 @@ OPTED_IN = {opt_in_key(DRIVER): "true"}
 
 @pytest.fixture
 def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with make_api_client(None, host=fake_kube.url) as client:
+    with plugin_client(fake_kube) as client:
         yield client
 
 

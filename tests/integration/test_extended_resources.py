@@ -39,13 +39,17 @@ from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim
 from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import KubeClient, make_api_client
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.nodes import read_node
 from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.extended_resources import check_extended_resources
+from tests.support.chart import EXTENDED_VALUES, plugin_client, plugin_token
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+pytestmark = pytest.mark.chart(EXTENDED_VALUES)
+"""The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
 
 KIND = "k8s.gpu.fractional.dev/claim"
 GPU = "nvidia.com/gpu"
@@ -68,7 +72,7 @@ CLASSES = [
 
 @pytest.fixture
 def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with make_api_client(None, host=fake_kube.url) as client:
+    with plugin_client(fake_kube) as client:
         yield client
 
 
@@ -327,7 +331,7 @@ def test_the_plugin_process_checks_its_node_at_start(
 ) -> None:
     """The flag's env twin reaches the check in the real ``dra-driver kubelet-plugin``."""
     add_node(fake_kube, {GPU: "4"})
-    kubeconfig = node_dirs.kubeconfig(fake_kube.url)
+    kubeconfig = node_dirs.kubeconfig(fake_kube.url, plugin_token(fake_kube))
     log_path = os.path.join(node_dirs.root, "plugin.log")
     cmd = [
         sys.executable, "-m", "dra_driver", "kubelet-plugin",

@@ -26,11 +26,11 @@ from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.capabilities import probe_capabilities
-from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.kubeletplugin.health import Health
 from dra_driver.plugin.health_monitor import HealthMonitor, report_timeout
 from dra_driver.plugin.publishing import SlicePublishing
+from tests.support.chart import chart_api, plugin_client
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.health_stream import until_health
@@ -284,9 +284,9 @@ def test_taints_are_published_and_removed_with_generation_bumps(
     node_dirs: NodeDirs, minor: int
 ) -> None:
     async def scenario() -> None:
-        with FakeKubeApi(kube_minor=minor) as api:
+        with chart_api(kube_minor=minor) as api:  # the plugin as its ServiceAccount
             api.create(node_object(NODE))
-            client = make_api_client(None, host=api.url)
+            client = plugin_client(api)
             publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
             config = dataclasses.replace(
                 node_dirs.config(), health=HealthSettings(fatal_effect=TaintEffect.NO_EXECUTE)
@@ -346,9 +346,9 @@ def test_server_set_taint_times_are_no_difference_and_are_kept() -> None:
     old = "2020-01-01T00:00:00Z"
 
     async def scenario() -> None:
-        with FakeKubeApi(kube_minor=36) as api:
+        with chart_api(kube_minor=36) as api:  # the plugin as its ServiceAccount
             node_uid = api.create(node_object(NODE))["metadata"]["uid"]
-            client = make_api_client(None, host=api.url)
+            client = plugin_client(api)
             inventory = await FakeGpuBackend("h100-80gb:2", NODE).inventory()
 
             def desired(*tainted: str) -> list[Any]:

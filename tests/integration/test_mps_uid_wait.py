@@ -29,7 +29,7 @@ from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import KubeClient, make_api_client
+from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
@@ -39,10 +39,14 @@ from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ShareInfo
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from dra_driver.plugin.mps_watch import MpsUidWait, MpsUidWatch, waiting_claims
+from tests.support.chart import plugin_client
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+
+pytestmark = pytest.mark.chart(())
+"""The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
 
 GAUGE = "fractional_gpu_dra_mps_waiting_uids"
 
@@ -57,7 +61,7 @@ class Clock:
 
 @pytest.fixture
 def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with make_api_client(None, host=fake_kube.url) as client:
+    with plugin_client(fake_kube) as client:
         yield client
 
 

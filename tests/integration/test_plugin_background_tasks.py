@@ -19,10 +19,10 @@ from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.capabilities import probe_capabilities
-from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin.health_monitor import HealthMonitor
 from dra_driver.plugin.publishing import SlicePublishing
+from tests.support.chart import chart_api, plugin_client, plugin_token
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -36,7 +36,7 @@ async def _health_returns(self: HealthMonitor) -> None:
 
 
 def _runtime(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginRuntime, SlicePublisher]:
-    client = make_api_client(None, host=api.url)
+    client = plugin_client(api)
     publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
     options = SliceOptions(
         publisher=publisher, probe=functools.partial(probe_capabilities, client, DRIVER, NODE)
@@ -51,7 +51,7 @@ def test_a_failed_slice_publisher_stops_the_plugin(
     node_dirs: NodeDirs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(SlicePublishing, "run", _publisher_explodes)
-    with FakeKubeApi() as api:
+    with chart_api() as api:  # the plugin runs as its ServiceAccount
         api.create(node_object(NODE))
         runtime, publisher = _runtime(node_dirs, api)
         try:
@@ -84,13 +84,13 @@ def test_the_kubelet_plugin_command_exits_with_an_error(
     node_dirs: NodeDirs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(SlicePublishing, "run", _publisher_explodes)
-    with FakeKubeApi() as api:
+    with chart_api() as api:  # the plugin runs as its ServiceAccount
         api.create(node_object(NODE))
         argv = [
             "kubelet-plugin",
             f"--node-name={NODE}",
             f"--driver-name={DRIVER}",
-            f"--kubeconfig={node_dirs.kubeconfig(api.url)}",
+            f"--kubeconfig={node_dirs.kubeconfig(api.url, plugin_token(api))}",
             f"--registry-dir={node_dirs.registry}",
             f"--plugin-dir={node_dirs.plugin}",
             f"--cdi-root={node_dirs.cdi}",

@@ -24,6 +24,7 @@ from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim, share
 from dra_driver.state.checkpoint import CheckpointStore, ClaimState
+from tests.support.chart import chart_api, plugin_token
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -32,7 +33,7 @@ GPUS = 8
 
 @pytest.fixture
 def api() -> Iterator[FakeKubeApi]:
-    with FakeKubeApi() as fake:
+    with chart_api() as fake:  # the plugin runs as its ServiceAccount
         fake.create(node_object(NODE))  # the slices' owner
         yield fake
 
@@ -101,7 +102,7 @@ def test_sigkill_during_prepare_storm_then_restart(  # noqa: PLR0915 - one story
     ]
     # The API server assigns the UIDs the kubelet will send.
     claims = [api.create(claim) for claim in claims]
-    kubeconfig = node_dirs.kubeconfig(api.url)
+    kubeconfig = node_dirs.kubeconfig(api.url, plugin_token(api))
     reg_socket = os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock")
 
     proc = start_plugin(node_dirs, kubeconfig)
@@ -169,7 +170,7 @@ def test_claims_read_through_the_api(node_dirs: NodeDirs, api: FakeKubeApi) -> N
     replaced = api.create(resource_claim("ns", "replaced", devices=[Allocated("gpu-1")]))
     stale_ref = ClaimRef("ns", "replaced", ClaimUID(str(uuid.uuid4())))
     deleted_ref = ClaimRef("ns", "gone", ClaimUID(str(uuid.uuid4())))
-    proc = start_plugin(node_dirs, node_dirs.kubeconfig(api.url))
+    proc = start_plugin(node_dirs, node_dirs.kubeconfig(api.url, plugin_token(api)))
     try:
         wait_for_fresh_socket(os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock"), None, proc)
 
@@ -206,7 +207,7 @@ def test_two_plugin_processes_during_a_rolling_update(
         api.create(resource_claim("roll", f"c{i}", devices=[share(f"gpu-{i % GPUS}")]))
         for i in range(60)
     ]
-    kubeconfig = node_dirs.kubeconfig(api.url)
+    kubeconfig = node_dirs.kubeconfig(api.url, plugin_token(api))
     # The pod UID comes through the flag's environment twin, as the chart sets it.
     procs = {
         uid: start_plugin(node_dirs, kubeconfig, env={"ROLLING_UPDATE_UID": uid})

@@ -17,8 +17,8 @@ from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim
 from dra_driver.k8s.capabilities import probe_capabilities
-from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
+from tests.support.chart import chart_api, plugin_client
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
@@ -28,14 +28,15 @@ SLICES = "resourceslices"
 
 @pytest.fixture(params=[34, 36], ids=["k8s-1.34", "k8s-1.36"])
 def api(request: pytest.FixtureRequest) -> Iterator[FakeKubeApi]:
-    with FakeKubeApi(kube_minor=request.param) as fake:
+    # The plugin runs as its ServiceAccount, under the chart's RBAC and slice policy.
+    with chart_api(kube_minor=request.param) as fake:
         fake.create(node_object(NODE))
         fake.create(node_object("node-b"))
         yield fake
 
 
 def runtime_with_slices(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginRuntime, SlicePublisher]:
-    client = make_api_client(None, host=api.url)
+    client = plugin_client(api)
     publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
     options = SliceOptions(
         publisher=publisher,
@@ -125,7 +126,7 @@ class ResettableGpus(FakeGpuBackend):
 
 def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) -> None:
     async def scenario() -> None:
-        client = make_api_client(None, host=api.url)
+        client = plugin_client(api)
         publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
         backend = ResettableGpus()
         runtime = PluginRuntime(
@@ -166,9 +167,9 @@ def test_mig_instances_we_create_do_not_change_the_pool(node_dirs: NodeDirs) -> 
     claim = resource_claim("ns", "mig", devices=[Allocated("gpu-0-mig-1g10gb-19-3")])
 
     async def scenario() -> None:
-        with FakeKubeApi(kube_minor=36) as api:
+        with chart_api(kube_minor=36) as api:
             api.create(node_object(NODE))
-            client = make_api_client(None, host=api.url)
+            client = plugin_client(api)
             publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
             backend = FakeGpuBackend("h100-80gb:1:mig", NODE)
             runtime = PluginRuntime(

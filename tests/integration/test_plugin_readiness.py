@@ -24,11 +24,10 @@ from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.capabilities import probe_capabilities
-from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin.readiness import check_readiness
+from tests.support.chart import chart_api, plugin_client
 from tests.support.eventually import eventually
-from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 
@@ -93,7 +92,8 @@ def test_readiness_rules(state: dict[str, object], ready: bool, says: str) -> No
 def test_unready_until_registered_and_published_and_while_publishes_fail(
     node_dirs: NodeDirs,
 ) -> None:
-    with FakeKubeApi() as api, make_api_client(None, host=api.url) as client:
+    # The plugin as its ServiceAccount, under the chart's RBAC and slice policy.
+    with chart_api() as api, plugin_client(api) as client:
         api.create(node_object(NODE))
         publisher = SlicePublisher(
             client,

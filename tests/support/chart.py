@@ -23,12 +23,13 @@ from typing import Any
 
 import yaml
 
-from dra_driver.k8s.client import KubeClient
+from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.official import Configuration
 from tests.support.fakekube import FakeKubeApi
 from tests.support.fakekube_admission import ApiSecurity
-from tests.support.fakekube_auth import User, service_account
+from tests.support.fakekube_auth import Attributes, User, service_account, service_account_of
 from tests.support.fakekube_types import JsonObj
+from tests.support.node import NODE
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "fractional-gpu-dra"
@@ -103,3 +104,77 @@ def client_as(api: FakeKubeApi, user: User) -> KubeClient:
     configuration.api_key = {"authorization": api.token_for(user)}
     configuration.api_key_prefix = {"authorization": "Bearer"}
     return KubeClient(configuration)
+
+
+def plugin_client(api: FakeKubeApi, node: str = NODE) -> KubeClient:
+    """The kubelet plugin's client: as its ServiceAccount in a pod on ``node`` where
+    ``api`` enforces the chart, else without credentials."""
+    if api.security is not None:
+        return client_as(api, plugin_user(node))
+    return make_api_client(None, host=api.url)
+
+
+def plugin_token(api: FakeKubeApi, node: str = NODE) -> str | None:
+    """The token a kubeconfig gives a plugin process (None: ``api`` authorizes nothing)."""
+    return api.token_for(plugin_user(node)) if api.security is not None else None
+
+
+def controller_token(api: FakeKubeApi) -> str | None:
+    return api.token_for(controller_user()) if api.security is not None else None
+
+
+Permission = tuple[str, str, str, str]
+"""(apiGroup, resource[/subresource], verb, resourceName or "")."""
+
+
+def granted(docs: tuple[JsonObj, ...], user: User) -> set[Permission]:
+    """Every (group, resource, verb, name) the Roles and ClusterRoles bound to ``user``'s
+    ServiceAccount name, expanded; namespaces aside (the chart binds each in one place)."""
+    account = service_account_of(user)
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")}
+    found: set[Permission] = set()
+    for binding in docs:
+        if not binding["kind"].endswith("RoleBinding"):
+            continue
+        subjects = binding.get("subjects") or []
+        if not any(
+            s["kind"] == "ServiceAccount" and (s.get("namespace"), s["name"]) == account
+            for s in subjects
+        ):
+            continue
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        for rule in role.get("rules") or ():
+            for group in rule.get("apiGroups") or ():
+                for resource in rule.get("resources") or ():
+                    for verb in rule["verbs"]:
+                        for name in rule.get("resourceNames") or [""]:
+                            found.add((group, resource, verb, name))
+    return found
+
+
+def used(api: FakeKubeApi, user: User) -> tuple[set[Permission], list[Attributes]]:
+    """What ``user`` was allowed (requests and the server's synthetic checks), and what
+    it was refused, as the fake's RBAC answered it."""
+    assert api.security is not None
+    allowed: set[Permission] = set()
+    refused: list[Attributes] = []
+    for who, attrs, ok in api.security.rbac.decisions:
+        if who != user or not attrs.is_resource:
+            continue
+        if ok:
+            allowed.add((attrs.api_group, attrs.full_resource, attrs.verb, attrs.name))
+        else:
+            refused.append(attrs)
+    return allowed, refused
+
+
+def unused(grants: set[Permission], allowed: set[Permission]) -> set[Permission]:
+    """The grants no allowed request needed (a grant without a name covers every name)."""
+    return {
+        (group, resource, verb, name)
+        for group, resource, verb, name in grants
+        if not any(
+            (g, r, v) == (group, resource, verb) and (not name or n == name)
+            for g, r, v, n in allowed
+        )
+    }

@@ -243,6 +243,7 @@ class ApiSecurity:
         self.authenticator = Authenticator()
         self.rbac = Rbac(docs)
         self.admission = Admission(docs, self.rbac, kube_minor=kube_minor)
+        self.documents = tuple(docs)
 
     def token_for(self, user: User) -> str:
         return self.authenticator.token_for(user)

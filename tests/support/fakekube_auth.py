@@ -268,8 +268,23 @@ class Rbac:
             # A binding to a role that does not exist grants nothing, as in RBAC.
             grants.append(_Grant(namespace, subjects, roles.get(key, ())))
         self._grants = tuple(grants)
+        self._lock = threading.Lock()
+        self._asked: list[tuple[User, Attributes, bool]] = []
+
+    @property
+    def decisions(self) -> list[tuple[User, Attributes, bool]]:
+        """Every question asked so far (requests and the API server's own checks of
+        synthetic subresources) with its answer: what each identity really uses."""
+        with self._lock:
+            return list(self._asked)
 
     def allows(self, user: User, attrs: Attributes) -> bool:
+        allowed = self._decide(user, attrs)
+        with self._lock:
+            self._asked.append((user, attrs, allowed))
+        return allowed
+
+    def _decide(self, user: User, attrs: Attributes) -> bool:
         if MASTERS in user.groups:
             return True
         for grant in self._grants:

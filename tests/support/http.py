@@ -1,7 +1,10 @@
 """One HTTP request to the fake API server with the standard library, answered as JSON.
 
 For tests that must control the exact bytes sent (opaque parameters are compared
-byte for byte) or see error answers as the server sent them.
+byte for byte) or see error answers as the server sent them. These requests stand for
+a user's ``kubectl`` or the scheduler, not for the driver: against a fake that enforces
+the chart they authenticate as the cluster admin (``system:masters``) unless ``user``
+names another identity.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import urllib.request
 from typing import Any
 
 from tests.support.fakekube import FakeKubeApi
+from tests.support.fakekube_auth import ADMIN, User
 
 
 def send(
@@ -20,10 +24,14 @@ def send(
     path: str,
     data: bytes | None = None,
     content_type: str = "application/json",
+    *,
+    user: User = ADMIN,
 ) -> tuple[int, Any]:
     """``data`` sent byte for byte; (status, parsed JSON body) for successes and errors."""
     request = urllib.request.Request(fake.url + path, data=data, method=method)
     request.add_header("Content-Type", content_type)
+    if fake.security is not None:
+        request.add_header("Authorization", f"Bearer {fake.token_for(user)}")
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, json.loads(response.read())

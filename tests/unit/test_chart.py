@@ -812,7 +812,6 @@ def test_controller_rbac() -> None:
         *((rs, r, v, "") for r in ("deviceclasses", "resourceslices") for v in watched),
         *(("", r, v, "") for r in ("pods", "nodes", "namespaces") for v in watched),
         ("", "events", "create", ""),
-        ("", "events", "patch", ""),
     }
     docs = render("controller")
     assert rules(docs, "ClusterRole", "-controller") == expected
