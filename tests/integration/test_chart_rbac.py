@@ -13,6 +13,7 @@ to use fails the first; a grant it stops using fails the second.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import signal
@@ -136,6 +137,14 @@ def guarded_pod(name: str, claim_name: str) -> JsonObj:
     }
 
 
+def event_counted(api: FakeKubeApi, claim: str, count: int) -> bool:
+    return any(
+        e.get("count", 1) >= count
+        for e in api.objects("Event", "default")
+        if e["involvedObject"]["name"] == claim
+    )
+
+
 def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs) -> None:
     """Publish (probe, create), restart over a changed and a stale slice (update,
     delete), prepare a claim (read, status, guard with a conflict), a refused prepare
@@ -171,11 +180,7 @@ def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs) -> None:
                 for count in (1, 2):  # the repeat once the first is written: a count on it
                     await plugin.prepare([claim_ref(elsewhere)])
                     await eventually(
-                        lambda count=count: any(
-                            e.get("count", 1) >= count
-                            for e in api.objects("Event", "default")
-                            if e["involvedObject"]["name"] == "elsewhere"
-                        ),
+                        functools.partial(event_counted, api, "elsewhere", count),
                         f"the refused prepare's Event, count {count}",
                         timeout=15,
                     )
