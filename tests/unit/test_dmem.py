@@ -471,5 +471,6 @@ def test_the_engine_keeps_the_hook_beside_the_shares_mounts() -> None:
     for device in spec.devices:
         (hook,) = device.edits.hooks
         assert hook.args[hook.args.index("--max") + 1] == str(6 * GIB)
-        assert {m.container_path for m in device.edits.mounts} == {"/tmp/nvidia-mps", "/dev/shm"}
+        paths = {m.container_path for m in device.edits.mounts}
+        assert paths == {"/run/mps/pipe/shares/s_x", "/dev/shm"}
     validate_cdi_spec(render_spec(spec))
