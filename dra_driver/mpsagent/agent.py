@@ -237,8 +237,8 @@ class MpsAgent:
     async def start(self) -> None:
         """Load the recorded shares and bring each of their GPUs' daemons back.
 
-        Raises :class:`SocketPathTooLong` when the state dir leaves MPS sockets no
-        room (before anything is made)."""
+        Raises :class:`~.layout.StateDirTooLong` when the state dir leaves MPS
+        sockets no room (before anything is made)."""
         check_state_dir(self.config.state_dir)
         os.makedirs(self.config.state_dir, exist_ok=True)
         await retire_old_gpu_dirs(

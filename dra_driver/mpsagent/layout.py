@@ -32,6 +32,8 @@ import hashlib
 import os
 import re
 
+from dra_driver.base.errors import ConfigError
+
 UNIX_PATH_MAX = 107
 """Bytes of path a unix socket address holds (``sun_path[108]`` less the NUL)."""
 
@@ -54,6 +56,10 @@ _OLD_GPU_DIR = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]*$")
 
 class SocketPathTooLong(ValueError):
     """A unix socket path over :data:`UNIX_PATH_MAX` bytes."""
+
+
+class StateDirTooLong(ConfigError):
+    """``--state-dir`` leaves the deepest MPS socket no room (``dra-driver`` exits 2)."""
 
 
 def _digest(text: str, length: int) -> str:
@@ -95,7 +101,7 @@ def check_state_dir(state_dir: str) -> None:
     """Refuse a state dir too long for the deepest socket under it (at start)."""
     size = len(os.fsencode(state_dir.rstrip("/")))
     if size > MAX_STATE_DIR_BYTES:
-        raise SocketPathTooLong(
+        raise StateDirTooLong(
             f"the MPS state dir {state_dir} is {size} bytes; MPS sockets under it need "
             f"{LONGEST_SOCKET_SUFFIX} more and a unix socket address holds at most "
             f"{UNIX_PATH_MAX}, so it may be at most {MAX_STATE_DIR_BYTES} bytes: set "

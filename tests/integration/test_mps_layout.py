@@ -57,7 +57,7 @@ def test_the_longest_allowed_state_dir_still_binds() -> None:
 
 def test_a_state_dir_without_room_is_refused_naming_the_flag() -> None:
     too_long = "/" + "d" * layout.MAX_STATE_DIR_BYTES
-    with pytest.raises(layout.SocketPathTooLong) as err:
+    with pytest.raises(layout.StateDirTooLong) as err:
         layout.check_state_dir(too_long)
     message = str(err.value)
     assert too_long in message and "--state-dir" in message and "mpsAgent.stateDir" in message

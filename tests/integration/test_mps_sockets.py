@@ -157,7 +157,7 @@ def test_the_agent_refuses_a_state_dir_that_leaves_sockets_no_room() -> None:
             async with agent_running(config):
                 pass
 
-        with pytest.raises(layout.SocketPathTooLong, match="--state-dir"):
+        with pytest.raises(layout.StateDirTooLong, match="--state-dir"):
             asyncio.run(scenario())
         assert not os.path.exists(config.state_dir)  # refused before anything was made
     finally:
