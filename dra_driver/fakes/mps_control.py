@@ -7,11 +7,34 @@ protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
 
 * ``-d`` / ``-f``: the control daemon (background / foreground). ``-p 3`` or
   ``CUDA_MPS_PROTOCOL_VERSION=3`` (the variable wins) selects v3; ``-m``
-  multiuser. It writes ``nvidia-cuda-mps-control.pid`` and a ``control`` file
-  into the pipe directory and keeps its state (servers, namespaces, limits) in
-  ``fake-mps-state.json`` there, so separate command invocations see it. A
-  daemon that starts finds no state from a dead predecessor: like the real one,
-  what it held dies with it.
+  multiuser. It listens on a unix socket ``control`` in the pipe directory and
+  writes ``nvidia-cuda-mps-control.pid`` there, and keeps its state (servers,
+  namespaces, limits) in ``fake-mps-state.json`` there, so separate command
+  invocations see it. A daemon that starts finds no state from a dead
+  predecessor: like the real one, what it held dies with it.
+
+Sockets: the fake binds real unix sockets where the real daemon and server do
+(dra-facts 10.1; docs:mpsv3-namespaces "Namespace Routing"): the daemon's
+``<pipe>/control``, and in v3 ``<pipe>/<server>/control``,
+``<pipe>/<server>/default/control`` and ``<pipe>/<server>/<namespace>/control``.
+So a path over 107 bytes fails as the kernel fails it (``OSError: AF_UNIX path
+too long``): the daemon exits 1 with the error on stderr, a ``server create`` or
+``namespace create`` is refused and creates nothing. How the real daemon and
+server report a socket they cannot bind is not documented; these replies are
+the fake's. The fake has no server processes: a server's and a namespace's
+sockets are bound by the command that creates them and nobody listens on them
+(a client connecting is refused); only the daemon's ``control`` accepts.
+
+Liveness, as NVIDIA's clients judge it: a daemon runs when its ``control``
+socket accepts a connection (nvidia-cuda-mps-control(1): the CUDA driver
+"attempts to connect to the MPS control daemon"), never by a recorded pid, which
+may have been written in another PID namespace. A command finds no daemon when
+the socket does not answer; ``quit`` (``-q``) is sent over the socket, and the
+daemon ends itself. A daemon refuses to start while ``<pipe>/control`` exists:
+"An instance of this daemon is already running" when it answers, and a
+leftover-socket error when it does not (what the real daemon does with a dead
+predecessor's socket is not documented; the fake refuses, so whoever starts it
+must clear what a dead daemon left).
 * without ``-d``/``-f``: a command. v3: ``<module> <verb> [args]`` on the command
   line, ``-q`` to quit. Without arguments: the interactive shell, which reads
   commands from stdin one line at a time and answers each (flushed) before it
@@ -56,12 +79,14 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from dra_driver.mpsagent.procs import alive
+from dra_driver.mpsagent.sockets import answers, is_socket
 
 
 def fake_control_path() -> str:
@@ -155,10 +180,44 @@ def _shm_identity() -> list[int] | None:
     return [st.st_dev, st.st_ino]
 
 
-def _touch(path: str) -> None:
+def _bind(path: str) -> socket.socket:
+    """A unix socket bound at ``path`` (its directory made); OSError as the kernel
+    raises it (``AF_UNIX path too long``, ``Address already in use``)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a"):
-        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _bind_for_server(path: str, what: str) -> None:
+    """A server's or namespace's socket (nobody listens: the fake has no server
+    process); a failure is the command's error, naming the path."""
+    try:
+        _bind(path).close()
+    except OSError as err:
+        raise CommandError(f"Error: cannot create the socket of {what} at {path}: {err}") from err
+
+
+def _serve_control(listener: socket.socket) -> None:
+    """The daemon's control socket: accept every connection (a probe, a client)
+    and end the daemon on ``quit`` (sent by ``-q`` and the shell's ``quit``)."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return  # closed: the daemon is exiting
+        with conn:
+            conn.settimeout(0.5)
+            try:
+                data = conn.recv(16)
+            except OSError:
+                continue
+            if data.strip() == b"quit":
+                os.kill(os.getpid(), signal.SIGTERM)  # our own pid; sigwait takes it
 
 
 # -- the daemon -----------------------------------------------------------------------
@@ -169,11 +228,27 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     pipe, logs = _dirs()
     os.makedirs(logs, exist_ok=True)
+    control = os.path.join(pipe, "control")
     with _locked(pipe):
-        old = _read_state(pipe)
-        if old and alive(int(old.get("daemon_pid", 0))) and old["daemon_pid"] != os.getpid():
+        if answers(control):
             print("An instance of this daemon is already running", file=sys.stderr)
             return 1
+        if os.path.lexists(control):
+            kind = "socket nobody listens on" if is_socket(control) else "file"
+            print(
+                f"Error: {control} exists (a {kind}: left by a daemon that died?); "
+                "remove it before starting the daemon",
+                file=sys.stderr,
+            )
+            return 1
+        try:
+            listener = _bind(control)
+        except OSError as err:
+            print(f"Error: cannot create the control socket {control}: {err}", file=sys.stderr)
+            return 1
+        listener.listen(64)
+        # Blocked signals are inherited: SIGTERM still reaches sigwait below.
+        threading.Thread(target=_serve_control, args=(listener,), daemon=True).start()
         state: dict[str, Any] = {
             "daemon_pid": os.getpid(),
             "protocol": protocol,
@@ -186,7 +261,6 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
             "shm": _shm_identity(),
         }
         _write_state(pipe, state)
-        _touch(os.path.join(pipe, "control"))
         with open(os.path.join(pipe, PID_FILE), "w") as f:
             f.write(f"{os.getpid()}\n")
     _record(logs, {"event": "start", "daemon_pid": os.getpid(), "protocol": protocol,
@@ -205,6 +279,7 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
     # woke every fake daemon 50 times a second: CPU the benchmark charged to the
     # node). Blocked from the start, then waited for: none can be missed.
     signal.sigwait(stop_signals)
+    listener.close()
     with _locked(pipe):
         state = _read_state(pipe) or {}
         if state.get("daemon_pid") == os.getpid():
@@ -243,8 +318,9 @@ NO_DAEMON = "Cannot find MPS control daemon process"
 
 
 def _running_state(pipe: str) -> dict[str, Any]:
+    """The daemon's state, if a daemon answers on its control socket."""
     state = _read_state(pipe)
-    if not state or state.get("stopped") or not alive(int(state.get("daemon_pid", 0))):
+    if not state or state.get("stopped") or not answers(os.path.join(pipe, "control")):
         raise CommandError(NO_DAEMON)
     return state
 
@@ -352,9 +428,9 @@ def _v3_server(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> str:
         options.pop("locality-domains", None)
         if options:
             raise CommandError(f"Error: unknown option(s) {sorted(options)}")
+        _bind_for_server(os.path.join(pipe, name, "control"), f"server {name!r}")
+        _bind_for_server(os.path.join(pipe, name, "default", "control"), f"server {name!r}")
         servers[name] = {"uid": uid, "pid": _new_pid(state), "limits": {}, "namespaces": {}}
-        _touch(os.path.join(pipe, name, "control"))
-        _touch(os.path.join(pipe, name, "default", "control"))
         return ""
     if verb == "delete":
         name = _need_name(positional, "server")
@@ -423,8 +499,8 @@ def _v3_namespace(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> s
             raise CommandError(f"Error: namespace {name!r} already exists")
         if options:
             raise CommandError(f"Error: unknown option(s) {sorted(options)}")
+        _bind_for_server(os.path.join(pipe, sname, name, "control"), f"namespace {name!r}")
         spaces[name] = {}
-        _touch(os.path.join(pipe, sname, name, "control"))
         return ""
     if verb == "delete":
         if spaces.pop(name, None) is None:
@@ -590,15 +666,23 @@ def _switch_if_idle(state: dict[str, Any]) -> None:
 # -- entry point ----------------------------------------------------------------------
 
 
-def _quit(state: dict[str, Any]) -> None:
-    os.kill(int(state["daemon_pid"]), signal.SIGTERM)
+def _quit(pipe: str) -> None:
+    """``quit`` over the daemon's control socket; the daemon ends itself (no signal
+    to a recorded pid, which may name another process)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        try:
+            conn.connect(os.path.join(pipe, "control"))
+            conn.sendall(b"quit\n")
+        except OSError as err:
+            raise CommandError(f"{NO_DAEMON}: {err}") from err
 
 
 def _execute(state: dict[str, Any], pipe: str, argv: list[str], line: str | None) -> str:
     """One command (``argv``, or one ``line`` of the interactive shell) against ``state``."""
     if line is None:
         if argv in (["-q"], ["--quit"]):
-            _quit(state)
+            _quit(pipe)
             return ""
         if argv[:1] == ["--fake-client"]:
             if len(argv) != 4 or argv[2] != "--uid" or not argv[3].isdigit():
@@ -609,7 +693,7 @@ def _execute(state: dict[str, Any], pipe: str, argv: list[str], line: str | None
         return _v3(state, pipe, argv)
     words = line.split()
     if words == ["quit"]:
-        _quit(state)
+        _quit(pipe)
         return ""
     if state["protocol"] == 3:
         # docs-unverified: that the v3 shell takes ``<module> <verb> ...`` lines on stdin.

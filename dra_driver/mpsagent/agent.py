@@ -34,6 +34,8 @@ from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.commands import ShareLimits
 from dra_driver.mpsagent.compute_mode import ComputeMode, NvidiaSmiComputeMode
 from dra_driver.mpsagent.daemon import DaemonError, MpsDaemon
+from dra_driver.mpsagent.layout import SocketPathTooLong, check_state_dir
+from dra_driver.mpsagent.migrate import retire_old_gpu_dirs
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 from dra_driver.state.files import atomic_write
 
@@ -144,6 +146,30 @@ class MpsAgent:
             log.error("ignoring unreadable MPS agent state %s: %s", self.state_path, err)
             return
         for share in shares:
+            try:
+                current = self._share_info(
+                    share.gpu_uuid,
+                    share.share_id,
+                    claim_uid=share.claim_uid,
+                    memory_limit_bytes=share.memory_limit_bytes,
+                    pct=share.active_thread_percentage,
+                    uid=share.uid,
+                )
+            except (DaemonError, SocketPathTooLong) as err:
+                log.error("dropping recorded share %s: %s", share.share_id, err)
+                continue
+            if share.protocol == self.protocol and share != current:
+                # An earlier agent's directory layout (long names, see .migrate).
+                log.warning(
+                    "share %s on GPU %s moves from %s to %s (the short directory layout); "
+                    "its running containers keep the old mounts and reach no MPS daemon "
+                    "until they restart",
+                    share.share_id,
+                    share.gpu_uuid,
+                    share.pipe_dir,
+                    current.pipe_dir,
+                )
+                share = current  # noqa: PLW2901 (the moved record)
             if share.protocol != self.protocol:
                 log.warning(
                     "share %s on GPU %s was made under %s MPS; the agent now runs %s and "
@@ -209,8 +235,17 @@ class MpsAgent:
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the recorded shares and bring each of their GPUs' daemons back."""
+        """Load the recorded shares and bring each of their GPUs' daemons back.
+
+        Raises :class:`~.layout.StateDirTooLong` when the state dir leaves MPS
+        sockets no room (before anything is made)."""
+        check_state_dir(self.config.state_dir)
         os.makedirs(self.config.state_dir, exist_ok=True)
+        await retire_old_gpu_dirs(
+            self.config.state_dir,
+            self.config.control_binary,
+            os.environ if self.config.daemon_env is None else self.config.daemon_env,
+        )
         self._load()
         for gpu_uuid in sorted({gpu for gpu, _ in self._shares}):
             async with self._lock(gpu_uuid):
@@ -353,14 +388,17 @@ class MpsAgent:
                         f"serves UID {uids[0]}, this share asks for UID {req.uid}; run the "
                         "pods sharing a GPU as the same user, or use MPS v3 (driver 615+)",
                     )
-            info = self._share_info(
-                req.gpu_uuid,
-                req.share_id,
-                claim_uid=req.claim_uid,
-                memory_limit_bytes=req.memory_limit_bytes,
-                pct=req.active_thread_percentage,
-                uid=req.uid,
-            )
+            try:
+                info = self._share_info(
+                    req.gpu_uuid,
+                    req.share_id,
+                    claim_uid=req.claim_uid,
+                    memory_limit_bytes=req.memory_limit_bytes,
+                    pct=req.active_thread_percentage,
+                    uid=req.uid,
+                )
+            except (DaemonError, SocketPathTooLong) as err:
+                raise AgentRequestError("daemon_failed", str(err)) from err
             daemon = self._daemon(req.gpu_uuid)
             started = False
             try:

@@ -7,7 +7,8 @@ Two protocols (dra-facts 10, 10.1):
   named server (:data:`SERVER_NAME`), one namespace per share holding the share's
   pinned memory limit and active thread percentage. A client picks its
   namespace by the socket it connects to, ``<pipe>/<server>/<namespace>/control``,
-  so the container's pipe directory is that namespace directory and nothing else.
+  so the container's pipe directory is that namespace directory and nothing else
+  (mounted at its host path; the names on it are short, :mod:`.layout`).
   Multiuser mode (``-m``): clients of any UID share the server.
 * **Legacy MPS** (protocol 2): commands are lines on stdin. Per GPU one control
   daemon; its defaults are the largest share's limits (a client's environment can
@@ -23,28 +24,23 @@ against a real GPU yet** (``gpu-unverified``); the fake control executable
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from dra_driver.mpsagent import layout
+from dra_driver.mpsagent.layout import SOCKET_NAME, check_socket_path
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 
-SERVER_NAME = "shares"
-"""The one MPS v3 server of a GPU's daemon (names: lowercase, digits, '_', <= 64)."""
-
-NAMESPACE_PREFIX = "s_"
-"""Namespaces we create start with this, so ones we did not make are left alone."""
-
-CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
-"""Where a container sees its pipe directory (the path NVIDIA's DRA driver uses)."""
+# The names on a namespace's socket path are .layout's, which keeps that path short.
+SERVER_NAME = layout.SERVER_NAME
+NAMESPACE_PREFIX = layout.NAMESPACE_PREFIX
+namespace_name = layout.namespace_name
 
 CONTAINER_SHM_DIR = "/dev/shm"
 
 MIB = 1 << 20
 V3_MIN_DRIVER_MAJOR = 615
-
-_NAME_OK = re.compile(r"^[a-z0-9_]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -85,23 +81,6 @@ def choose_protocol(setting: str, driver_version: str | None) -> MpsProtocol:
         return "legacy"
     major = re.match(r"^\s*(\d+)", driver_version)
     return "v3" if major and int(major.group(1)) >= V3_MIN_DRIVER_MAJOR else "legacy"
-
-
-def namespace_name(share_id: str) -> str:
-    """The v3 namespace of a share: ``s_`` + the share id in the allowed alphabet.
-
-    Names allow lowercase letters, digits and '_' up to 64 characters
-    (docs:mpsv3-interface "CLI Command Structure"). A Kubernetes UID (36 chars)
-    fits as is; anything longer is cut and suffixed with a hash so that it stays
-    unique.
-    """
-    body = re.sub(r"[^a-z0-9_]", "_", share_id.lower())
-    name = NAMESPACE_PREFIX + body
-    if len(name) > 64:
-        digest = hashlib.sha256(share_id.encode()).hexdigest()[:12]
-        name = f"{name[: 64 - 13]}_{digest}"
-    assert _NAME_OK.match(name), name
-    return name
 
 
 def memory_limit_value(limit_bytes: int) -> str:
@@ -463,8 +442,14 @@ def reply_error(returncode: int, stdout: str, stderr: str) -> str | None:
 
 
 def v3_namespace_dir(pipe_dir: str, namespace: str, server: str = SERVER_NAME) -> str:
-    """The namespace's socket directory (docs:mpsv3-namespaces "Namespace Routing")."""
-    return f"{pipe_dir.rstrip('/')}/{server}/{namespace}"
+    """The namespace's socket directory (docs:mpsv3-namespaces "Namespace Routing").
+
+    Raises :class:`.layout.SocketPathTooLong` when the ``control`` socket the
+    server binds there would not fit in a unix socket address.
+    """
+    directory = f"{pipe_dir.rstrip('/')}/{server}/{namespace}"
+    check_socket_path(f"{directory}/{SOCKET_NAME}")
+    return directory
 
 
 @dataclass(frozen=True)
@@ -485,14 +470,19 @@ class MpsContainerEdits:
 def share_cdi_edits(share: ShareInfo) -> MpsContainerEdits:
     """Env and mounts for a share's containers.
 
-    Both protocols: the share's pipe directory at :data:`CONTAINER_PIPE_DIR` with
-    ``CUDA_MPS_PIPE_DIRECTORY`` pointing there, and the GPU's shm directory at
-    ``/dev/shm`` (the layout NVIDIA's DRA driver uses). v3: the pipe directory is
-    the share's namespace directory, so the limits are the daemon's and the
-    container cannot reach another namespace. Legacy: the GPU's whole pipe
-    directory, plus the share's caps in the environment (cooperative).
+    Both protocols: the share's pipe directory mounted at its own host path, with
+    ``CUDA_MPS_PIPE_DIRECTORY`` set to that path, as NVIDIA's Dynamo guide "Per-GPU
+    Compute and Memory Limits with MPS" mounts it (any path the daemon or server
+    names to a client then means the same inside the container), and the GPU's
+    shm directory at ``/dev/shm``. v3: the pipe directory is the share's namespace
+    directory, so the limits are the daemon's and the container cannot reach
+    another namespace. Legacy: the GPU's whole pipe directory, plus the share's
+    caps in the environment (cooperative). A client has one
+    ``CUDA_MPS_PIPE_DIRECTORY`` (docs:appendix-environment-variables), so it
+    reaches one daemon: one GPU's shares (the plugin refuses a request whose MPS
+    shares are on two; :func:`dra_driver.core.prepare.mps_daemon_conflicts`).
     """
-    env = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"]
+    env = [f"CUDA_MPS_PIPE_DIRECTORY={share.pipe_dir}"]
     if share.protocol == "legacy":
         env += legacy_client_env(
             share.gpu_uuid, share.memory_limit_bytes, share.active_thread_percentage
@@ -500,7 +490,7 @@ def share_cdi_edits(share: ShareInfo) -> MpsContainerEdits:
     return MpsContainerEdits(
         env=tuple(env),
         mounts=(
-            MpsMount(share.pipe_dir, CONTAINER_PIPE_DIR),
+            MpsMount(share.pipe_dir, share.pipe_dir),
             MpsMount(share.shm_dir, CONTAINER_SHM_DIR),
         ),
     )

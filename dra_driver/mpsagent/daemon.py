@@ -1,6 +1,8 @@
 """One MPS control daemon per GPU (I/O; what to send comes from :mod:`.commands`).
 
-Directories: ``<state dir>/<gpu uuid>/{pipe,log,shm}``. The daemon runs with only
+Directories: ``<state dir>/<gpu dir>/{pipe,log,shm}``, the GPU's directory a short
+fixed-length name derived from its UUID (:mod:`.layout`: every socket path fits a
+unix socket address), with the UUID recorded in it. The daemon runs with only
 its GPU visible and its own pipe and log directories; its control shell (and any
 command run as a process) gets the same environment, so it reaches this GPU's daemon.
 
@@ -33,8 +35,20 @@ only by polling its pid file, racing PID reuse. As a child, its exit is an
 awaited event (:meth:`MpsDaemon.wait_exit`), and the agent restarts it at once.
 It runs in its own session, so a signal to the agent's process group does not
 reach it, and a crashed agent leaves it running: the next agent *adopts* it
-from the pid file the daemon writes into its pipe directory and watches it by
-polling, since it is no longer a child.
+when its control socket answers and watches it by polling that socket, since it
+is no longer a child.
+
+Liveness and signals: a daemon is alive when its control socket accepts a
+connection, as NVIDIA's clients judge it (:mod:`.sockets`), never by a pid: the
+pid file the daemon writes, and any pid an earlier agent recorded, may come from
+another PID namespace (the agent's previous container) and name an unrelated
+process of this one. The agent records the daemon it starts in
+``<gpu dir>/daemon.json`` (pid, start time, command line); an adopted daemon's
+pid counts only when a live process still matches that record, and no signal
+goes to any other pid. Before a start, what a dead daemon left is cleared: its
+pid file, its record, and every socket in its pipe tree that nobody listens on
+(directories stay: running containers have namespace directories mounted). A
+daemon that still answers there but is not ours is asked to ``quit`` first.
 
 A dead daemon takes its servers, namespaces and limits with it (they live only
 in the daemon); :meth:`MpsDaemon.restore` re-creates them for the live shares.
@@ -51,16 +65,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent import sockets
 from dra_driver.mpsagent.channel import ChannelError, ControlChannel
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits, UidWait
 from dra_driver.mpsagent.compute_mode import ComputeMode, ComputeModeError, Mode, parse_mode
-from dra_driver.mpsagent.procs import alive
+from dra_driver.mpsagent.layout import (
+    GPU_UUID_FILE,
+    SOCKET_NAME,
+    SocketPathTooLong,
+    check_socket_path,
+    gpu_dir_name,
+)
+from dra_driver.mpsagent.procs import identity
 from dra_driver.mpsagent.protocol import MpsProtocol
 from dra_driver.state.files import atomic_write, remove_if_exists
 
@@ -72,6 +96,8 @@ CONTROL_LOG = "control.log"
 """The control daemon's log in its log directory (docs:appendix-logging)."""
 PREVIOUS_MODE_FILE = "compute-mode.previous"
 """The GPU's compute mode before its daemon first started (in the GPU's directory)."""
+RECORD_FILE = "daemon.json"
+"""In the GPU's directory: the daemon this agent started (pid, start time, command line)."""
 SHM_MODE = 0o1777
 """Like /dev/shm: clients of any UID create their shared memory there."""
 LOG_TAIL_BYTES = 1 << 20
@@ -79,6 +105,8 @@ PID_FILE_WAIT_S = 1.0
 PID_FILE_POLL_S = 0.005
 CHANNEL_PROBE_TIMEOUT_S = 2.0
 """How long a readiness probe waits on the channel before trying a process instead."""
+ADOPTED_PROBE_TIMEOUT_S = 0.2
+"""How long a look at an adopted daemon's control socket may take (on the event loop)."""
 
 
 class DaemonError(RuntimeError):
@@ -87,6 +115,7 @@ class DaemonError(RuntimeError):
 
 @dataclass(frozen=True)
 class DaemonDirs:
+    gpu_uuid: str
     root: str
     pipe: str
     log: str
@@ -94,22 +123,85 @@ class DaemonDirs:
 
     @classmethod
     def for_gpu(cls, state_dir: str, gpu_uuid: str) -> DaemonDirs:
-        root = os.path.join(state_dir, gpu_uuid)
-        return cls(
+        """The short layout (:mod:`.layout`); raises :class:`SocketPathTooLong` when
+        the daemon's control socket would not fit."""
+        root = os.path.join(state_dir, gpu_dir_name(gpu_uuid))
+        dirs = cls(
+            gpu_uuid=gpu_uuid,
             root=root,
             pipe=os.path.join(root, "pipe"),
             log=os.path.join(root, "log"),
             shm=os.path.join(root, "shm"),
         )
+        check_socket_path(dirs.control)
+        return dirs
 
     def create(self) -> None:
+        """Make the directories and record whose they are; DaemonError if they are
+        another GPU's (two UUIDs with the same short name)."""
+        os.makedirs(self.root, mode=0o755, exist_ok=True)
+        owner = os.path.join(self.root, GPU_UUID_FILE)
+        try:
+            with open(owner) as f:
+                recorded = f.read().strip()
+        except FileNotFoundError:
+            atomic_write(owner, f"{self.gpu_uuid}\n".encode(), fsync=False)
+            recorded = self.gpu_uuid
+        if recorded != self.gpu_uuid:
+            raise DaemonError(
+                f"{self.root} belongs to {recorded} ({owner}), not to {self.gpu_uuid}: two "
+                "UUIDs with the same short directory name; remove the directory of the one "
+                "no longer on this node"
+            )
         for path in (self.pipe, self.log, self.shm):
             os.makedirs(path, mode=0o755, exist_ok=True)
         os.chmod(self.shm, SHM_MODE)
 
     @property
+    def control(self) -> str:
+        """The daemon's control socket (docs:mpsv3-namespaces "Namespace Routing")."""
+        return os.path.join(self.pipe, SOCKET_NAME)
+
+    @property
     def previous_mode(self) -> str:
         return os.path.join(self.root, PREVIOUS_MODE_FILE)
+
+    @property
+    def record(self) -> str:
+        return os.path.join(self.root, RECORD_FILE)
+
+
+@dataclass(frozen=True)
+class DaemonRecord:
+    """The daemon an agent started: enough to know the process again, and only it."""
+
+    pid: int
+    start_time: int
+    cmdline: tuple[str, ...]
+
+    def matches_live_process(self) -> bool:
+        return identity(self.pid) == (self.start_time, self.cmdline)
+
+    @classmethod
+    def of(cls, pid: int) -> DaemonRecord | None:
+        found = identity(pid)
+        return None if found is None else cls(pid, found[0], found[1])
+
+    @classmethod
+    def load(cls, path: str) -> DaemonRecord | None:
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+            return cls(int(doc["pid"]), int(doc["start_time"]), tuple(map(str, doc["cmdline"])))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("ignoring the unreadable MPS daemon record %s: %s", path, err)
+            return None
+
+    def save(self, path: str) -> None:
+        doc = {"pid": self.pid, "start_time": self.start_time, "cmdline": list(self.cmdline)}
+        atomic_write(path, json.dumps(doc).encode(), fsync=False)
 
 
 def _read_pid(path: str) -> int | None:
@@ -161,7 +253,10 @@ class MpsDaemon:
         (False: one process per command); ``channel_probe_timeout``: how long a
         readiness probe waits for the channel before it tries a process."""
         self.gpu_uuid = gpu_uuid
-        self.dirs = DaemonDirs.for_gpu(state_dir, gpu_uuid)
+        try:
+            self.dirs = DaemonDirs.for_gpu(state_dir, gpu_uuid)
+        except SocketPathTooLong as err:
+            raise DaemonError(f"GPU {gpu_uuid}: {err}") from err
         self.control_binary = control_binary
         self.protocol: MpsProtocol = protocol
         self.compute_mode = compute_mode
@@ -182,7 +277,9 @@ class MpsDaemon:
         self._uid_monitor: asyncio.Task[None] | None = None
         self.stopping = False
         self._proc: asyncio.subprocess.Process | None = None
+        self._adopted = False
         self._adopted_pid: int | None = None
+        """An adopted daemon's pid, only when a live process matches our record of it."""
         self._server_exists = False
         self._namespaces: set[str] = set()
         self.channel_probe_timeout = channel_probe_timeout
@@ -204,7 +301,7 @@ class MpsDaemon:
     def running(self) -> bool:
         if self._proc is not None:
             return self._proc.returncode is None
-        return self._adopted_pid is not None and alive(self._adopted_pid)
+        return self._adopted and sockets.answers(self.dirs.control, ADOPTED_PROBE_TIMEOUT_S)
 
     def namespace_dir(self, namespace: str) -> str:
         return cmd.v3_namespace_dir(self.dirs.pipe, namespace)
@@ -274,10 +371,11 @@ class MpsDaemon:
         self.stopping = False
         self._server_exists = False
         self._namespaces = set()
-        self._adopted_pid = None
+        self._adopted, self._adopted_pid = False, None
         self.uid_wait = None
         await self.channel.close()  # a dead daemon's shell
         self.dirs.create()
+        await self._clear_stale()
         try:
             await self._enter_exclusive_process()
         except ComputeModeError as err:
@@ -308,6 +406,9 @@ class MpsDaemon:
         except BaseException:
             await self._kill()
             raise
+        record = DaemonRecord.of(self._proc.pid) if self._proc is not None else None
+        if record is not None:  # None: it died just now; the supervisor will see
+            record.save(self.dirs.record)
         self._start_uid_monitor()
         log.info(
             "MPS control daemon for GPU %s started (pid %s, %s)",
@@ -352,33 +453,95 @@ class MpsDaemon:
                 )
             await asyncio.sleep(0.05)
 
+    async def _clear_stale(self) -> None:
+        """Clear what a dead daemon left in the pipe directory, so a new one starts.
+
+        A daemon that answers on the control socket is not dead: it is asked to
+        ``quit`` (it is none of ours: ours is running, or adopted, or was stopped).
+        """
+        if sockets.answers(self.dirs.control):
+            log.warning(
+                "GPU %s: an MPS control daemon this agent did not start answers on %s; "
+                "asking it to quit before starting ours",
+                self.gpu_uuid,
+                self.dirs.control,
+            )
+            try:
+                await self._run_process(cmd.quit_call(self.protocol))
+            except DaemonError as err:
+                log.warning("GPU %s: quit failed: %s", self.gpu_uuid, err)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.ready_timeout
+            while sockets.answers(self.dirs.control):
+                if loop.time() >= deadline:
+                    raise DaemonError(
+                        f"GPU {self.gpu_uuid}: an MPS control daemon this agent did not start "
+                        f"still answers on {self.dirs.control} after quit; stop it (another "
+                        "mps-agent on this state dir?)"
+                    )
+                await asyncio.sleep(0.05)
+        cleared = [p for p in sockets.stale_sockets(self.dirs.pipe) if sockets.remove(p)]
+        cleared += [
+            p
+            for p in (os.path.join(self.dirs.pipe, PID_FILE), self.dirs.record)
+            if sockets.remove(p)
+        ]
+        if cleared:
+            log.info(
+                "GPU %s: cleared what a dead MPS daemon left: %s",
+                self.gpu_uuid,
+                ", ".join(cleared),
+            )
+
     async def adopt(self) -> bool:
-        """Take over a daemon a previous agent left running; False if there is none."""
-        pid = _read_pid(os.path.join(self.dirs.pipe, PID_FILE))
-        if pid is None or not alive(pid):
+        """Take over a daemon a previous agent left running; False if there is none.
+
+        There is one when its control socket answers. Its pid is taken only when a
+        live process matches the record of the agent that started it.
+        """
+        if not sockets.answers(self.dirs.control):
             return False
+        record = DaemonRecord.load(self.dirs.record)
+        verified = record is not None and record.matches_live_process()
         self._proc = None
-        self._adopted_pid = pid
+        self._adopted = True
+        self._adopted_pid = record.pid if record is not None and verified else None
         self.stopping = False
         try:
             await self._probe()
             await self._refresh()
         except DaemonError as err:
-            log.warning("cannot adopt MPS daemon pid %s for GPU %s: %s", pid, self.gpu_uuid, err)
-            self._adopted_pid = None
+            log.warning("cannot adopt the MPS daemon of GPU %s: %s", self.gpu_uuid, err)
+            self._adopted, self._adopted_pid = False, None
             return False
         self._start_uid_monitor()
-        log.info("adopted the running MPS control daemon for GPU %s (pid %s)", self.gpu_uuid, pid)
+        log.info(
+            "adopted the running MPS control daemon for GPU %s (%s)",
+            self.gpu_uuid,
+            f"pid {self._adopted_pid}"
+            if self._adopted_pid is not None
+            else "pid unverified: it will not be signalled",
+        )
         return True
 
     async def wait_exit(self) -> int | None:
         """Return when the daemon is gone: its exit status, None if adopted (unknown)."""
         if self._proc is not None:
             return await self._proc.wait()
-        # Not our child: no exit event to await, so poll.
-        while self._adopted_pid is not None and alive(self._adopted_pid):  # noqa: ASYNC110
+        # Not our child: no exit event to await, so poll its control socket, and
+        # the process too where it is verified (it exits after it stops answering).
+        while self.running or self._verified_process_alive():  # noqa: ASYNC110
             await asyncio.sleep(self.adopted_poll_interval)
         return None
+
+    def _verified_process_alive(self) -> bool:
+        """The adopted daemon's process, known by this agent's record of it, still runs."""
+        if self._adopted_pid is None:
+            return False
+        record = DaemonRecord.load(self.dirs.record)
+        return (
+            record is not None and record.pid == self._adopted_pid and record.matches_live_process()
+        )
 
     async def stop(self, timeout: float = 10.0) -> None:
         """``quit`` the daemon, wait for it, and give the GPU back its previous mode."""
@@ -395,7 +558,8 @@ class MpsDaemon:
             except TimeoutError:
                 log.warning("MPS daemon of GPU %s did not quit; killing it", self.gpu_uuid)
                 await self._kill()
-        self._adopted_pid = None
+        self._adopted, self._adopted_pid = False, None
+        remove_if_exists(self.dirs.record)
         await self._restore_compute_mode()
         log.info("MPS control daemon for GPU %s stopped", self.gpu_uuid)
 
@@ -405,9 +569,18 @@ class MpsDaemon:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
             await self._proc.wait()
-        elif self._adopted_pid is not None and alive(self._adopted_pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._adopted_pid, 9)
+        elif self._adopted:
+            # Only the process we recorded starting, still the same one (pid reuse).
+            if self._adopted_pid is not None and self._verified_process_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._adopted_pid, signal.SIGKILL)
+            else:
+                log.warning(
+                    "GPU %s: the adopted MPS daemon did not quit and no live process matches "
+                    "this agent's record of it (%s); sending no signal",
+                    self.gpu_uuid,
+                    self.dirs.record,
+                )
 
     # -- commands -------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Whether a process is running; stdlib only, so the fake control binary starts fast."""
+"""Whether a process is running, and which process a pid is (stdlib only)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,22 @@ def alive(pid: int) -> bool:
         return False
     except (OSError, IndexError):
         return True
+
+
+def identity(pid: int) -> tuple[int, tuple[str, ...]] | None:
+    """``pid``'s start time (clock ticks after boot, ``/proc/<pid>/stat`` field 22) and
+    command line; None if no such process. The two together tell a process from a
+    later one that reuses its pid, or from one of another PID namespace that had
+    the same number."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except (OSError, IndexError):
+        return None
+    try:
+        started = int(after_name[19])  # field 22; fields 1-2 are before the split
+    except (IndexError, ValueError):
+        return None
+    return started, tuple(a.decode(errors="replace") for a in argv if a)

@@ -37,7 +37,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 
-from dra_driver.base.errors import DriverError, InventoryError
+from dra_driver.base.errors import AllocationError, DriverError, InventoryError
 from dra_driver.base.ids import ClaimRef, GpuUUID, MigUUID
 from dra_driver.core.cdi import (
     CapNode,
@@ -57,6 +57,7 @@ from dra_driver.core.prepare import (
     MpsNamespace,
     PlannedDevice,
     leftover_mig_instances,
+    mps_daemon_conflict,
     mps_namespaces,
     namespace_of,
 )
@@ -132,6 +133,9 @@ class Enforcer:
         done: list[PlannedDevice] = []
         cdi_devices = list(spec.devices)
         namespaces = mps_namespaces(devices)
+        conflict = mps_daemon_conflict(namespaces)
+        if conflict is not None:
+            raise AllocationError(claim, conflict)
         shares: dict[MpsNamespace, ContainerEdits] = {}
         instances: dict[str, tuple[PlannedDevice, ContainerEdits]] = {}
         try:

@@ -33,7 +33,7 @@ from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
-from tests.support.mps import agent_running
+from tests.support.mps import agent_running, gpu_dir
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 GIB = 2**30
@@ -75,12 +75,12 @@ def _assert_instance_and_namespace(dirs: NodeDirs, uid: str, pipe_dir: str) -> N
     assert paths[0] == "/dev/nvidia0"
     assert sum(p.startswith("/dev/nvidia-caps/") for p in paths) == 2
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
-    assert mounts["/tmp/nvidia-mps"] == pipe_dir
+    assert mounts[pipe_dir] == pipe_dir
 
 
 def _daemon_visible_devices(agent: AgentConfig, uuid: str) -> str | None:
     """``CUDA_VISIBLE_DEVICES`` the daemon for ``uuid`` started with (the fake records it)."""
-    path = os.path.join(agent.state_dir, uuid, "pipe", "fake-mps-state.json")
+    path = os.path.join(gpu_dir(agent.state_dir, uuid), "pipe", "fake-mps-state.json")
     with open(path) as handle:
         visible: str | None = json.load(handle)["visible_devices"]
     return visible

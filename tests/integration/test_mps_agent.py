@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import signal
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,7 +26,17 @@ from dra_driver.mpsagent.client import MpsAgentClient, MpsAgentError, MpsAgentUn
 from dra_driver.mpsagent.commands import namespace_name, share_cdi_edits
 from dra_driver.mpsagent.procs import alive
 from tests.support.eventually import eventually
-from tests.support.mps import GIB, GPU0, GPU1, Node, agent_running, cleanup, daemon_pid, make_node
+from tests.support.mps import (
+    GIB,
+    GPU0,
+    GPU1,
+    Node,
+    agent_running,
+    cleanup,
+    daemon_pid,
+    gpu_dir,
+    make_node,
+)
 
 
 @pytest.fixture(params=["v3", "legacy"])
@@ -76,7 +87,9 @@ def test_v3_daemon_and_namespaces_follow_the_shares(v3_node: Node) -> None:
             )  # fmt: skip
             ns_a = namespace_name("share-a")
             assert a.protocol == "v3" and a.namespace == ns_a
-            assert a.pipe_dir == os.path.join(node.config.state_dir, GPU0, "pipe", "shares", ns_a)
+            assert a.pipe_dir == os.path.join(
+                gpu_dir(node.config.state_dir, GPU0), "pipe", "shares", ns_a
+            )
             assert os.path.isdir(a.pipe_dir) and os.path.isdir(a.shm_dir)
             state = node.fake_state(GPU0)
             assert (state["protocol"], state["multiuser"]) == (3, True)
@@ -86,8 +99,13 @@ def test_v3_daemon_and_namespaces_follow_the_shares(v3_node: Node) -> None:
             pid = await daemon_pid(client, GPU0)
             assert pid is not None and alive(pid)
             edits = share_cdi_edits(a)
-            assert edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
-            assert [m.host_path for m in edits.mounts] == [a.pipe_dir, a.shm_dir]
+            # The pipe directory at its host path (finding 8), within the socket limit.
+            assert edits.env == (f"CUDA_MPS_PIPE_DIRECTORY={a.pipe_dir}",)
+            assert [(m.host_path, m.container_path) for m in edits.mounts] == [
+                (a.pipe_dir, a.pipe_dir),
+                (a.shm_dir, "/dev/shm"),
+            ]
+            assert stat.S_ISSOCK(os.lstat(os.path.join(a.pipe_dir, "control")).st_mode)
 
             b = await client.ensure_share(
                 GPU0, "share-b", claim_uid="claim-b", memory_limit_bytes=2 * GIB,
@@ -135,11 +153,12 @@ def test_legacy_daemon_defaults_are_the_largest_share(legacy_node: Node) -> None
                 active_thread_percentage=25, uid=0,
             )  # fmt: skip
             assert a.protocol == "legacy" and a.namespace is None
-            assert a.pipe_dir == os.path.join(node.config.state_dir, GPU1, "pipe")
+            root = gpu_dir(node.config.state_dir, GPU1)
+            assert a.pipe_dir == os.path.join(root, "pipe")
             assert node.fake_state(GPU1)["protocol"] == 2
             assert held_limits(node, GPU1) == {"default": ("4096M", 25)}
             assert share_cdi_edits(a).env == (
-                "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+                f"CUDA_MPS_PIPE_DIRECTORY={a.pipe_dir}",
                 f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={GPU1}=4096M",
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
             )
@@ -147,8 +166,8 @@ def test_legacy_daemon_defaults_are_the_largest_share(legacy_node: Node) -> None
             proc = await asyncio.create_subprocess_exec(
                 fake_control_path(), stdin=asyncio.subprocess.PIPE,
                 env={**os.environ, "PYTHON": sys.executable,
-                     "CUDA_MPS_PIPE_DIRECTORY": os.path.join(node.config.state_dir, GPU1, "pipe"),
-                     "CUDA_MPS_LOG_DIRECTORY": os.path.join(node.config.state_dir, GPU1, "log")},
+                     "CUDA_MPS_PIPE_DIRECTORY": os.path.join(root, "pipe"),
+                     "CUDA_MPS_LOG_DIRECTORY": os.path.join(root, "log")},
             )  # fmt: skip
             await proc.communicate(b"start_server -uid 0\n")
             assert proc.returncode == 0

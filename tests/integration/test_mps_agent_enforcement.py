@@ -26,6 +26,7 @@ from tests.support.mps import (
     agent_running,
     cleanup,
     daemon_pid,
+    gpu_dir,
     make_node,
 )
 
@@ -61,7 +62,7 @@ async def ensure(node: Node, share: str, gpu: str = GPU0) -> None:
 def test_the_compute_mode_before_mps_is_restored(v3_node: Node) -> None:
     node = v3_node
     node.modes.modes[GPU0] = "PROHIBITED"  # what an administrator had set
-    previous = os.path.join(node.config.state_dir, GPU0, PREVIOUS_MODE_FILE)
+    previous = os.path.join(gpu_dir(node.config.state_dir, GPU0), PREVIOUS_MODE_FILE)
 
     async def scenario() -> None:
         async with agent_running(node.config):
@@ -134,8 +135,8 @@ def client(node: Node, action: str, uid: int, gpu: str = GPU0) -> str:
     done = subprocess.run(
         [fake_control_path(), "--fake-client", action, "--uid", str(uid)],
         env={**os.environ, "PYTHON": sys.executable,
-             "CUDA_MPS_PIPE_DIRECTORY": os.path.join(node.config.state_dir, gpu, "pipe"),
-             "CUDA_MPS_LOG_DIRECTORY": os.path.join(node.config.state_dir, gpu, "log")},
+             "CUDA_MPS_PIPE_DIRECTORY": os.path.join(gpu_dir(node.config.state_dir, gpu), "pipe"),
+             "CUDA_MPS_LOG_DIRECTORY": os.path.join(gpu_dir(node.config.state_dir, gpu), "log")},
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     return done.stdout.strip()

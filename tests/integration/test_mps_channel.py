@@ -153,7 +153,7 @@ def test_pipelined_commands_answer_in_order_and_the_first_failure_raises(state_d
             assert good.namespace in {r.name for r in cmd.parse_v3_namespace_list(answers[2])}
             assert cmd.parse_v3_server_names(answers[3]) == [cmd.SERVER_NAME]
             # create runs, set is refused (0 %): the error names the command that failed.
-            with pytest.raises(DaemonError, match=r"namespace set s_share_b.*1-100"):
+            with pytest.raises(DaemonError, match=rf"namespace set {bad.namespace}.*1-100"):
                 await d.run_all(cmd.render_v3_apply(bad, False))
             rows = cmd.parse_v3_namespace_list(await d.run(cmd.v3_namespace_list()))
             assert bad.namespace in {r.name for r in rows}

@@ -42,7 +42,7 @@ from dra_driver.plugin.mps_watch import MpsUidWait, MpsUidWatch, waiting_claims
 from tests.support.chart import plugin_client
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
-from tests.support.mps import agent_running
+from tests.support.mps import agent_running, gpu_dir
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 pytestmark = pytest.mark.chart(())
@@ -104,8 +104,8 @@ def cuda_client(agent: AgentConfig, gpu: str, action: str, uid: int) -> str:
     done = subprocess.run(
         [fake_control_path(), "--fake-client", action, "--uid", str(uid)],
         env={**os.environ, "PYTHON": sys.executable,
-             "CUDA_MPS_PIPE_DIRECTORY": os.path.join(agent.state_dir, gpu, "pipe"),
-             "CUDA_MPS_LOG_DIRECTORY": os.path.join(agent.state_dir, gpu, "log")},
+             "CUDA_MPS_PIPE_DIRECTORY": os.path.join(gpu_dir(agent.state_dir, gpu), "pipe"),
+             "CUDA_MPS_LOG_DIRECTORY": os.path.join(gpu_dir(agent.state_dir, gpu), "log")},
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     return done.stdout.strip()

@@ -27,7 +27,7 @@ from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import PID_FILE
+from dra_driver.mpsagent.daemon import PID_FILE, DaemonDirs
 from dra_driver.mpsagent.metrics import AgentMetrics
 from tests.support.node import NODE, NodeDirs
 
@@ -68,6 +68,11 @@ async def agent_running(
         await asyncio.gather(task, return_exceptions=True)
 
 
+def gpu_dir(state_dir: str, gpu: str) -> str:
+    """The directory of ``gpu``'s daemon under ``state_dir`` (a short name, not the UUID)."""
+    return DaemonDirs.for_gpu(state_dir, gpu).root
+
+
 GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
 GPU1 = "GPU-11111111-1111-2222-3333-444444444444"
 GIB = 1 << 30
@@ -83,12 +88,14 @@ class Node:
         return MpsAgentClient(self.config.socket_path, timeout=20)
 
     def fake_state(self, gpu: str) -> dict[str, Any]:
-        with open(os.path.join(self.config.state_dir, gpu, "pipe", "fake-mps-state.json")) as f:
+        with open(
+            os.path.join(gpu_dir(self.config.state_dir, gpu), "pipe", "fake-mps-state.json")
+        ) as f:
             state: dict[str, Any] = json.load(f)
         return state
 
     def records(self, gpu: str) -> list[dict[str, Any]]:
-        path = os.path.join(self.config.state_dir, gpu, "log", "fake-mps-commands.jsonl")
+        path = os.path.join(gpu_dir(self.config.state_dir, gpu), "log", "fake-mps-commands.jsonl")
         with open(path) as f:
             return [json.loads(line) for line in f]
 

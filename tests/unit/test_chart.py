@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from dra_driver.cli import build_parser, env_name
+from dra_driver.mpsagent.layout import MAX_STATE_DIR_BYTES, check_state_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "fractional-gpu-dra"
@@ -232,6 +233,15 @@ def test_values_schema_is_json_and_closed() -> None:
     assert schema["additionalProperties"] is False
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values) <= set(schema["properties"])
+
+
+def test_the_schema_allows_only_mps_state_dirs_whose_sockets_fit() -> None:
+    # Issue 26, finding 1: the agent refuses a longer one at start (layout.check_state_dir).
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    state_dir = schema["properties"]["mpsAgent"]["properties"]["stateDir"]
+    assert state_dir["maxLength"] == MAX_STATE_DIR_BYTES
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["mpsAgent"]["stateDir"]
+    check_state_dir(default)
 
 
 def test_values_schema_is_closed_and_covers_every_value() -> None:

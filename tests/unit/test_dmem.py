@@ -471,5 +471,26 @@ def test_the_engine_keeps_the_hook_beside_the_shares_mounts() -> None:
     for device in spec.devices:
         (hook,) = device.edits.hooks
         assert hook.args[hook.args.index("--max") + 1] == str(6 * GIB)
-        assert {m.container_path for m in device.edits.mounts} == {"/tmp/nvidia-mps", "/dev/shm"}
+        paths = {m.container_path for m in device.edits.mounts}
+        assert paths == {"/run/mps/pipe/shares/s_x", "/dev/shm"}
     validate_cdi_spec(render_spec(spec))
+
+
+def test_a_claim_with_mps_shares_of_two_gpus_is_refused_before_any_side_effect() -> None:
+    # A client has one CUDA_MPS_PIPE_DIRECTORY: a container given both shares could
+    # reach one GPU's daemon (issue 26, finding 9). Before: two mounts on one path.
+    rc = claim(share("gpu-0", memory="4Gi", request="a"), share("gpu-1", memory="2Gi", request="b"))
+    plan = plan_prepare(rc, GPUS, ctx(None))
+    agent = _Agent()
+    enforcer = Enforcer(
+        backend=FakeGpuBackend("h100-80gb:2", NODE),
+        inventory=lambda: GPUS,
+        mig_caps=None,
+        mps=agent,
+    )
+    with pytest.raises(AllocationError) as err:
+        asyncio.run(enforcer.apply(rc.ref, plan.devices, plan.cdi_spec))
+    message = str(err.value)
+    assert f"claim {rc.ref}" in message and "gpu-0, gpu-1" in message
+    assert "CUDA_MPS_PIPE_DIRECTORY" in message and "one claim per GPU" in message
+    assert agent.asked == []  # the agent was never asked

@@ -50,6 +50,7 @@ from dra_driver.core.prepare.disruption_guard import (
 from dra_driver.core.prepare.mig_instances import LeftoverMig, leftover_mig_instances
 from dra_driver.core.prepare.mps_namespaces import (
     MpsNamespace,
+    mps_daemon_conflict,
     mps_namespaces,
     namespace_of,
     owned_shares,
@@ -112,6 +113,7 @@ __all__ = [
     "leftover_mig_instances",
     "limits_for",
     "marker_key",
+    "mps_daemon_conflict",
     "mps_namespaces",
     "namespace_of",
     "notify",

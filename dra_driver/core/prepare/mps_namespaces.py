@@ -77,6 +77,28 @@ def mps_namespaces(devices: Sequence[PlannedDevice]) -> tuple[MpsNamespace, ...]
     )
 
 
+def mps_daemon_conflict(namespaces: Sequence[MpsNamespace]) -> str | None:
+    """Why a claim's MPS shares cannot be served, or None: they are on several daemons.
+
+    Each GPU and each MIG instance has its own MPS daemon and pipe directory, and a
+    CUDA client has one ``CUDA_MPS_PIPE_DIRECTORY`` (NVIDIA MPS docs, "Appendix:
+    Environment Variables"), so it reaches one daemon: a container given the
+    claim's devices could use one GPU's share and would silently run without MPS
+    limits, or not at all, on the others. Refused at prepare, before any side
+    effect. (Shares of two GPUs in two claims of one container are not visible
+    to a prepare, which sees one claim.)
+    """
+    if len(namespaces) < 2:
+        return None
+    names = ", ".join(sorted(ns.mig_device or ns.device_name for ns in namespaces))
+    return (
+        f"its MPS shares are on {len(namespaces)} GPUs or MIG instances ({names}), each "
+        "with its own MPS daemon and pipe directory, and a CUDA client has one "
+        "CUDA_MPS_PIPE_DIRECTORY, so a container could reach only one of them; ask for "
+        "MPS shares of one GPU (or one MIG instance) per claim, one claim per GPU"
+    )
+
+
 def namespace_of(namespaces: Sequence[MpsNamespace], device: PlannedDevice) -> MpsNamespace:
     """The namespace of ``namespaces`` that MPS share ``device`` is part of.
 
