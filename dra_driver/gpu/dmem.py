@@ -19,6 +19,12 @@ GPU (NVIDIA's "Per-GPU Compute and Memory Limits with MPS" guide). Older NVIDIA
 drivers register none: then there is nothing to limit and no hook is added.
 Not verified on a GPU node by this project (no dmem-capable node yet).
 
+Setting the limits is the hook's job (``dra_driver/dmemhook/dmem-hook.sh``):
+NVIDIA says to set them with ``nvidia-smi memory-limits`` or NVML
+(``nvmlDeviceSetMemoryLimits_v1``), not by writing these files, and the hook
+does so where the driver offers the subcommand (docs/nvidia-interfaces.md:
+dmem-set-nvidia-smi); this module only reads (dmem-read-capacity).
+
 :func:`detect_dmem` reads the root cgroup (``--cgroup-root``: in the plugin's
 pod, the host's ``/sys/fs/cgroup`` mounted read-only, because a container's own
 ``/sys/fs/cgroup`` is its cgroup namespace, without ``dmem.capacity``) and maps
