@@ -141,6 +141,7 @@ def detect_dmem(gpus: Sequence[GpuInfo], cgroup_root: str = DEFAULT_CGROUP_ROOT)
                 f"dmem GPU-memory limits off for {where}: dmem.capacity has no device-memory "
                 f"region of it (regions: {', '.join(sorted(capacity)) or 'none'}); the NVIDIA "
                 "driver registers nvidia/<bus id>/vidmem from release 615 (MPS v3 memory "
-                "partitioning), older ones none; its MPS shares keep the daemon's limits only"
+                "partitioning), older ones none; its MPS shares keep the daemon's limits only "
+                "(per client process)"
             )
     return DmemDetection(regions=regions, notes=tuple(notes))
