@@ -24,6 +24,10 @@ It changes nothing it does not undo: the daemon is stopped and its directory
 removed, the MIG device destroyed, the cgroup's limits reset and the cgroup
 removed, whatever failed. Each command has a timeout (``step_timeout_s``).
 
+What each step sends is in docs/nvidia-interfaces.md (rows ``nvml-*``,
+``mps-*``, ``dmem-set-nvidia-smi``, ``cuda-client``, ``check-dmem-cgroup``), with
+how to run the check and where its transcripts go.
+
 The steps' decisions are pure (:func:`pick_mig`, :func:`pick_mps_gpu`,
 :func:`client_sizes`, :func:`judge_client`); :func:`run_check` does the I/O
 through an injected backend and command runner, so tests drive it with the
@@ -463,6 +467,7 @@ def _show_log(path: str, transcript: Transcript) -> None:
         transcript.say("  " + f.read().strip().replace("\n", "\n  "))
 
 
+# docs/nvidia-interfaces.md: check-dmem-cgroup, dmem-set-nvidia-smi
 def _dmem_step(gpu: GpuInfo, config: CheckConfig, transcript: Transcript, run: Runner) -> None:
     transcript.step("dmem")
     found = detect_dmem([gpu], config.cgroup_root)

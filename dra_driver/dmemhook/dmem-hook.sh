@@ -172,6 +172,7 @@ expand_slice() {
 	printf '%s' "$out"
 }
 
+# docs/nvidia-interfaces.md: dmem-cgroup-lookup
 cgroup_from_bundle() {
 	[ -n "$bundle" ] && [ -f "$bundle/config.json" ] || return 1
 	spec=$(tr -d '\n\r' <"$bundle/config.json" |
@@ -221,6 +222,7 @@ write_limit() {
 	fi
 }
 
+# docs/nvidia-interfaces.md: dmem-detect-nvidia-smi (gpu-unverified: the help text is not documented)
 memory_limits_offered() {
 	# Why nvidia-smi memory-limits cannot be used (stdout), or nothing when it can.
 	if [ -z "$gpu" ]; then
@@ -238,6 +240,7 @@ memory_limits_offered() {
 	fi
 }
 
+# docs/nvidia-interfaces.md: dmem-set-nvidia-smi, dmem-soft-release
 set_with_nvidia_smi() {
 	# The documented command (Dynamo guide, Option A step 3); MiB, rounded down.
 	hard_mib=$((max / 1048576))
@@ -256,6 +259,7 @@ set_with_nvidia_smi() {
 	fi
 }
 
+# docs/nvidia-interfaces.md: dmem-ancestor-check
 ancestor_short_of() {
 	# ancestor_short_of REGION BYTES: the first ancestor of the container's cgroup
 	# (below the root) whose dmem.min reserves less than BYTES of REGION, with what
@@ -280,6 +284,7 @@ ancestor_short_of() {
 	done
 }
 
+# docs/nvidia-interfaces.md: dmem-write-files
 write_files() {
 	# The fallback: "<region> <bytes>" lines straight into dmem.max and dmem.min.
 	capacity=$(cat "$cgroot/dmem.capacity" 2>/dev/null)

@@ -100,6 +100,7 @@ def _read(path: str) -> str | None:
         return None
 
 
+# docs/nvidia-interfaces.md: dmem-read-capacity
 def detect_dmem(gpus: Sequence[GpuInfo], cgroup_root: str = DEFAULT_CGROUP_ROOT) -> DmemDetection:
     """Which of ``gpus`` have dmem regions on this node (I/O: reads ``cgroup_root``)."""
     controllers = _read(os.path.join(cgroup_root, "cgroup.controllers"))
