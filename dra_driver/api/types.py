@@ -87,14 +87,19 @@ class MpsConfig:
     hard limit: what the allocation granted, after any ``memoryLimit``; more
     fails the claim with a message naming both values.
 
-    Only the cgroup v2 ``dmem`` hook enforces it (written to the container's
-    ``dmem.min``), so it has an effect only on an MPS-shared GPU for which the
-    node found a ``dmem`` region (Linux 6.14+, an NVIDIA driver that registers
-    one); elsewhere it is accepted and does nothing, and nothing is logged per
-    claim. Caveat: ``dmem`` shares ``memory.min``'s hierarchical rule, under
-    which a cgroup's protection is capped by its ancestors' (the pod's and
-    ``kubepods`` cgroups'); where they have no ``dmem.min`` (the default) the
-    container's protects nothing yet (not verified on a dmem-capable node).
+    Only the cgroup v2 ``dmem`` hook enforces it (the container's ``dmem.min``),
+    so it has an effect only on an MPS-shared GPU for which the node found a
+    ``dmem`` region (Linux 6.14+, an NVIDIA driver that registers one);
+    elsewhere it is accepted and does nothing, and nothing is logged per claim.
+    The kernel honours a leaf's ``dmem.min`` only where every ancestor (the
+    pod's, ``kubepods``') reserves as much ("MPS v3 Memory Partitioning",
+    "Ancestor reservation propagation"). ``nvidia-smi memory-limits``, which the
+    hook uses where the driver offers it, raises the ancestors by the leaf's
+    share; that reservation stays on them after the container's cgroup is
+    removed (NVIDIA: zero the soft limit first; the hook has no step then).
+    The hook's fallback, a direct write, raises none, so there the soft limit
+    protects nothing unless the ancestors already reserve as much (the hook
+    warns). Not verified on a dmem-capable node.
     """
 
 

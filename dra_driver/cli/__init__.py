@@ -5,9 +5,9 @@ with ``_``, e.g. ``--cdi-root`` / ``CDI_ROOT``); the flag wins when both are
 given. The Helm chart sets only the environment variables.
 
 Each subcommand's flags and runner live in their own module: ``plugin``
-(kubelet-plugin), ``mps_agent``, ``controller`` and ``tools`` (render-slices,
-demo, simulate, cleanup); ``flags`` holds what they share. Runners import
-their component lazily so ``dra-driver version`` stays light.
+(kubelet-plugin), ``mps_agent``, ``controller``, ``gpu_check`` and ``tools``
+(render-slices, demo, simulate, cleanup); ``flags`` holds what they share.
+Runners import their component lazily so ``dra-driver version`` stays light.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dra_driver import __version__
 from dra_driver.base.errors import DriverError
 from dra_driver.cli.controller import cmd_controller, controller_parser
 from dra_driver.cli.flags import EnvTwinParser, add_flag, common_flags, env_name
+from dra_driver.cli.gpu_check import cmd_gpu_check, gpu_check_parser
 from dra_driver.cli.mps_agent import agent_parser, cmd_mps_agent
 from dra_driver.cli.plugin import claim_reporting, cmd_plugin, plugin_parser
 from dra_driver.cli.tools import (
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup_parser(sub)
     render_parser(sub)
     demo_parser(sub)
+    gpu_check_parser(sub)
     simulate_parser(sub.add_parser("simulate", help="simulate packing claims on a fake cluster"))
 
     version = sub.add_parser("version", help="print the version")
@@ -70,6 +72,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cleanup": cmd_cleanup,
     "render-slices": cmd_render_slices,
     "demo": cmd_demo,
+    "gpu-check": cmd_gpu_check,
     "simulate": cmd_simulate,
     "version": cmd_version,
 }

@@ -35,7 +35,7 @@ def agent_parser(sub: Any) -> None:
     add_flag(
         agent,
         "--mps-protocol",
-        "MPS protocol: v3 (driver 615+, per-claim limits held by the daemon), legacy, or auto",
+        "MPS protocol: v3 (driver 615+, limits held by the daemon per namespace), legacy, or auto",
         default="auto",
         choices=["auto", "v3", "legacy"],
     )

@@ -1,26 +1,46 @@
 #!/bin/sh
 # dmem-hook: a CDI/OCI createContainer hook of fractional-gpu-dra.
 #
-# Sets the container's device-memory limit in its cgroup v2 dmem controller
-# for the dmem region(s) of the GPU its MPS share is on:
-#   dmem.max <- the hard limit (allocations beyond it fail with out-of-memory)
-#   dmem.min <- the optional soft limit (NVIDIA's MPS v3 memory partitioning maps
-#               its soft limit to dmem.min: memory kept for the container; above
-#               it the container may be evicted under pressure)
+# Sets the container's device-memory limits in its cgroup v2 dmem controller
+# for the GPU its MPS share is on:
+#   hard limit (dmem.max): allocations beyond it fail with out-of-memory
+#   soft limit (dmem.min, optional): memory guaranteed to the container; above
+#               it the container is borrowing and MPS may evict it under
+#               pressure ("MPS v3 Memory Partitioning", "Soft and Hard Limits")
 # The container's cgroup does not exist when the kubelet plugin prepares the
 # claim, so the container runtime runs this on the host for each container.
+#
+# How (docs/nvidia-interfaces.md: dmem-set-nvidia-smi, dmem-write-files):
+# NVIDIA says to set these limits with `nvidia-smi memory-limits` or NVML, not
+# by writing dmem.* files: the driver resolves the region, picks its backend
+# (dmem or its internal misc one) and raises every ancestor's dmem.min by the
+# leaf's soft limit, since the kernel honours a leaf's dmem.min only where
+# every ancestor reserves as much ("Ancestor reservation propagation"). So
+# with --gpu and an nvidia-smi that offers the memory-limits subcommand (its
+# --help exits 0 and names --hard-limit) the hook runs, as NVIDIA's Dynamo
+# guide "Per-GPU Compute and Memory Limits with MPS" does (Option A, step 3):
+#   nvidia-smi memory-limits -i <GPU UUID> -n <cgroup dir> \
+#     --soft-limit <MiB> --hard-limit <MiB>
+# (MiB integers, rounded down; no soft limit asked: 0). Otherwise, or when
+# that command fails, it falls back to writing "<region> <bytes>" lines into
+# dmem.max/dmem.min, and logs that it did: a direct dmem.min write raises no
+# ancestor, so it protects nothing unless every ancestor already reserves as
+# much (checked, and warned about). Not verified on a GPU node.
 #
 # It is plain POSIX sh (the host may have no Python); the kubelet plugin installs
 # it into its hook directory (--hook-dir) and names it in the claim's CDI spec.
 #
-# Usage: dmem-hook.sh [--strict] [--log FILE] --max BYTES [--min BYTES] REGION...
+# Usage: dmem-hook.sh [--strict] [--log FILE] [--gpu UUID] --max BYTES [--min BYTES] REGION...
 #   REGION   a dmem region of the GPU as /sys/fs/cgroup/dmem.capacity names it,
 #            e.g. nvidia/0000:3b:00.0/vidmem or drm/0000:03:00.0/vram0
+#   --gpu    the GPU's UUID, for nvidia-smi memory-limits -i (without it the
+#            limits are written into the files)
 #   --strict a failure exits 1, so the runtime fails the container's start;
 #            without it a failure is reported (stderr, --log) and exits 0: the
-#            container starts without the kernel-enforced limit (the MPS
-#            daemon's per-namespace limit still holds)
-#   --log    append failures to FILE (kept under 1 MiB: one older file, FILE.1)
+#            container starts without the kernel-enforced limit (its MPS
+#            namespace's pinned memory limit, per client process, still holds)
+#   --log    append failures and fallbacks to FILE (kept under 1 MiB: one
+#            older file, FILE.1)
 # stdin: the OCI state of the container (JSON: "id", "pid", "bundle", ...).
 #
 # The cgroup: the "0::<path>" line of /proc/<pid>/cgroup. A createContainer hook
@@ -29,7 +49,8 @@
 # (linux.cgroupsPath, cgroupfs "/a/b" or systemd "slice:prefix:name" form).
 #
 # For tests: DMEM_HOOK_CGROUP_ROOT (default /sys/fs/cgroup) and
-# DMEM_HOOK_PROC_ROOT (default /proc) point at fake trees.
+# DMEM_HOOK_PROC_ROOT (default /proc) point at fake trees; nvidia-smi is looked
+# up on PATH.
 
 set -u
 set -f
@@ -43,6 +64,7 @@ strict=0
 logfile=
 max=
 min=
+gpu=
 id=unknown
 problems=0
 
@@ -90,6 +112,11 @@ while [ $# -gt 0 ]; do
 		logfile=$2
 		shift
 		;;
+	--gpu)
+		[ $# -ge 2 ] || fail "--gpu needs a GPU UUID"
+		gpu=$2
+		shift
+		;;
 	--max)
 		[ $# -ge 2 ] || fail "--max needs a byte count"
 		max=$2
@@ -101,7 +128,7 @@ while [ $# -gt 0 ]; do
 		shift
 		;;
 	--) shift && break ;;
-	-*) fail "unknown option $1 (usage: dmem-hook.sh [--strict] [--log FILE] --max BYTES [--min BYTES] REGION...)" ;;
+	-*) fail "unknown option $1 (usage: dmem-hook.sh [--strict] [--log FILE] [--gpu UUID] --max BYTES [--min BYTES] REGION...)" ;;
 	*) break ;;
 	esac
 	shift
@@ -145,6 +172,7 @@ expand_slice() {
 	printf '%s' "$out"
 }
 
+# docs/nvidia-interfaces.md: dmem-cgroup-lookup
 cgroup_from_bundle() {
 	[ -n "$bundle" ] && [ -f "$bundle/config.json" ] || return 1
 	spec=$(tr -d '\n\r' <"$bundle/config.json" |
@@ -194,19 +222,97 @@ write_limit() {
 	fi
 }
 
-capacity=$(cat "$cgroot/dmem.capacity" 2>/dev/null)
-for region in "$@"; do
-	case "
+# docs/nvidia-interfaces.md: dmem-detect-nvidia-smi (gpu-unverified: the help text is not documented)
+memory_limits_offered() {
+	# Why nvidia-smi memory-limits cannot be used (stdout), or nothing when it can.
+	if [ -z "$gpu" ]; then
+		printf 'the hook was given no --gpu'
+	elif ! command -v nvidia-smi >/dev/null 2>&1; then
+		printf 'no nvidia-smi on PATH (%s)' "$PATH"
+	elif ! help=$(nvidia-smi memory-limits --help 2>&1); then
+		printf 'this nvidia-smi has no memory-limits subcommand (driver before 615?): %s' \
+			"$(printf '%s' "$help" | head -n 1)"
+	else
+		case $help in
+		*--hard-limit*) ;;
+		*) printf 'nvidia-smi memory-limits --help does not name --hard-limit' ;;
+		esac
+	fi
+}
+
+# docs/nvidia-interfaces.md: dmem-set-nvidia-smi, dmem-soft-release
+set_with_nvidia_smi() {
+	# The documented command (Dynamo guide, Option A step 3); MiB, rounded down.
+	hard_mib=$((max / 1048576))
+	soft_mib=0
+	[ -z "$min" ] || soft_mib=$((min / 1048576))
+	smi_call="nvidia-smi memory-limits -i $gpu -n $dir --soft-limit $soft_mib --hard-limit $hard_mib"
+	if ! out=$(nvidia-smi memory-limits -i "$gpu" -n "$dir" \
+		--soft-limit "$soft_mib" --hard-limit "$hard_mib" 2>&1); then
+		why="$smi_call failed: $(printf '%s' "${out:-no output}" | tr '\n' ' ')"
+		return 1
+	fi
+	if [ -n "$min" ]; then
+		# NVIDIA: a cgroup removed without its soft limit zeroed first leaves its
+		# share in the ancestors' dmem.min; a createContainer hook has no later step.
+		note "soft limit ${soft_mib} MiB set by nvidia-smi (the driver adds it to every ancestor's dmem.min, where it stays after the container's cgroup is removed)"
+	fi
+}
+
+# docs/nvidia-interfaces.md: dmem-ancestor-check
+ancestor_short_of() {
+	# ancestor_short_of REGION BYTES: the first ancestor of the container's cgroup
+	# (below the root) whose dmem.min reserves less than BYTES of REGION, with what
+	# it reserves; nothing when all reserve enough.
+	up=$path
+	while :; do
+		up=${up%/*}
+		[ -n "$up" ] || return 0
+		if [ ! -f "$cgroot$up/dmem.min" ]; then
+			printf '%s (no dmem.min: +dmem is not in its parent'"'"'s cgroup.subtree_control)' "$up"
+			return 0
+		fi
+		have=$(awk -v r="$1" '$1==r { print $2; exit }' "$cgroot$up/dmem.min")
+		case $have in
+		max) continue ;;
+		'' | *[!0-9]*) have=0 ;;
+		esac
+		if [ "$have" -lt "$2" ]; then
+			printf '%s (dmem.min %s bytes)' "$up" "$have"
+			return 0
+		fi
+	done
+}
+
+# docs/nvidia-interfaces.md: dmem-write-files
+write_files() {
+	# The fallback: "<region> <bytes>" lines straight into dmem.max and dmem.min.
+	capacity=$(cat "$cgroot/dmem.capacity" 2>/dev/null)
+	for region in "$@"; do
+		case "
 $capacity" in
-	*"
+		*"
 $region "*) ;;
-	*)
-		problems=$((problems + 1))
-		note "error: dmem region $region is not registered ($cgroot/dmem.capacity lists: $(printf '%s\n' "$capacity" | cut -d' ' -f1 | tr '\n' ' ')); its limit is not set"
-		continue
-		;;
-	esac
-	write_limit "$dir/dmem.max" "$region $max" || continue
-	[ -z "$min" ] || write_limit "$dir/dmem.min" "$region $min"
-done
+		*)
+			problems=$((problems + 1))
+			note "error: dmem region $region is not registered ($cgroot/dmem.capacity lists: $(printf '%s\n' "$capacity" | cut -d' ' -f1 | tr '\n' ' ')); its limit is not set"
+			continue
+			;;
+		esac
+		write_limit "$dir/dmem.max" "$region $max" || continue
+		[ -n "$min" ] || continue
+		write_limit "$dir/dmem.min" "$region $min" || continue
+		short=$(ancestor_short_of "$region" "$min")
+		if [ -n "$short" ]; then
+			note "warning: dmem.min of $region is $min bytes on $path, but its ancestor $short: the kernel honours a cgroup's dmem.min only where every ancestor reserves as much, so this soft limit protects nothing"
+		fi
+	done
+}
+
+why=$(memory_limits_offered)
+if [ -z "$why" ] && set_with_nvidia_smi; then
+	finish
+fi
+note "not using nvidia-smi memory-limits, as NVIDIA's docs advise ($why): writing dmem.max${min:+ and dmem.min} directly, which raises no ancestor's dmem.min"
+write_files "$@"
 finish

@@ -19,6 +19,12 @@ GPU (NVIDIA's "Per-GPU Compute and Memory Limits with MPS" guide). Older NVIDIA
 drivers register none: then there is nothing to limit and no hook is added.
 Not verified on a GPU node by this project (no dmem-capable node yet).
 
+Setting the limits is the hook's job (``dra_driver/dmemhook/dmem-hook.sh``):
+NVIDIA says to set them with ``nvidia-smi memory-limits`` or NVML
+(``nvmlDeviceSetMemoryLimits_v1``), not by writing these files, and the hook
+does so where the driver offers the subcommand (docs/nvidia-interfaces.md:
+dmem-set-nvidia-smi); this module only reads (dmem-read-capacity).
+
 :func:`detect_dmem` reads the root cgroup (``--cgroup-root``: in the plugin's
 pod, the host's ``/sys/fs/cgroup`` mounted read-only, because a container's own
 ``/sys/fs/cgroup`` is its cgroup namespace, without ``dmem.capacity``) and maps
@@ -94,6 +100,7 @@ def _read(path: str) -> str | None:
         return None
 
 
+# docs/nvidia-interfaces.md: dmem-read-capacity
 def detect_dmem(gpus: Sequence[GpuInfo], cgroup_root: str = DEFAULT_CGROUP_ROOT) -> DmemDetection:
     """Which of ``gpus`` have dmem regions on this node (I/O: reads ``cgroup_root``)."""
     controllers = _read(os.path.join(cgroup_root, "cgroup.controllers"))
@@ -135,6 +142,7 @@ def detect_dmem(gpus: Sequence[GpuInfo], cgroup_root: str = DEFAULT_CGROUP_ROOT)
                 f"dmem GPU-memory limits off for {where}: dmem.capacity has no device-memory "
                 f"region of it (regions: {', '.join(sorted(capacity)) or 'none'}); the NVIDIA "
                 "driver registers nvidia/<bus id>/vidmem from release 615 (MPS v3 memory "
-                "partitioning), older ones none; its MPS shares keep the daemon's limits only"
+                "partitioning), older ones none; its MPS shares keep the daemon's limits only "
+                "(per client process)"
             )
     return DmemDetection(regions=regions, notes=tuple(notes))

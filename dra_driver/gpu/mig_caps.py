@@ -26,6 +26,7 @@ from dra_driver.core.cdi import CapNode
 CAPS_DEVICE = "nvidia-caps"
 
 
+# docs/nvidia-interfaces.md: mig-caps-access
 def parse_char_major(text: str, name: str) -> int | None:
     """The major of character device ``name`` in a ``/proc/devices`` text, None if absent."""
     in_char = False

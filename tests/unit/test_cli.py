@@ -65,6 +65,7 @@ def test_there_are_flags_and_subcommands() -> None:
         "controller",
         "render-slices",
         "demo",
+        "gpu-check",
         "simulate",
         "version",
     }

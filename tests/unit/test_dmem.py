@@ -49,6 +49,7 @@ UID = "5e0a7c1d-0000-4000-8000-000000000001"
 GPUS: Inventory = build_inventory(load_spec("h100-80gb:2"), NODE)
 GPU0, GPU1 = GPUS.gpus
 HOOK = "/var/lib/fractional-gpu-dra/hooks/dmem-hook.sh"
+REGION0 = f"nvidia/{GPU0.uuid}/vidmem"
 
 
 def region_of(bus_id: str) -> str:
@@ -247,7 +248,7 @@ def test_an_mps_share_gets_the_hook_with_its_memory() -> None:
     assert hook == Hook(
         hook_name="createContainer",
         path=HOOK,
-        args=("dmem-hook.sh", "--max", str(10 * GIB), "--", f"nvidia/{GPU0.uuid}/vidmem"),
+        args=("dmem-hook.sh", "--gpu", GPU0.uuid, "--max", str(10 * GIB), "--", REGION0),
         timeout=10,
     )
     # The spec with the hook is one a runtime loads.
@@ -290,9 +291,6 @@ def configured(
 
 def hook_args(plan: PreparePlan) -> list[tuple[str, ...]]:
     return [hook.args for found in hooks(plan).values() for hook in found]
-
-
-REGION0 = f"nvidia/{GPU0.uuid}/vidmem"
 
 
 @pytest.mark.parametrize(
@@ -356,7 +354,7 @@ def test_the_soft_limit_reaches_the_hook(
     plan = plan_prepare(configured(*devices, configs=configs), GPUS, ctx(dmem_on(GPU0.uuid)))
     found = hook_args(plan)
     assert len(found) == len(devices)  # every share of the GPU: one claim-wide limit
-    assert all(a == ("dmem-hook.sh", *args, "--", REGION0) for a in found)
+    assert all(a == ("dmem-hook.sh", "--gpu", GPU0.uuid, *args, "--", REGION0) for a in found)
     validate_cdi_spec(render_spec(plan.cdi_spec))
 
 
@@ -388,10 +386,10 @@ def test_a_soft_limit_above_the_hard_limit_fails_the_claim() -> None:
 
 def test_strict_and_log_reach_the_hook() -> None:
     settings = dmem_on(GPU0.uuid, strict=True, log_path="/var/lib/x/dmem-hook.log")
-    hook = dmem_hook(settings, ("r0", "r1"), 5, soft_memory_bytes=3)
+    hook = dmem_hook(settings, GPU0.uuid, ("r0", "r1"), 5, soft_memory_bytes=3)
     assert hook.args == (
         "dmem-hook.sh", "--strict", "--log", "/var/lib/x/dmem-hook.log",
-        "--max", "5", "--min", "3", "--", "r0", "r1",
+        "--gpu", GPU0.uuid, "--max", "5", "--min", "3", "--", "r0", "r1",
     )  # fmt: skip
 
 

@@ -26,6 +26,7 @@ from dra_driver.dmemhook import HOOK_FILE
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.fakes.objects import resource_claim, share
 from dra_driver.k8s.convert import claim_from_dict
+from tests.support import fake_nvidia_smi
 
 SCRIPT = pathlib.Path(__file__).parents[2] / "dra_driver" / "dmemhook" / HOOK_FILE
 SH = shutil.which("sh")
@@ -56,12 +57,18 @@ class Host:
     def container(self, path: str = CGROUP) -> pathlib.Path:
         return self.cgroup / path.lstrip("/")
 
+    @property
+    def bin(self) -> pathlib.Path:
+        """Where a test puts an ``nvidia-smi``; first on the hook's PATH."""
+        return self.root / "bin"
+
     def run(
         self, *args: str, state: dict[str, object] | None = None, path: bool = True
     ) -> subprocess.CompletedProcess[str]:
         assert SH is not None
         doc = {"ociVersion": "1.2.0", "id": "abc", "status": "creating", "pid": PID,
                "bundle": str(self.root / "bundle")} if state is None else state  # fmt: skip
+        search = f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         return subprocess.run(
             [SH, str(SCRIPT), *args],
             input=json.dumps(doc, indent=2),  # a runtime may print it on several lines
@@ -69,7 +76,7 @@ class Host:
             text=True,
             timeout=30,
             env={
-                **({"PATH": os.environ.get("PATH", "/usr/bin:/bin")} if path else {}),
+                **({"PATH": search} if path else {}),
                 "DMEM_HOOK_CGROUP_ROOT": str(self.cgroup),
                 "DMEM_HOOK_PROC_ROOT": str(self.proc),
             },
@@ -98,7 +105,148 @@ def test_sets_the_hard_limit(host: Host) -> None:
     assert done.returncode == 0, done.stderr
     assert (host.container() / "dmem.max").read_text() == f"{REGION} {10 * GIB}\n"
     assert (host.container() / "dmem.min").read_text() == ""  # no soft limit asked
+    # Without --gpu (a spec of an older plugin) the file write is the fallback, and says so.
+    assert done.stderr.splitlines() == [
+        "dmem-hook: container abc: not using nvidia-smi memory-limits, as NVIDIA's docs "
+        "advise (the hook was given no --gpu): writing dmem.max directly, which raises "
+        "no ancestor's dmem.min"
+    ]
+
+
+# -- nvidia-smi memory-limits, NVIDIA's documented way ---------------------------------
+
+GPU_UUID = "GPU-5b3f2a6e-0000-4000-8000-00000000000a"
+
+
+def with_ancestors(host: Host, reserved: dict[str, str]) -> list[pathlib.Path]:
+    """dmem files on every ancestor of the container's cgroup below the root."""
+    ancestors = list(host.container().relative_to(host.cgroup).parents)[:-1]
+    made = []
+    for relative in ancestors:
+        directory = host.cgroup / relative
+        (directory / "dmem.min").write_text("".join(f"{k} {v}\n" for k, v in reserved.items()))
+        (directory / "dmem.max").write_text("")
+        made.append(directory)
+    return made
+
+
+def test_sets_the_limits_through_nvidia_smi_where_it_offers_them(host: Host) -> None:
+    """NVIDIA: set limits with nvidia-smi or NVML, never by writing dmem.* files."""
+    fake_nvidia_smi.install(host.bin, {GPU_UUID: REGION})
+    ancestors = with_ancestors(host, {REGION: str(2 * GIB)})
+    done = host.run("--strict", "--gpu", GPU_UUID, "--max", str(10 * GIB),
+                    "--min", str(6 * GIB), REGION)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert fake_nvidia_smi.calls(host.bin) == [
+        ["memory-limits", "--help"],
+        ["memory-limits", "-i", GPU_UUID, "-n", str(host.container()),
+         "--soft-limit", str(6 * 1024), "--hard-limit", str(10 * 1024)],
+    ]  # fmt: skip
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} {10 * GIB}\n"
+    assert (host.container() / "dmem.min").read_text() == f"{REGION} {6 * GIB}\n"
+    # The driver's propagation (the fake's): every ancestor reserves the leaf's share too.
+    assert all((a / "dmem.min").read_text() == f"{REGION} {8 * GIB}\n" for a in ancestors)
+    assert "not using nvidia-smi" not in done.stderr
+    assert "where it stays after the container's cgroup is removed" in done.stderr
+
+
+def test_nvidia_smi_gets_whole_mib_rounded_down_and_soft_zero_when_none_asked(host: Host) -> None:
+    fake_nvidia_smi.install(host.bin, {GPU_UUID: REGION})
+    done = host.run("--gpu", GPU_UUID, "--max", str(10**10), REGION)  # 10G: 9536.74 MiB
+    assert done.returncode == 0, done.stderr
+    assert fake_nvidia_smi.calls(host.bin)[-1][-4:] == ["--soft-limit", "0", "--hard-limit", "9536"]
     assert done.stderr == ""
+
+
+def test_an_nvidia_smi_without_memory_limits_falls_back_to_the_files(host: Host) -> None:
+    """A driver before 615: nvidia-smi does not know the subcommand."""
+    host.bin.mkdir()
+    old = host.bin / "nvidia-smi"
+    old.write_text("#!/bin/sh\necho \"Option $1 is not recognized. Please run 'nvidia-smi -h'.\"\n"
+                   "exit 2\n")  # fmt: skip
+    old.chmod(0o755)
+    log = host.root / "dmem-hook.log"
+    done = host.run("--log", str(log), "--gpu", GPU_UUID, "--max", str(GIB), REGION)
+    assert done.returncode == 0, done.stderr
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} {GIB}\n"
+    assert "this nvidia-smi has no memory-limits subcommand" in done.stderr
+    assert "Option memory-limits is not recognized" in done.stderr
+    assert "writing dmem.max directly" in log.read_text()  # the fallback is logged
+
+
+def test_a_failing_nvidia_smi_falls_back_and_names_the_command(host: Host) -> None:
+    fake_nvidia_smi.install(host.bin, {"GPU-another": REGION})  # it does not know this GPU
+    done = host.run("--strict", "--gpu", GPU_UUID, "--max", str(GIB), REGION)
+    assert done.returncode == 0, done.stderr  # the fallback set the limit
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} {GIB}\n"
+    assert f"nvidia-smi memory-limits -i {GPU_UUID} -n {host.container()}" in done.stderr
+    assert f"failed: No GPU matches -i {GPU_UUID}" in done.stderr
+
+
+def test_a_direct_dmem_min_write_warns_where_an_ancestor_reserves_less(host: Host) -> None:
+    """The kernel honours a leaf's dmem.min only where every ancestor reserves as much."""
+    with_ancestors(host, {REGION: str(8 * GIB)})
+    (host.cgroup / "kubepods.slice" / "dmem.min").write_text(f"{REGION} {GIB}\n")
+    done = host.run("--strict", "--max", str(10 * GIB), "--min", str(6 * GIB), REGION)
+    assert done.returncode == 0, done.stderr  # a warning, not a failure
+    assert (host.container() / "dmem.min").read_text() == f"{REGION} {6 * GIB}\n"
+    assert (
+        f"warning: dmem.min of {REGION} is {6 * GIB} bytes on {CGROUP}, but its ancestor "
+        f"/kubepods.slice (dmem.min {GIB} bytes): the kernel honours" in done.stderr
+    )
+
+
+def test_a_direct_dmem_min_write_warns_at_a_gap_in_the_chain(host: Host) -> None:
+    done = host.run("--max", str(10 * GIB), "--min", str(6 * GIB), REGION)  # no ancestor files
+    assert done.returncode == 0, done.stderr
+    parent = CGROUP.rsplit("/", 1)[0]
+    assert f"but its ancestor {parent} (no dmem.min" in done.stderr
+
+
+def test_no_warning_where_every_ancestor_reserves_enough(host: Host) -> None:
+    with_ancestors(host, {REGION: str(8 * GIB)})
+    (host.cgroup / "kubepods.slice" / "dmem.min").write_text(f"{REGION} max\n")
+    done = host.run("--max", str(10 * GIB), "--min", str(6 * GIB), REGION)
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (["-i", "0", "memory-limits", "-n", "/x"], "Option memory-limits is not recognized"),
+        (
+            ["memory-limits", "-i", "0", "-n", "{cg}", "--soft-limit", "40G", "--hard-limit", "1"],
+            "--soft-limit must be a non-negative MebiByte value",
+        ),
+        (
+            ["memory-limits", "-i", "0", "-n", "{cg}", "--soft-limit=1", "--hard-limit", "1"],
+            "Option --soft-limit=1 is not recognized",
+        ),
+        (["memory-limits", "-i", "0", "-n", "{cg}", "--hard-limit", "1"], "--soft-limit"),
+        (
+            ["memory-limits", "-i", "0", "-n", "{root}", "--soft-limit", "0", "--hard-limit", "1"],
+            "Not Found",
+        ),  # a cgroup without dmem files
+        (
+            ["memory-limits", "-i", "7", "-n", "{cg}", "--soft-limit", "0", "--hard-limit", "1"],
+            "No GPU matches",
+        ),
+    ],
+    ids=["subcommand-not-first", "unit-suffix", "equals-form", "one-limit", "no-dmem", "gpu"],
+)
+def test_the_fake_nvidia_smi_refuses_undocumented_forms(
+    host: Host, argv: list[str], refusal: str
+) -> None:
+    launcher = fake_nvidia_smi.install(host.bin, {GPU_UUID: REGION})
+    filled = [a.format(cg=host.container(), root=host.cgroup) for a in argv]
+    done = subprocess.run([str(launcher), *filled], capture_output=True, text=True, check=False)
+    assert done.returncode != 0
+    assert refusal in done.stderr
+    ok = [str(launcher), "memory-limits", "--set", "--namespace", str(host.container()),
+          "--soft-limit", "0", "--hard-limit", "max", "-i", "0"]  # fmt: skip
+    assert subprocess.run(ok, capture_output=True, check=False).returncode == 0
+    assert (host.container() / "dmem.max").read_text() == f"{REGION} max\n"
 
 
 def test_runs_without_a_path_in_its_environment(host: Host) -> None:
@@ -270,14 +418,16 @@ def test_failures_go_to_the_log_file_which_stays_bounded(host: Host) -> None:
     assert done.returncode == 0
     assert (host.root / "hooks" / "dmem-hook.log.1").stat().st_size == 1024 * 1024 + 1
     lines = log.read_text().splitlines()
-    assert len(lines) == 2
-    assert "container abc: error: dmem region nvidia/0000:99:00.0/vidmem" in lines[0]
-    assert "starts without" in lines[1]
+    assert len(lines) == 3
+    assert "container abc: not using nvidia-smi memory-limits" in lines[0]  # the fallback
+    assert "container abc: error: dmem region nvidia/0000:99:00.0/vidmem" in lines[1]
+    assert "starts without" in lines[2]
 
 
 def test_success_writes_no_log(host: Host) -> None:
+    fake_nvidia_smi.install(host.bin, {GPU_UUID: REGION})
     log = host.root / "dmem-hook.log"
-    done = host.run("--log", str(log), "--max", "1", REGION)
+    done = host.run("--log", str(log), "--gpu", GPU_UUID, "--max", str(GIB), REGION)
     assert done.returncode == 0
     assert not log.exists()
 

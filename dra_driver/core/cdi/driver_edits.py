@@ -31,6 +31,7 @@ from dra_driver.base.errors import InventoryError
 from dra_driver.core.cdi.rules import cdi_spec_problems
 from dra_driver.core.cdi.spec import ContainerEdits, DeviceNode, Hook, Mount
 
+# docs/nvidia-interfaces.md: cdi-toolkit-spec
 TOOLKIT_KIND = "nvidia.com/gpu"
 """The kind of the toolkit's generated spec."""
 
@@ -43,6 +44,7 @@ needs the binary installed (e.g. copied out of our image by the DaemonSet) and
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 """Options of every driver file mount: read-only bind, as the toolkit mounts them."""
 
+# docs/nvidia-interfaces.md: cdi-control-nodes (gpu-unverified: from the toolkit's generated specs)
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 """Device nodes every CUDA container needs besides its GPU's node."""
 
@@ -189,6 +191,7 @@ def _node(raw: Mapping[str, Any]) -> DeviceNode:
 # --- our own discovery ---------------------------------------------------------------------
 
 
+# docs/nvidia-interfaces.md: cdi-driver-files (gpu-unverified: the toolkit's layout)
 def edits_from_driver_files(
     files: DriverFiles, hook_path: str | None = DEFAULT_HOOK_PATH
 ) -> ContainerEdits:
@@ -218,6 +221,7 @@ def edits_from_driver_files(
     return ContainerEdits(device_nodes=nodes, mounts=mounts, hooks=hooks)
 
 
+# docs/nvidia-interfaces.md: cdi-ldcache-hook (gpu-unverified: the toolkit's hook)
 def ldcache_hook(hook_path: str, library_paths: Sequence[str]) -> Hook:
     """The ``update-ldcache`` hook over the directories of ``library_paths``
     (container paths), each directory once, in first-seen order."""

@@ -42,6 +42,7 @@ from dra_driver.core.cdi.driver_edits import fake_device_node
 from dra_driver.core.cdi.spec import ContainerEdits, DeviceNode
 from dra_driver.core.model import GpuInfo, MigDevice
 
+# docs/nvidia-interfaces.md: cdi-gpu-node, cdi-control-nodes (gpu-unverified: the toolkit's specs)
 NVIDIA_MAJOR = 195
 """Character-device major of ``/dev/nvidia<N>`` and ``/dev/nvidiactl`` (fixed by the driver)."""
 NVIDIACTL_MINOR = 255
@@ -76,6 +77,7 @@ class CapNode:
         )
 
 
+# docs/nvidia-interfaces.md: cdi-mig-caps
 def mig_device_edits(
     parent: GpuInfo,
     mig: MigDevice,

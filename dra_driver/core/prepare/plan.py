@@ -89,11 +89,12 @@ class DmemHookSettings:
     Where the node's kernel has the ``dmem`` controller and the GPU's driver
     registers a region for it, each container of an MPS share gets a CDI
     ``createContainer`` hook (``dra_driver/dmemhook/dmem-hook.sh``, installed on
-    the host) that writes the share's memory limit into the container's
-    ``dmem.max`` (its cgroup does not exist at prepare time) and, when the
-    claim's config asks for one (``mps.memorySoftLimit``), its soft limit into
-    ``dmem.min``. The limits are per container: two containers of one pod that
-    use one claim may each use them. A GPU without regions gets no hook, and a
+    the host) that sets the share's memory limit as the container's hard limit
+    (``dmem.max``; its cgroup does not exist at prepare time) and, when the
+    claim's config asks for one (``mps.memorySoftLimit``), its soft limit
+    (``dmem.min``), through ``nvidia-smi memory-limits`` where the driver offers
+    it. The limits are per container: two containers of one pod that use one
+    claim may each use them. A GPU without regions gets no hook, and a
     soft limit asked for a share of it has no effect (silently: the field's
     documentation says so, and detection logs the node's dmem state once).
     """
@@ -521,26 +522,28 @@ def mps_memory_on(devices: Sequence[PlannedDevice], gpu_uuid: GpuUUID) -> int:
 
 def dmem_hook(
     settings: DmemHookSettings,
+    gpu_uuid: GpuUUID,
     regions: Sequence[str],
     memory_bytes: int,
     soft_memory_bytes: int | None = None,
 ) -> Hook:
-    """The ``createContainer`` hook that sets a container's dmem limits.
+    """The ``createContainer`` hook that sets a container's dmem limits on one GPU.
 
-    ``memory_bytes`` goes to ``dmem.max`` (hard); ``soft_memory_bytes``, when
-    given, to ``dmem.min``: NVML defines a cgroup's soft limit as the memory
-    "guaranteed before allocations may fail due to memory pressure"
-    (``nvmlSetMemoryLimits_v1_t``), which is ``dmem.min``'s protection (memory
-    below it is not evicted; above it, up to ``dmem.max``, it may be). The plan
-    passes the claim's ``mps.memorySoftLimit``; without one the arguments are
-    those of a hard limit alone.
+    ``memory_bytes`` is the hard limit (``dmem.max``); ``soft_memory_bytes``,
+    when given, the soft one (``dmem.min``): NVML defines a cgroup's soft limit
+    as the memory "guaranteed before allocations may fail due to memory
+    pressure" (``nvmlSetMemoryLimits_v1_t``). The hook sets both with
+    ``nvidia-smi memory-limits -i <gpu_uuid>`` where the node's driver offers
+    it, else by writing ``regions``' lines into the files (the script's header
+    says why). The plan passes the claim's ``mps.memorySoftLimit``; without
+    one the arguments are those of a hard limit alone.
     """
     args = ["dmem-hook.sh"]
     if settings.strict:
         args.append("--strict")
     if settings.log_path:
         args += ["--log", settings.log_path]
-    args += ["--max", str(memory_bytes)]
+    args += ["--gpu", gpu_uuid, "--max", str(memory_bytes)]
     if soft_memory_bytes is not None:
         args += ["--min", str(soft_memory_bytes)]
     return Hook(
@@ -588,6 +591,7 @@ def _with_dmem_hooks(
         # are its soft limits (one namespace, one dmem limit per container).
         hook = dmem_hook(
             dmem,
+            device.gpu_uuid,
             regions,
             mps_memory_on(planned, device.gpu_uuid),
             mps_soft_memory_on(planned, soft_limits, device.gpu_uuid),

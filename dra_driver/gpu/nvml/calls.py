@@ -100,6 +100,7 @@ class NvmlCalls:
             except tolerate:
                 return ABSENT
 
+    # docs/nvidia-interfaces.md: nvml-session
     def ensure_init(self) -> None:
         if not self.initialized:
             self.call("NVML", "nvmlInit")
@@ -111,6 +112,7 @@ class NvmlCalls:
             self.initialized = False
             self.call("NVML", "nvmlShutdown")
 
+    # docs/nvidia-interfaces.md: nvml-enumerate
     def handle(self, index: int) -> tuple[Any, GpuUUID, str]:
         """The device handle, UUID and log/error prefix of GPU ``index``."""
         handle = self.call(f"GPU {index}", "nvmlDeviceGetHandleByIndex", index)

@@ -51,6 +51,7 @@ def architecture_names(lib: Any) -> dict[Any, str]:
 def discover(nvml: NvmlCalls, arch_names: Mapping[Any, str]) -> Inventory:
     """The node's GPUs as NVML sees them now."""
     nvml.ensure_init()
+    # docs/nvidia-interfaces.md: nvml-versions, nvml-enumerate
     driver = text(nvml.call("NVML", "nvmlSystemGetDriverVersion"))
     cuda: Any = ABSENT
     if hasattr(nvml.lib, "nvmlSystemGetCudaDriverVersion_v2"):
@@ -65,6 +66,7 @@ def discover(nvml: NvmlCalls, arch_names: Mapping[Any, str]) -> Inventory:
     )
 
 
+# docs/nvidia-interfaces.md: nvml-gpu-facts, nvml-mig-mode
 def _gpu(
     nvml: NvmlCalls, arch_names: Mapping[Any, str], index: int, driver: str, cuda: str
 ) -> GpuInfo:
@@ -98,6 +100,7 @@ def _gpu(
     )
 
 
+# docs/nvidia-interfaces.md: nvml-mig-profiles
 def _profiles(nvml: NvmlCalls, where: str, handle: Any) -> tuple[MigProfile, ...]:
     lib = nvml.lib
     absent = (lib.NVMLError_NotSupported, lib.NVMLError_InvalidArgument)
@@ -134,6 +137,7 @@ def _profiles(nvml: NvmlCalls, where: str, handle: Any) -> tuple[MigProfile, ...
     return tuple(profiles)
 
 
+# docs/nvidia-interfaces.md: nvml-mig-placements
 def possible_placements(
     nvml: NvmlCalls, where: str, handle: Any, profile_id: int
 ) -> tuple[MigPlacement, ...]:
@@ -149,6 +153,7 @@ def possible_placements(
     return tuple(MigPlacement(int(p.start), int(p.size)) for p in array[: count.value])
 
 
+# docs/nvidia-interfaces.md: nvml-mig-devices
 def mig_devices(
     nvml: NvmlCalls, where: str, handle: Any, profiles: tuple[MigProfile, ...]
 ) -> tuple[MigDevice, ...]:

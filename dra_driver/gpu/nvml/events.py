@@ -46,6 +46,7 @@ MigKey = tuple[GpuUUID, int, int]
 """(GPU, GPU instance id, compute instance id) of a MIG device."""
 
 
+# docs/nvidia-interfaces.md: nvml-events
 class HealthEvents:
     """The event set, the event thread, and every consumer's stream of events.
 
@@ -209,6 +210,7 @@ class HealthEvents:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
 
+# docs/nvidia-interfaces.md: nvml-probe
 def probe_gpu(lib: Any, uuid: GpuUUID) -> str | None:
     """None when the GPU ``uuid`` answers a sensor read, else why not (NVML thread)."""
     unusable = (lib.NVMLError_LibraryNotFound, lib.NVMLError_DriverNotLoaded, OSError)

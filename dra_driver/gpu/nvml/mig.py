@@ -25,6 +25,7 @@ from dra_driver.gpu.nvml.calls import ABSENT, NvmlCalls, log, text
 from dra_driver.gpu.nvml.discovery import MIB, mig_devices, possible_placements
 
 
+# docs/nvidia-interfaces.md: nvml-mig-mode, nvml-mig-create, nvml-mig-find
 def create_mig(
     nvml: NvmlCalls, gpu_uuid: GpuUUID, profile_id: int, placement: MigPlacement
 ) -> MigDevice:
@@ -70,6 +71,7 @@ def create_mig(
     )
 
 
+# docs/nvidia-interfaces.md: nvml-mig-destroy
 def destroy_mig(nvml: NvmlCalls, gpu_uuid: GpuUUID, gi_id: int) -> bool:
     """Destroy GPU instance ``gi_id`` and its compute instances; False if it did not exist."""
     lib = nvml.lib
@@ -230,6 +232,7 @@ def _undo_gpu_instance(nvml: NvmlCalls, where: str, gi: Any, gi_id: int) -> None
         log.warning("%s: GPU instance %d is left behind: %s", where, gi_id, err)
 
 
+# docs/nvidia-interfaces.md: nvml-mig-devices
 def _mig_device_of(
     nvml: NvmlCalls, where: str, handle: Any, gi_id: int, ci_id: int
 ) -> tuple[MigUUID, int]:

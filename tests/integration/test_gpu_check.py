@@ -1,0 +1,152 @@
+"""``dra-driver gpu-check`` end to end on the fakes: the fake NVML under the real
+NVML backend, the packaged fake ``nvidia-cuda-mps-control`` as a real process,
+and a fake CUDA client (``tests/support/fake_cuda_client.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import sys
+
+import pytest
+
+from dra_driver.app.gpu_check import (
+    CheckConfig,
+    Outcome,
+    Ran,
+    Transcript,
+    judge_client,
+    pick_mig,
+    run_check,
+    run_command,
+)
+from dra_driver.fakes.mps_control import fake_control_path
+from dra_driver.gpu.nvml import NvmlGpuBackend
+from tests.support import fake_cuda_client
+from tests.support.fake_pynvml import FakeNvml, default_gpus
+
+GIB = 1 << 30
+
+
+def config(tmp_path: pathlib.Path, client: str = fake_cuda_client.__file__) -> CheckConfig:
+    env = {**os.environ, "PYTHON": sys.executable, "FAKE_MPS_CONTROL": fake_control_path()}
+    return CheckConfig(
+        control=fake_control_path(),
+        client=(sys.executable, client),
+        memory_limit_bytes=GIB,
+        step_timeout_s=20,
+        work_dir=str(tmp_path),
+        cgroup_root=str(tmp_path / "no-cgroup"),
+        base_env=env,
+    )
+
+
+def checked(nvml: FakeNvml, cfg: CheckConfig) -> Transcript:
+    async def go() -> Transcript:
+        backend = NvmlGpuBackend(nvml, poll_ms=50)
+        try:
+            return await run_check(backend, cfg, Transcript(emit=lambda _line: None))
+        finally:
+            await backend.close()
+
+    return asyncio.run(go())
+
+
+def test_the_check_on_an_mps_v3_driver(tmp_path: pathlib.Path) -> None:
+    nvml = FakeNvml(driver_version="615.71.09")
+    transcript = checked(nvml, config(tmp_path))
+    text = "\n".join(transcript.lines)
+    assert transcript.outcomes == {
+        "discover": Outcome.PASS,
+        "mig": Outcome.PASS,
+        "mps": Outcome.PASS,
+        "client": Outcome.PASS,
+        "dmem": Outcome.SKIP,
+    }, text
+    assert not transcript.failed
+    # Each command is in the transcript as it was run, with its output.
+    control = fake_control_path()
+    for shown in (
+        f"$ {control} -f -p 3 -m",
+        f"$ {control} server create shares",
+        f"$ {control} namespace create s_gpucheck --server=shares",
+        f"$ {control} namespace set s_gpucheck --server=shares --pinned-memory-limit=1024M "
+        "--active-thread-percentage=50",
+        f"$ {control} -q",
+    ):
+        assert shown in text
+    assert "protocol v3 (driver 615.71.09)" in text
+    assert "CUDA_MPS_PIPE_DIRECTORY=" in text and "/pipe/shares/s_gpucheck" in text
+    # MIG: the smallest profile at the first placement the existing 3g.40gb leaves free.
+    assert "GPU-instance profile 19 (1g.10gb) at placement 4+1" in text
+    assert "-- mig: PASS: created, listed, destroyed, gone" in text
+    assert "-- dmem: SKIP" in text
+    # Nothing is left behind: the MIG device is gone, the daemon's directory too.
+    assert len(nvml.gpus[0].mig_devices) == len(default_gpus()[0].mig_devices)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_check_on_a_legacy_driver(tmp_path: pathlib.Path) -> None:
+    transcript = checked(FakeNvml(driver_version="580.65.06"), config(tmp_path))
+    text = "\n".join(transcript.lines)
+    assert transcript.outcomes["mps"] is Outcome.PASS, text
+    assert transcript.outcomes["client"] is Outcome.PASS, text
+    assert "protocol legacy" in text
+    assert "echo 'set_default_device_pinned_mem_limit" in text
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-" in text
+
+
+def test_a_client_that_is_not_limited_fails_the_check(tmp_path: pathlib.Path) -> None:
+    """A client that can allocate past the limit (no MPS reached it): FAIL, not PASS."""
+    unlimited = tmp_path / "unlimited.py"
+    unlimited.write_text(
+        "import json\nprint(json.dumps({'set_device': 0, 'below': 0, 'above': 0}))\n"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    transcript = checked(FakeNvml(driver_version="615.71.09"), config(work, str(unlimited)))
+    assert transcript.outcomes["client"] is Outcome.FAIL
+    assert transcript.failed
+    assert "allocating above the 1073741824-byte limit worked" in "\n".join(transcript.lines)
+    assert list(work.iterdir()) == []  # the daemon is stopped and cleaned up all the same
+
+
+def test_a_missing_control_binary_fails_the_mps_step(tmp_path: pathlib.Path) -> None:
+    cfg = CheckConfig(**{**config(tmp_path).__dict__, "control": str(tmp_path / "none")})
+    transcript = checked(FakeNvml(driver_version="615.71.09"), cfg)
+    assert transcript.outcomes["mps"] is Outcome.FAIL
+    assert transcript.outcomes["client"] is Outcome.SKIP
+
+
+def test_no_mig_mode_skips_the_mig_step_without_toggling(tmp_path: pathlib.Path) -> None:
+    gpus = [g for g in default_gpus() if g.mig_mode != (1, 1)]
+    transcript = checked(FakeNvml(gpus, driver_version="615.71.09"), config(tmp_path))
+    assert transcript.outcomes["mig"] is Outcome.SKIP
+    assert "-- mig: SKIP: no GPU is in MIG mode (the check never toggles MIG mode)" in (
+        transcript.lines
+    )
+    assert pick_mig([]) == "no GPU is in MIG mode (the check never toggles MIG mode)"
+
+
+@pytest.mark.parametrize(
+    ("stdout", "outcome", "words"),
+    [
+        ('{"set_device": 0, "below": 0, "above": 2, "sms": 66}', Outcome.PASS, "SMs 66"),
+        ('{"set_device": 0, "below": 0, "above": 0}', Outcome.FAIL, "above"),
+        ('{"set_device": 0, "below": 2, "above": 2}', Outcome.FAIL, "below"),
+        ('{"set_device": 0, "below": 0, "above": 999}', Outcome.FAIL, "not cudaError"),
+        ('{"set_device": 100}', Outcome.FAIL, "cudaSetDevice(0) returned 100"),
+        ('{"error": "no libcudart"}', Outcome.FAIL, "no libcudart"),
+        ("", Outcome.FAIL, "printed no result"),
+    ],
+)
+def test_judging_the_client(stdout: str, outcome: Outcome, words: str) -> None:
+    got, why = judge_client(stdout, GIB)
+    assert got is outcome
+    assert words in why
+
+
+def test_a_command_past_its_timeout_is_reported() -> None:
+    ran = run_command(["sleep", "5"], dict(os.environ), None, 0.2)
+    assert ran == Ran(("sleep", "5"), 124, "", "timed out after 0.2 s")
