@@ -1,5 +1,14 @@
 """One claim's backtracking search over one node's candidate devices.
 
+Where a share goes: a request that names an amount (``capacity.requests``, or the
+claim's ``GpuShare`` config where the API dropped those) is placed only on a
+shareable device (``allowMultipleAllocations``, or its policy attributes before
+1.36): an MPS or time-sliced GPU, an MPS-shared MIG instance. Never on an exclusive
+GPU or a MIG partition, whatever their size: the controller serves the class of
+shares, a whole device would hold far more than asked, and best fit would prefer it
+(nothing is left free on it). The kube-scheduler's own rule differs (README, "Where a
+share goes"): there an amount is a selector against a dedicated device's capacity.
+
 What a request asks (:func:`requested_capacity`; :func:`requested_size` for a whole claim),
 whether a device can take a request next to the picks made so far (:func:`place`:
 exclusivity, capacity, counters; :func:`constraints_ok`: ``matchAttribute``,
@@ -182,7 +191,11 @@ def place(search: Search, request: ExactRequest, device: Device) -> Pick | None:
     if not admin and (use.exclusive or any(not p.share for p in pending)):
         return None
     if not shareable:
-        if not admin and (use.in_use or pending or request.capacity_requests):
+        # A share (an amount asked by capacity.requests or, where the API dropped
+        # those, by the claim's GpuShare) goes only to a shareable device: never to an
+        # exclusive GPU or a MIG partition, however large (README "Where a share goes").
+        asked = requested_capacity(request, search.claim, device.driver)
+        if not admin and (use.in_use or pending or asked):
             return None
         consumed: dict[str, Fraction] = {}
     else:

@@ -71,6 +71,7 @@ from dra_driver.mpsagent.commands import (
     v3_namespace_set,
     v3_server_create,
 )
+from dra_driver.mpsagent.layout import UNIX_PATH_MAX
 from dra_driver.mpsagent.protocol import MpsProtocol
 
 GIB = 1 << 30
@@ -426,6 +427,18 @@ def _mps_steps(
     transcript.step("mps")
     protocol = choose_protocol(config.protocol, gpu.driver_version)
     limits = ShareLimits(CHECK_SHARE_ID, config.memory_limit_bytes, config.active_thread_percentage)
+    deepest = os.path.join(
+        config.work_dir, "fgd-check-XXXXXXXX", "pipe", "shares", limits.namespace, "control"
+    )
+    if len(deepest.encode()) > UNIX_PATH_MAX:
+        transcript.outcome(
+            "mps",
+            Outcome.FAIL,
+            f"--work-dir {config.work_dir!r} is too long: the MPS server would bind {deepest!r} "
+            f"({len(deepest.encode())} bytes; a unix socket path has at most {UNIX_PATH_MAX}); "
+            "pass a shorter --work-dir",
+        )
+        return
     base = tempfile.mkdtemp(prefix="fgd-check-", dir=config.work_dir)
     pipe, logs = os.path.join(base, "pipe"), os.path.join(base, "log")
     os.makedirs(pipe)

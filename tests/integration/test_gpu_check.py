@@ -5,13 +5,18 @@ and a fake CUDA client (``tests/support/fake_cuda_client.py``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 
 from dra_driver.app.gpu_check import (
+    CHECK_SHARE_ID,
     CheckConfig,
     Outcome,
     Ran,
@@ -23,10 +28,21 @@ from dra_driver.app.gpu_check import (
 )
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.gpu.nvml import NvmlGpuBackend
+from dra_driver.mpsagent.layout import namespace_name
 from tests.support import fake_cuda_client
 from tests.support.fake_pynvml import FakeNvml, default_gpus
 
 GIB = 1 << 30
+NAMESPACE = namespace_name(CHECK_SHARE_ID)
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[pathlib.Path]:
+    """A short directory in place of pytest's: the fake MPS daemon binds real unix
+    sockets there, as the real one does, and pytest's path is too long for them."""
+    root = tempfile.mkdtemp(prefix="gc-", dir="/tmp")
+    yield pathlib.Path(root)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def config(tmp_path: pathlib.Path, client: str = fake_cuda_client.__file__) -> CheckConfig:
@@ -70,14 +86,14 @@ def test_the_check_on_an_mps_v3_driver(tmp_path: pathlib.Path) -> None:
     for shown in (
         f"$ {control} -f -p 3 -m",
         f"$ {control} server create shares",
-        f"$ {control} namespace create s_gpucheck --server=shares",
-        f"$ {control} namespace set s_gpucheck --server=shares --pinned-memory-limit=1024M "
+        f"$ {control} namespace create {NAMESPACE} --server=shares",
+        f"$ {control} namespace set {NAMESPACE} --server=shares --pinned-memory-limit=1024M "
         "--active-thread-percentage=50",
         f"$ {control} -q",
     ):
         assert shown in text
     assert "protocol v3 (driver 615.71.09)" in text
-    assert "CUDA_MPS_PIPE_DIRECTORY=" in text and "/pipe/shares/s_gpucheck" in text
+    assert "CUDA_MPS_PIPE_DIRECTORY=" in text and f"/pipe/shares/{NAMESPACE}" in text
     # MIG: the smallest profile at the first placement the existing 3g.40gb leaves free.
     assert "GPU-instance profile 19 (1g.10gb) at placement 4+1" in text
     assert "-- mig: PASS: created, listed, destroyed, gone" in text
@@ -150,3 +166,17 @@ def test_judging_the_client(stdout: str, outcome: Outcome, words: str) -> None:
 def test_a_command_past_its_timeout_is_reported() -> None:
     ran = run_command(["sleep", "5"], dict(os.environ), None, 0.2)
     assert ran == Ran(("sleep", "5"), 124, "", "timed out after 0.2 s")
+
+
+def test_a_work_dir_too_long_for_the_mps_sockets_fails_the_step_and_says_why(
+    tmp_path: pathlib.Path,
+) -> None:
+    long_dir = tmp_path / ("d" * 60)
+    long_dir.mkdir()
+    cfg = config(tmp_path)
+    cfg = dataclasses.replace(cfg, work_dir=str(long_dir))
+    transcript = checked(FakeNvml(driver_version="615.71.09"), cfg)
+    assert transcript.outcomes["mps"] is Outcome.FAIL
+    text = "\n".join(transcript.lines)
+    assert "is too long" in text and "pass a shorter --work-dir" in text
+    assert list(long_dir.iterdir()) == []  # nothing made
