@@ -5,12 +5,13 @@
 # Every setting has a default that a variable in the environment overrides.
 # Environment:
 #   K8S_VERSION           Kubernetes minor release of the cluster: 1.34 (controller
-#                         path; consumable capacity is off) or 1.36 (native path)
-#                         (default: 1.36)
+#                         path; consumable capacity is off), 1.36 (native path) or
+#                         1.37 (native path, the current release) (default: 1.36)
 #   KIND_CLUSTER_NAME     kind cluster name (default: fractional-gpu-dra-<K8S_VERSION with ->)
-#   KIND_NODE_IMAGE       node image (default per K8S_VERSION: kindest/node:v1.34.11 or
-#                         kindest/node:v1.36.4, the images of kind v0.33.0; pin a digest
-#                         here from kind's release notes for reproducible runs)
+#   KIND_NODE_IMAGE       node image (default per K8S_VERSION: kindest/node:v1.34.11,
+#                         kindest/node:v1.36.4 or kindest/node:v1.37.0, the images of kind
+#                         v0.33.0; pin a digest here from kind's release notes for
+#                         reproducible runs)
 #   KIND_CLUSTER_CONFIG   kind Cluster config (default: hack/kind/cluster-<K8S_VERSION>.yaml)
 #   KIND_KUBECONFIG       kubeconfig the scripts write and use; never your own
 #                         KUBECONFIG, so nothing lands on another cluster by accident
@@ -52,8 +53,10 @@ source "${KIND_DIR}/../common.sh"
 case "${K8S_VERSION}" in
   1.34) _default_node_image="kindest/node:v1.34.11" ;;
   1.36) _default_node_image="kindest/node:v1.36.4" ;;
+  # kind v0.33.0's own default image (its release notes pin this digest).
+  1.37) _default_node_image="kindest/node:v1.37.0@sha256:a1ed56cfb0e7b93589bdf97c8cd566405a265939e3620fc4f5de89adff580ae5" ;;
   *)
-    echo "hack/kind: K8S_VERSION=${K8S_VERSION} has no cluster config; use 1.34 or 1.36" >&2
+    echo "hack/kind: K8S_VERSION=${K8S_VERSION} has no cluster config; use 1.34, 1.36 or 1.37" >&2
     return 1
     ;;
 esac

@@ -12,6 +12,7 @@ spec is there while it runs and gone after the kubelet unprepared it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ from tests.support.e2e_device_plugin_pod import (
     require_extended_class,
     require_whole_gpu,
 )
+from tests.support.e2e_identities import chart_identities
 from tests.support.e2e_local_modes import (
     CHART,
     LocalDriver,
@@ -101,6 +103,7 @@ def whole_gpu_driver(cluster: Cluster) -> Iterator[LocalDriver]:
         log_dir=os.path.join(work, "logs"),
     )
     created: list[str] = []
+    stack = contextlib.ExitStack()
     try:
         for obj in _classes(cluster.driver):
             try:
@@ -111,7 +114,9 @@ def whole_gpu_driver(cluster: Cluster) -> Iterator[LocalDriver]:
             else:
                 created.append(obj["metadata"]["name"])
         extra = ["--extended-resource-names", RESOURCE]
-        driver.start(kubeconfig, os.path.join(work, "mps"), extra)
+        # The plugin as its ServiceAccount, under the chart's RBAC and policies.
+        identities = chart_identities(cluster, node, kubeconfig, work, guard=False)
+        driver.start(stack.enter_context(identities).plugin, os.path.join(work, "mps"), extra)
         driver.wait_registration_socket()
         driver.wait_slices(cluster)
         yield driver
@@ -120,6 +125,7 @@ def whole_gpu_driver(cluster: Cluster) -> Iterator[LocalDriver]:
         delete_node_slices(cluster, node)
         for name in created:
             delete_quietly(cluster, "resource.k8s.io/v1", "DeviceClass", name)
+        stack.close()
         if made_plugin_dir:
             shutil.rmtree(plugin_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)

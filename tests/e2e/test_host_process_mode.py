@@ -18,6 +18,7 @@ chart's plugin must not serve this node at the same time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import POLL_S, Cluster, Example
+from tests.support.e2e_identities import E2E_NAMESPACE, chart_identities
 from tests.support.e2e_local_modes import (
     GPU_NODE,
     MPS_ENV,
@@ -110,6 +112,7 @@ def host_driver(cluster: Cluster) -> Iterator[LocalDriver]:
             f" ({registry}/{cluster.driver}-reg.sock answers): uninstall the chart first"
         )
     made_plugin_dir = not os.path.exists(plugin_dir)
+    stack = contextlib.ExitStack()
     work = tempfile.mkdtemp(prefix="fgd-e2e-host-")
     mps_state = os.environ.get("E2E_MPS_STATE_DIR") or os.path.join(work, "mps")
     os.makedirs(os.path.join(work, "logs"))
@@ -124,10 +127,20 @@ def host_driver(cluster: Cluster) -> Iterator[LocalDriver]:
     classes: list[str] = []
     try:
         classes = ensure_device_classes(cluster)
+        # Each process as its own ServiceAccount, under the RBAC and admission policies
+        # the chart installs for it (the plugin's token bound to its node).
+        identities = chart_identities(cluster, node, kubeconfig, work, guard=True)
+        kubeconfigs = stack.enter_context(identities)
         # The guard for claims that ask for it (only the disruption-guard example does),
         # with a short pass so a slow first prepare is caught up quickly.
         guard = ["--disruption-guard", "annotated", "--disruption-guard-interval", "5"]
-        driver.start(kubeconfig, mps_state, guard, controller=True)
+        driver.start(
+            kubeconfigs.plugin,
+            mps_state,
+            guard,
+            controller_kubeconfig=kubeconfigs.controller,
+            lease_namespace=E2E_NAMESPACE,
+        )
         driver.wait_registration_socket()
         driver.wait_slices(cluster)
         yield driver
@@ -136,6 +149,7 @@ def host_driver(cluster: Cluster) -> Iterator[LocalDriver]:
         delete_node_slices(cluster, node)
         for class_name in classes:
             delete_quietly(cluster, "resource.k8s.io/v1", "DeviceClass", class_name)
+        stack.close()
         if made_plugin_dir:
             shutil.rmtree(plugin_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)

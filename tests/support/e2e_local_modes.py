@@ -16,7 +16,8 @@ on the node under test; ``E2E_IMAGE`` replaces the pods' images and sets
 ``imagePullPolicy: Never`` (clusters without a registry).
 
 Environment (besides ``tests/e2e/conftest.py``'s): ``E2E_MODE``; ``E2E_NODE_NAME``;
-``E2E_FAKE_GPUS`` (the plugin's fake GPUs, default ``h100-80gb:2``);
+``E2E_FAKE_GPUS`` (the plugin's fake GPUs, default the kind install's,
+``h100-80gb:3,h100-80gb:1:mig``);
 ``E2E_IMAGE``; ``E2E_KUBELET_ROOT`` and ``E2E_CDI_ROOT`` (host-process mode).
 """
 
@@ -68,8 +69,13 @@ def selected_mode() -> str:
     return os.environ.get("E2E_MODE") or DEFAULT_MODE
 
 
+KIND_FAKE_GPUS = "h100-80gb:3,h100-80gb:1:mig"
+"""What ``hack/kind/install-driver.sh`` gives every node (hack/kind/common.sh FAKE_GPUS):
+the local modes default to the same GPUs, a MIG-enabled one included."""
+
+
 def fake_gpus() -> str:
-    return os.environ.get("E2E_FAKE_GPUS") or "h100-80gb:2"
+    return os.environ.get("E2E_FAKE_GPUS") or KIND_FAKE_GPUS
 
 
 # --- the examples as the local modes apply them -----------------------------------------
@@ -431,11 +437,14 @@ class LocalDriver:
         mps_state_dir: str,
         extra: Sequence[str] = (),
         *,
-        controller: bool = False,
+        controller_kubeconfig: str | None = None,
+        lease_namespace: str = "default",
     ) -> None:
-        """The mps-agent and the plugin; with ``controller`` also our controller, and the
-        plugin publishes its GPUs for it (``--allocator controller``: the scheduler may
-        still allocate them, so the native examples run beside the controller's)."""
+        """The mps-agent and the plugin (``kubeconfig``: its identity); with
+        ``controller_kubeconfig`` also our controller, as that identity, and the plugin
+        publishes its GPUs for it (``--allocator controller``: the scheduler may still
+        allocate them, so the native examples run beside the controller's)."""
+        controller = controller_kubeconfig is not None
         common = ["--driver-name", self.driver, "--plugin-dir", self.plugin_dir]
         if controller:
             extra = ["--allocator", "controller", *extra]
@@ -454,8 +463,9 @@ class LocalDriver:
         if controller:
             self._start(
                 "controller",
-                ["controller", "--driver-name", self.driver, "--kubeconfig", kubeconfig,
-                 "--lease-namespace", "default", "--lease-name", "fgd-e2e-controller"],
+                ["controller", "--driver-name", self.driver,
+                 "--kubeconfig", controller_kubeconfig or kubeconfig,
+                 "--lease-namespace", lease_namespace, "--lease-name", "fgd-e2e-controller"],
             )  # fmt: skip
 
     def stop(self) -> None:
