@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.chart import helm_binary
 from tests.support.cluster import Cluster
 from tests.support.e2e_device_plugin_pod import (
     EXAMPLE,
@@ -41,7 +42,6 @@ from tests.support.e2e_local_modes import (
     applied,
     delete_node_slices,
     delete_quietly,
-    helm,
     require_cluster_kubeconfig,
     spec_path,
 )
@@ -68,7 +68,7 @@ def _node(cluster: Cluster) -> str:
 
 
 def _classes(driver: str) -> list[Obj]:
-    binary = helm()
+    binary = helm_binary()
     if binary is None:
         pytest.skip("the DeviceClasses come from the chart: helm not found (hack/install-helm.sh)")
     done = subprocess.run(

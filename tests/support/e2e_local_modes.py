@@ -30,7 +30,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +43,7 @@ import yaml
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
+from tests.support.chart import helm_binary
 from tests.support.cluster import (
     POLL_S,
     Cluster,
@@ -528,16 +528,9 @@ class LocalDriver:
 # --- cluster-scoped objects the local modes need ----------------------------------------
 
 
-def helm() -> str | None:
-    local = ROOT / "hack" / "bin" / "helm"
-    if local.is_file() and os.access(local, os.X_OK):
-        return str(local)
-    return shutil.which("helm")
-
-
 def chart_device_classes(driver: str) -> list[Obj]:
     """The chart's DeviceClasses for ``driver`` (skips when no helm is found)."""
-    binary = helm()
+    binary = helm_binary()
     if binary is None:
         pytest.skip(
             "the local modes take the DeviceClasses from the chart: helm not found on PATH"

@@ -13,7 +13,6 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import yaml
 
 from dra_driver.cli import build_parser, env_name
 from dra_driver.mpsagent.layout import MAX_STATE_DIR_BYTES, check_state_dir
+from tests.support.chart import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "fractional-gpu-dra"
@@ -49,14 +49,7 @@ own cgroup namespace and lacks the root's dmem.capacity."""
 METRICS_PORTS = {"kubelet-plugin": 9401, "mps-agent": 9402, "controller": 9403}
 
 
-def _helm() -> str | None:
-    local = ROOT / "hack" / "bin" / "helm"
-    if local.is_file() and os.access(local, os.X_OK):
-        return str(local)
-    return shutil.which("helm")
-
-
-HELM = _helm()
+HELM = helm_binary()
 pytestmark = pytest.mark.skipif(
     HELM is None, reason="helm not found on PATH or in hack/bin/: run hack/install-helm.sh"
 )

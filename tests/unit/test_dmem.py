@@ -454,16 +454,21 @@ class _Agent:
         return AgentStatus(version=1, protocol="v3", daemons=())
 
 
-def test_the_engine_keeps_the_hook_beside_the_shares_mounts() -> None:
-    rc = claim(share("gpu-0", memory="4Gi", request="a"), share("gpu-0", memory="2Gi", request="b"))
-    plan = plan_prepare(rc, GPUS, ctx(dmem_on(GPU0.uuid)))
-    agent = _Agent()
-    enforcer = Enforcer(
+def _enforcer(agent: _Agent) -> Enforcer:
+    """The engine's enforcer on two fake H100s, with ``agent`` for its MPS calls."""
+    return Enforcer(
         backend=FakeGpuBackend("h100-80gb:2", NODE),
         inventory=lambda: GPUS,
         mig_caps=None,
         mps=agent,
     )
+
+
+def test_the_engine_keeps_the_hook_beside_the_shares_mounts() -> None:
+    rc = claim(share("gpu-0", memory="4Gi", request="a"), share("gpu-0", memory="2Gi", request="b"))
+    plan = plan_prepare(rc, GPUS, ctx(dmem_on(GPU0.uuid)))
+    agent = _Agent()
+    enforcer = _enforcer(agent)
     _, spec = asyncio.run(enforcer.apply(rc.ref, plan.devices, plan.cdi_spec))
     assert agent.asked == [6 * GIB]  # the namespace holds what the hook limits to
     for device in spec.devices:
@@ -480,12 +485,7 @@ def test_a_claim_with_mps_shares_of_two_gpus_is_refused_before_any_side_effect()
     rc = claim(share("gpu-0", memory="4Gi", request="a"), share("gpu-1", memory="2Gi", request="b"))
     plan = plan_prepare(rc, GPUS, ctx(None))
     agent = _Agent()
-    enforcer = Enforcer(
-        backend=FakeGpuBackend("h100-80gb:2", NODE),
-        inventory=lambda: GPUS,
-        mig_caps=None,
-        mps=agent,
-    )
+    enforcer = _enforcer(agent)
     with pytest.raises(AllocationError) as err:
         asyncio.run(enforcer.apply(rc.ref, plan.devices, plan.cdi_spec))
     message = str(err.value)

@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import subprocess
 from fractions import Fraction
 from pathlib import Path
@@ -37,6 +35,7 @@ from dra_driver.fakes.extended_resources import (
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.fakes.objects import resource_claim, share
 from dra_driver.k8s.convert import claim_from_dict
+from tests.support.chart import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "fractional-gpu-dra"
@@ -157,16 +156,9 @@ def test_implicit_and_explicit_names_of_a_class() -> None:
 # --- the chart's classes against the slices we publish -------------------------------
 
 
-def _helm() -> str | None:
-    local = ROOT / "hack" / "bin" / "helm"
-    if local.is_file() and os.access(local, os.X_OK):
-        return str(local)
-    return shutil.which("helm")
-
-
 @functools.cache
 def chart_classes() -> dict[str, dict[str, Any]]:
-    helm = _helm()
+    helm = helm_binary()
     if helm is None:
         pytest.skip("helm not found on PATH or in hack/bin/: run hack/install-helm.sh")
     done = subprocess.run(
