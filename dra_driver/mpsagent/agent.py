@@ -144,14 +144,15 @@ class MpsAgent:
             log.error("ignoring unreadable MPS agent state %s: %s", self.state_path, err)
             return
         for share in shares:
-            if share.protocol != self.protocol:
+            protocol = cmd.daemon_protocol(self.protocol, share.gpu_uuid)
+            if share.protocol != protocol:
                 log.warning(
-                    "share %s on GPU %s was made under %s MPS; the agent now runs %s and "
+                    "share %s on GPU %s was made under %s MPS; the agent now runs %s there and "
                     "re-creates it so (its running containers keep the old mounts)",
                     share.share_id,
                     share.gpu_uuid,
                     share.protocol,
-                    self.protocol,
+                    protocol,
                 )
                 share = self._share_info(  # noqa: PLW2901 (the converted record)
                     share.gpu_uuid,
@@ -187,7 +188,9 @@ class MpsAgent:
         uid: int | None,
     ) -> ShareInfo:
         daemon_dirs = self._daemon(gpu_uuid).dirs
-        namespace = cmd.namespace_name(share_id) if self.protocol == "v3" else None
+        # A MIG instance's daemon is legacy whatever the agent runs (cmd.daemon_protocol).
+        protocol = cmd.daemon_protocol(self.protocol, gpu_uuid)
+        namespace = cmd.namespace_name(share_id) if protocol == "v3" else None
         pipe = (
             cmd.v3_namespace_dir(daemon_dirs.pipe, namespace)
             if namespace is not None
@@ -200,7 +203,7 @@ class MpsAgent:
             memory_limit_bytes=memory_limit_bytes,
             active_thread_percentage=pct,
             uid=uid,
-            protocol=self.protocol,
+            protocol=protocol,
             namespace=namespace,
             pipe_dir=pipe,
             shm_dir=daemon_dirs.shm,
@@ -344,14 +347,16 @@ class MpsAgent:
                     f"{existing.claim_uid}, not {req.claim_uid}",
                 )
             others = [s for s in self._gpu_shares(req.gpu_uuid) if s.share_id != req.share_id]
-            if self.protocol == "legacy" and req.uid is not None:
+            legacy = cmd.daemon_protocol(self.protocol, req.gpu_uuid) == "legacy"
+            if legacy and req.uid is not None:
                 uids = sorted({s.uid for s in others if s.uid is not None and s.uid != req.uid})
                 if uids:
                     raise AgentRequestError(
                         "conflict",
                         f"legacy MPS serves one UID at a time: GPU {req.gpu_uuid} already "
                         f"serves UID {uids[0]}, this share asks for UID {req.uid}; run the "
-                        "pods sharing a GPU as the same user, or use MPS v3 (driver 615+)",
+                        "pods sharing a GPU as the same user, or use MPS v3 on a whole GPU (driver "
+                        "615+; a MIG instance's daemon is always legacy)",
                     )
             info = self._share_info(
                 req.gpu_uuid,
@@ -503,7 +508,9 @@ class MpsAgent:
             self._on_connection, path=path, limit=wire.MAX_LINE_BYTES + 1
         )
         os.chmod(path, 0o660)
-        log.info("mps-agent serving %s (MPS %s)", path, self.protocol)
+        log.info(
+            "mps-agent serving %s (MPS %s; a MIG instance's daemon: legacy)", path, self.protocol
+        )
 
 
 def _answers(path: str) -> bool:
