@@ -157,15 +157,6 @@ def memory_limit_value(limit_bytes: int) -> str:
     return f"{mib}M"
 
 
-def parse_memory_limit(text: str) -> int:
-    """``512M``/``4G``/``1024K``/plain bytes -> bytes (what list/get print)."""
-    match = re.match(r"^\s*(\d+)\s*([KMGT]?)i?B?\s*$", text, re.IGNORECASE)
-    if not match:
-        raise ValueError(f"not a memory limit: {text!r}")
-    unit = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    return int(match.group(1)) * unit[match.group(2).upper()]
-
-
 # -- the daemon -----------------------------------------------------------------------
 
 
@@ -259,37 +250,6 @@ def v3_namespace_list(server: str = SERVER_NAME) -> ControlCall:
 
 def v3_server_list() -> ControlCall:
     return ControlCall(args=("server", "list", "--format=csv,noheader"))
-
-
-@dataclass(frozen=True)
-class NamespaceRow:
-    name: str
-    server: str
-    pinned_memory_limit: int | None
-    active_thread_percentage: int | None
-
-
-def parse_v3_namespace_list(stdout: str) -> list[NamespaceRow]:
-    """``namespace list --format=csv,noheader``.
-
-    Columns (docs:mpsv3-interface): name, server, server-status,
-    pinned-memory-limit, active-thread-percentage, client-priority,
-    pipe-directory. Unset limits may print as ``-``. gpu-unverified.
-    """
-    rows = []
-    for line in stdout.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 5 or not cells[0]:
-            continue
-        mem = None if cells[3] in ("", "-") else parse_memory_limit(cells[3])
-        pct = None if cells[4] in ("", "-") else int(cells[4])
-        rows.append(NamespaceRow(cells[0], cells[1], mem, pct))
-    return rows
-
-
-def parse_v3_server_names(stdout: str) -> list[str]:
-    """``server list --format=csv,noheader``: the first column is the name."""
-    return [line.split(",")[0].strip() for line in stdout.splitlines() if line.strip()]
 
 
 def render_v3_apply(limits: ShareLimits, namespace_exists: bool) -> list[ControlCall]:

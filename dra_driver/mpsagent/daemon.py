@@ -57,6 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent import listing
 from dra_driver.mpsagent.channel import ChannelError, ControlChannel
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits, UidWait
 from dra_driver.mpsagent.compute_mode import ComputeMode, ComputeModeError, Mode, parse_mode
@@ -511,12 +512,19 @@ class MpsDaemon:
         """Learn which server and namespaces the daemon holds (v3)."""
         if self.protocol != "v3":
             return
-        servers = cmd.parse_v3_server_names(await self.run(cmd.v3_server_list()))
-        self._server_exists = cmd.SERVER_NAME in servers
+        servers = listing.parse_v3_server_names(await self.run(cmd.v3_server_list()))
+        self._log_problems(servers.problems)
+        self._server_exists = cmd.SERVER_NAME in servers.names
         self._namespaces = set()
         if self._server_exists:
-            rows = cmd.parse_v3_namespace_list(await self.run(cmd.v3_namespace_list()))
-            self._namespaces = {r.name for r in rows if r.server == cmd.SERVER_NAME}
+            spaces = listing.parse_v3_namespace_list(await self.run(cmd.v3_namespace_list()))
+            self._log_problems(spaces.problems)
+            self._namespaces = {r.name for r in spaces.rows if r.server == cmd.SERVER_NAME}
+
+    def _log_problems(self, problems: Sequence[listing.ListingProblem]) -> None:
+        """A listing line not in the documented form costs that line, not the adoption."""
+        for problem in problems:
+            log.warning("GPU %s: %s", self.gpu_uuid, problem)
 
     async def restore(self, shares: Sequence[ShareLimits]) -> None:
         """Make the daemon hold exactly ``shares`` (after a start, restart or adoption)."""

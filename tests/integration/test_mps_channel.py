@@ -17,6 +17,7 @@ import pytest
 
 from dra_driver.fakes.mps_control import DELAY_ENV, fake_control_path
 from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent import listing
 from dra_driver.mpsagent.commands import ShareLimits
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import DaemonError, MpsDaemon
@@ -62,7 +63,7 @@ def test_commands_share_one_long_lived_shell(state_dir: str, protocol: str) -> N
             # An interpreter start per command costs tens of ms; the shell, a few.
             assert per_command < 0.1, per_command
             if protocol == "v3":
-                rows = cmd.parse_v3_namespace_list(await d.run(cmd.v3_namespace_list()))
+                rows = listing.parse_v3_namespace_list(await d.run(cmd.v3_namespace_list())).rows
                 held = {r.name: r.active_thread_percentage for r in rows}
                 assert held[shares[3].namespace] == 13 and len(held) == 11  # + default
         finally:
@@ -106,7 +107,9 @@ def test_a_command_that_hangs_times_out_and_the_channel_recovers(state_dir: str)
             assert not d.channel.open
             del d.channel.env[DELAY_ENV]
             d.channel.timeout = 5.0
-            assert cmd.SERVER_NAME in cmd.parse_v3_server_names(await d.run(cmd.v3_server_list()))
+            assert cmd.SERVER_NAME in list(
+                listing.parse_v3_server_names(await d.run(cmd.v3_server_list())).names
+            )
             assert d.channel.starts == starts + 2
         finally:
             await d.stop()
@@ -131,7 +134,7 @@ def test_a_shell_that_does_not_frame_answers_falls_back_to_processes(state_dir: 
             assert not d.channel_usable
             share = ShareLimits("share-a", GIB, 50)
             await d.apply(share, [share])
-            rows = cmd.parse_v3_namespace_list(await d.run(cmd.v3_namespace_list()))
+            rows = listing.parse_v3_namespace_list(await d.run(cmd.v3_namespace_list())).rows
             assert share.namespace in {r.name for r in rows}
         finally:
             await d.stop()
@@ -150,12 +153,14 @@ def test_pipelined_commands_answer_in_order_and_the_first_failure_raises(state_d
                 [*cmd.render_v3_apply(good, False), cmd.v3_namespace_list(), cmd.v3_server_list()]
             )
             assert answers[:2] == ["", ""]
-            assert good.namespace in {r.name for r in cmd.parse_v3_namespace_list(answers[2])}
-            assert cmd.parse_v3_server_names(answers[3]) == [cmd.SERVER_NAME]
+            assert good.namespace in {
+                r.name for r in listing.parse_v3_namespace_list(answers[2]).rows
+            }
+            assert list(listing.parse_v3_server_names(answers[3]).names) == [cmd.SERVER_NAME]
             # create runs, set is refused (0 %): the error names the command that failed.
             with pytest.raises(DaemonError, match=r"namespace set s_share_b.*1-100"):
                 await d.run_all(cmd.render_v3_apply(bad, False))
-            rows = cmd.parse_v3_namespace_list(await d.run(cmd.v3_namespace_list()))
+            rows = listing.parse_v3_namespace_list(await d.run(cmd.v3_namespace_list())).rows
             assert bad.namespace in {r.name for r in rows}
         finally:
             await d.stop()

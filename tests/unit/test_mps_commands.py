@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent import listing
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits
 
@@ -42,20 +43,12 @@ def test_namespace_name(share_id: str, expected: str) -> None:
 )
 def test_memory_limit_value_never_exceeds_the_grant(limit: int, value: str) -> None:
     assert cmd.memory_limit_value(limit) == value
-    assert cmd.parse_memory_limit(value) <= limit
+    assert listing.parse_memory_limit(value) <= limit
 
 
 def test_memory_limit_below_one_mib_is_refused() -> None:
     with pytest.raises(ValueError, match="below 1 MiB"):
         cmd.memory_limit_value(1000)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("4G", 4 * GIB), ("512M", 512 << 20), ("1024K", 1 << 20), ("77", 77), ("8GiB", 8 * GIB)],
-)
-def test_parse_memory_limit(text: str, expected: int) -> None:
-    assert cmd.parse_memory_limit(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -201,17 +194,7 @@ def test_legacy_apply_uses_the_largest_share_for_defaults_and_running_servers() 
     assert cmd.render_legacy_apply(GPU, [], [4242]) == []
 
 
-def test_parsers() -> None:
-    listing = (
-        "default,shares,Ready,-,-,0,/p/shares/default\n"
-        f"{NS},shares,Ready,10240M,25,0,/p/shares/{NS}\n"
-    )
-    rows = cmd.parse_v3_namespace_list(listing)
-    assert rows == [
-        cmd.NamespaceRow("default", "shares", None, None),
-        cmd.NamespaceRow(NS, "shares", 10 * GIB, 25),
-    ]
-    assert cmd.parse_v3_server_names("shares,0,123,Ready,/p/shares,-,-\n") == ["shares"]
+def test_legacy_server_list() -> None:
     assert cmd.parse_legacy_server_list("4242\n4343\n") == [4242, 4343]
     assert cmd.parse_legacy_server_list("") == []
 
