@@ -68,8 +68,10 @@ class AgentConfig:
     (:func:`.commands.in_private_shm`); None: the agent's own /dev/shm (fake only)."""
     uid_check_interval_s: float = 10.0
     """Legacy MPS: seconds between checks for a client waiting on another UID (0: none)."""
-    control_channel: bool = True
-    """Commands over one persistent control shell per daemon (False: a process each)."""
+    control_channel: bool = False
+    """Opt-in, unverified: legacy daemons' commands over one persistent control shell
+    each (:mod:`.channel`). Off: one process per command, the form every NVIDIA
+    example uses. v3 daemons always run a process per command."""
 
 
 class AgentRequestError(Exception):

@@ -39,12 +39,16 @@ polling, since it is no longer a child.
 A dead daemon takes its servers, namespaces and limits with it (they live only
 in the daemon); :meth:`MpsDaemon.restore` re-creates them for the live shares.
 
-Commands go over a persistent control channel (:mod:`.channel`): one control
-shell per daemon, opened when the daemon first answers, reopened after it dies
-or times out. ``quit`` (``-q``) still runs as its own process. Where the shell
-does not frame answers as the channel expects (gpu-unverified), the daemon
-answers a command run as a process but not the channel: the daemon then falls
-back to one process per command for its life, with a warning.
+Each command is one run of the control binary (v3: ``<module> <verb>`` on its
+command line, docs:mpsv3-interface; legacy: the command on its stdin,
+docs:mpsv2-interface), the form of every NVIDIA example. Legacy daemons can opt
+in to a persistent control channel (:mod:`.channel`, ``control_channel``): one
+control shell per daemon fed many commands, framed by a sentinel no document
+describes (gpu-unverified); where the shell does not frame answers as expected,
+the daemon falls back to one process per command for its life, with a warning.
+v3 daemons never use it: MPS v3 "replaces the interactive shell of Legacy MPS
+v2" (docs:mpsv3-interface), so no document says a v3 daemon reads commands on
+stdin at all.
 """
 
 from __future__ import annotations
@@ -152,15 +156,16 @@ class MpsDaemon:
         adopted_poll_interval: float = 0.5,
         shm_namespace: Sequence[str] | None = None,
         uid_check_interval: float = 10.0,
-        control_channel: bool = True,
+        control_channel: bool = False,
         channel_probe_timeout: float = CHANNEL_PROBE_TIMEOUT_S,
     ) -> None:
         """``shm_namespace``: the ``unshare`` command that gives the daemon a private
         mount namespace with the GPU's shm directory on ``/dev/shm`` (None: the
         agent's own ``/dev/shm``). ``uid_check_interval``: seconds between legacy
-        UID checks (0: none). ``control_channel``: commands over one persistent shell
-        (False: one process per command); ``channel_probe_timeout``: how long a
-        readiness probe waits for the channel before it tries a process."""
+        UID checks (0: none). ``control_channel``: opt-in, unverified: a legacy
+        daemon's commands over one persistent shell (ignored for v3, which has no
+        documented shell; off: one process per command); ``channel_probe_timeout``:
+        how long a readiness probe waits for the channel before it tries a process."""
         self.gpu_uuid = gpu_uuid
         self.dirs = DaemonDirs.for_gpu(state_dir, gpu_uuid)
         self.control_binary = control_binary
@@ -187,8 +192,16 @@ class MpsDaemon:
         self._server_exists = False
         self._namespaces: set[str] = set()
         self.channel_probe_timeout = channel_probe_timeout
-        self.channel_usable = control_channel
-        """False once the shell did not frame answers (then: a process per command)."""
+        self.channel_usable = control_channel and protocol == "legacy"
+        """False unless opted in (legacy only), and once the shell did not frame
+        answers (then: a process per command)."""
+        if control_channel and protocol != "legacy":
+            log.warning(
+                "GPU %s: the persistent control channel is for legacy MPS only; this %s "
+                "daemon gets one process per command (docs:mpsv3-interface documents no shell)",
+                gpu_uuid,
+                protocol,
+            )
         self.channel = ControlChannel(
             self._argv([]), self.env, timeout=command_timeout, label=f"GPU {gpu_uuid}"
         )
