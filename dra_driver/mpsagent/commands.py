@@ -103,7 +103,8 @@ def daemon_protocol(agent_protocol: MpsProtocol, daemon_uuid: str) -> MpsProtoco
     only (NVIDIA Dynamo, "Per-GPU Compute and Memory Limits with MPS",
     Requirements: "MIG disabled" for both; docs:mpsv3-memory-partitioning: "MIG is
     explicitly unsupported"), while MPS itself runs inside a MIG instance (MIG
-    user guide). No source says v3 namespaces work there.
+    user guide). No source says v3 namespaces work there (nor that they fail:
+    gpu-unverified either way).
     """
     return "legacy" if is_mig_uuid(daemon_uuid) else agent_protocol
 
