@@ -244,7 +244,9 @@ def _print_mig_daemons(
         print(
             f"mps-agent: MPS daemon for MIG instance {daemon.gpu_uuid} "
             f"({', '.join(sorted(devices))}, made on demand; pid {daemon.pid}) holds "
-            f"{daemon.shares} namespace(s); the instance goes after the last unprepare",
+            f"{daemon.shares} share(s) under legacy MPS (v3 namespaces are for whole GPUs: "
+            "its limits are daemon defaults and client env); the instance goes after the "
+            "last unprepare",
             file=out,
         )
 

@@ -24,7 +24,7 @@ from dra_driver.app.heap import settle_heap
 from dra_driver.app.tasks import BackgroundTaskFailed, first_of
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig, MpsAgent
-from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT, choose_protocol
+from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT, choose_protocol, daemon_protocol
 from dra_driver.mpsagent.compute_mode import FakeComputeMode, NvidiaSmiComputeMode
 from dra_driver.mpsagent.daemon import MpsDaemon
 from dra_driver.mpsagent.metrics import AgentMetrics
@@ -78,7 +78,8 @@ def build_agent(
     config: AgentConfig, supervisor_failed: Callable[[str, BaseException], None]
 ) -> MpsAgent:
     """The agent and its collaborators: the MPS protocol (``config.protocol``, or by
-    driver version) and the daemon of each GPU, made on first use."""
+    driver version) and the daemon of each GPU or MIG instance, made on first use
+    (a MIG instance's daemon speaks legacy MPS: :func:`daemon_protocol`)."""
     protocol: MpsProtocol = choose_protocol(config.protocol, config.driver_version)
 
     def daemon(gpu_uuid: str) -> MpsDaemon:
@@ -86,7 +87,7 @@ def build_agent(
             gpu_uuid,
             config.state_dir,
             config.control_binary,
-            protocol,
+            daemon_protocol(protocol, gpu_uuid),
             config.compute_mode,
             base_env=config.daemon_env,
             command_timeout=config.command_timeout_s,

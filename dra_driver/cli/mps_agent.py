@@ -52,11 +52,12 @@ def agent_parser(sub: Any) -> None:
     add_flag(
         agent,
         "--mps-control-channel",
-        "how commands reach each daemon: persistent (one control shell per daemon, "
-        "falling back to process when the shell does not answer as expected) or process "
-        "(one run of the control binary per command)",
-        default="persistent",
-        choices=["persistent", "process"],
+        "how commands reach each daemon: process (one run of the control binary per "
+        "command, as NVIDIA documents) or persistent (unverified, legacy daemons only: one "
+        "long-lived control shell per daemon, framed by a sentinel no document describes; "
+        "falls back to process when the shell does not answer as expected)",
+        default="process",
+        choices=["process", "persistent"],
     )
     common_flags(agent)
     metrics_flags(agent)

@@ -35,16 +35,21 @@ daemon ends itself. A daemon refuses to start while ``<pipe>/control`` exists:
 leftover-socket error when it does not (what the real daemon does with a dead
 predecessor's socket is not documented; the fake refuses, so whoever starts it
 must clear what a dead daemon left).
-* without ``-d``/``-f``: a command. v3: ``<module> <verb> [args]`` on the command
-  line, ``-q`` to quit. Without arguments: the interactive shell, which reads
-  commands from stdin one line at a time and answers each (flushed) before it
-  reads the next, until stdin closes (``echo quit | nvidia-cuda-mps-control``,
-  docs:appendix-tools-and-interface-reference). One shell can serve many
-  commands; it exits when the daemon is gone. Under v3 the shell takes
-  ``<module> <verb> ...`` lines (docs-unverified: the v3 page shows the module
-  verb syntax on the command line only). Like the real tool, an invocation
-  follows the running daemon's protocol. An unknown command is answered
-  ``Error: unknown command '<the line>'``.
+* without ``-d``/``-f``: a command. Like the real tool, an invocation follows
+  the running daemon's protocol (docs:mpsv3-interface "Enabling MPS v3").
+  v3: exactly the documented ``<module> <verb> [args]`` forms on the command
+  line (``server``, ``namespace`` and ``client``; the other documented modules
+  are refused as not modelled), ``-q`` to quit, one command per process; stdin
+  is refused, since v3 "replaces the interactive shell" (docs:mpsv3-interface;
+  what the real tool does with stdin under v3 is not documented). ``list``
+  prints as documented: a padded table by default, ``--format=csv[,noheader]``
+  comma-separated, percentages with two decimals (``30.00``) and memory as set
+  (``20G``), as NVIDIA's Dynamo guide shows. Legacy: without arguments, the
+  interactive shell, which reads commands from stdin one line at a time and
+  answers each (flushed) before it reads the next, until stdin closes (``echo
+  quit | nvidia-cuda-mps-control``, docs:appendix-tools-and-interface-reference).
+  One shell can serve many commands; it exits when the daemon is gone. An
+  unknown command is answered ``Error: unknown command '<the line>' ...``.
 * ``FAKE_MPS_COMMAND_DELAY_S`` (fake only): each accepted command takes that many
   seconds, standing in for a slow daemon in tests; refusals stay instant.
 
@@ -315,6 +320,11 @@ def spawn_background(argv: list[str]) -> int:
 
 
 NO_DAEMON = "Cannot find MPS control daemon process"
+V3_NO_SHELL = (
+    "Error: this daemon runs MPS v3, which has no interactive shell: run one command per "
+    "process, on the command line: nvidia-cuda-mps-control <module> <verb> [arguments] "
+    "(-q to quit)"
+)
 
 
 def _running_state(pipe: str) -> dict[str, Any]:
@@ -342,6 +352,7 @@ class _Args:
         self.options: dict[str, str] = {}
         self.flags: set[str] = set()
         self.fmt = "table"
+        self.fmt_given = False
 
     @classmethod
     def split(cls, args: list[str]) -> _Args:
@@ -354,8 +365,76 @@ class _Args:
                 out.flags.add(key)
             else:
                 out.positional.append(arg)
+        out.fmt_given = "format" in out.options
         out.fmt = out.options.pop("format", "table")
         return out
+
+
+# The documented forms, module by module (docs:mpsv3-interface "Server", "Namespace",
+# "Client"): (module, verb) -> (positional arguments min, max; options; flags; usage).
+# A command outside them is refused, as a fake must refuse what the real tool would
+# not be documented to take. What the real tool answers to an undocumented form is
+# not documented: this fake's refusal texts and exit status 1 are its own.
+_V3_FORMS: dict[tuple[str, str], tuple[int, int, frozenset[str], frozenset[str], str]] = {
+    ("server", "create"): (1, 1, frozenset({"uid", "allowed-devices", "locality-domains"}),
+                           frozenset(), "server create <name> [--uid=<n>] "
+                           "[--allowed-devices=<devices>] [--locality-domains=<true|false>]"),
+    ("server", "delete"): (1, 1, frozenset(), frozenset({"force"}),
+                           "server delete <name> [--force]"),
+    ("server", "list"): (0, 1, frozenset({"format"}), frozenset(),
+                         "server list [<name>] [--format=<table|csv>[,noheader]]"),
+    ("server", "set"): (1, 1, frozenset({"uid", "pinned-memory-limit", "active-thread-percentage",
+                                         "locality-domains", "client-priority"}), frozenset(),
+                        "server set <name> [--uid=<n>] [--pinned-memory-limit=<limit>] "
+                        "[--active-thread-percentage=<pct>] [--locality-domains=<true|false>] "
+                        "[--client-priority=<priority>]"),
+    ("server", "get"): (2, 2, frozenset(), frozenset(), "server get <name> <field>"),
+    ("namespace", "create"): (1, 1, frozenset({"server"}), frozenset(),
+                              "namespace create <name> --server=<s>"),
+    ("namespace", "delete"): (1, 1, frozenset({"server"}), frozenset({"force"}),
+                              "namespace delete <name> --server=<s> [--force]"),
+    ("namespace", "list"): (0, 1, frozenset({"server", "format"}), frozenset(),
+                            "namespace list [<name>] [--server=<s>] "
+                            "[--format=<table|csv>[,noheader]]"),
+    ("namespace", "set"): (1, 1, frozenset({"server", "pinned-memory-limit",
+                                            "active-thread-percentage", "client-priority"}),
+                           frozenset(), "namespace set <name> --server=<s> "
+                           "[--pinned-memory-limit=<limit>] [--active-thread-percentage=<pct>] "
+                           "[--client-priority=<priority>]"),
+    ("namespace", "get"): (3, 3, frozenset(), frozenset(), "namespace get <name> <server> <field>"),
+    ("client", "list"): (0, 0, frozenset({"server", "format"}), frozenset({"all"}),
+                         "client list [--server=<s>] [--all] [--format=<table|csv>[,noheader]]"),
+    ("client", "get"): (2, 2, frozenset(), frozenset(), "client get <pid> <field>"),
+    ("client", "terminate"): (1, 1, frozenset(), frozenset(), "client terminate <pid>"),
+}  # fmt: skip
+_V3_UNMODELLED = ("device", "sm-partition", "feature", "memacct", "context-share")
+"""Documented v3 modules this fake does not model (the agent sends them none)."""
+_FORMAT = re.compile(r"^(table|csv)(,noheader)?$")
+
+
+def _usage(module: str, verb: str | None = None) -> str:
+    forms = [u for (m, v), (*_, u) in _V3_FORMS.items() if m == module and verb in (None, v)]
+    return "".join(f"nvidia-cuda-mps-control {u}\n" for u in forms)
+
+
+def _check_form(module: str, verb: str, args: _Args) -> None:
+    """Refuse anything but a documented form of ``module verb`` (see :data:`_V3_FORMS`)."""
+    form = _V3_FORMS.get((module, verb))
+    if form is None:
+        raise CommandError(f"Error: unknown command {module} {verb}; usage:\n{_usage(module)}")
+    low, high, options, flags, usage = form
+    if not low <= len(args.positional) <= high:
+        raise CommandError(f"Error: usage: nvidia-cuda-mps-control {usage}")
+    given = set(args.options) | ({"format"} if args.fmt_given else set())
+    unknown = sorted(given - options) + sorted(f"--{f}" for f in args.flags - flags)
+    if unknown:
+        raise CommandError(
+            f"Error: {module} {verb} does not take {', '.join(unknown)}; usage: "
+            f"nvidia-cuda-mps-control {usage}"
+        )
+    if not _FORMAT.match(args.fmt):
+        raise CommandError(f"Error: --format must be table or csv, optionally ',noheader', "
+                           f"got {args.fmt!r}")  # fmt: skip
 
 
 def _limits(options: dict[str, str], allowed: set[str]) -> dict[str, Any]:
@@ -374,7 +453,11 @@ def _limits(options: dict[str, str], allowed: set[str]) -> dict[str, Any]:
             raise CommandError(f"Error: active thread percentage must be 1-100, got {value!r}")
         out["active_thread_percentage"] = int(value)
     if "client-priority" in options:
-        out["client_priority"] = options["client-priority"]
+        value = options["client-priority"]
+        if value not in ("0", "1"):
+            raise CommandError(f"Error: client priority must be 0 (normal) or 1 (below normal), "
+                               f"got {value!r}")  # fmt: skip
+        out["client_priority"] = int(value)
     return out
 
 
@@ -400,22 +483,36 @@ def _server(state: dict[str, Any], options: dict[str, str]) -> tuple[str, dict[s
 
 
 def _v3(state: dict[str, Any], pipe: str, args: list[str]) -> str:
-    if len(args) < 2:
-        raise CommandError("Error: usage: <module> <verb> [arguments]")
+    if args[:1] and args[0] in _V3_UNMODELLED:
+        raise CommandError(f"Error: the MPS v3 module {args[0]!r} is documented but this fake "
+                           "does not model it")  # fmt: skip
+    if not args or args[0] not in V3_MODULES:
+        raise CommandError(
+            f"Error: unknown module {args[0] if args else ''!r}; usage: nvidia-cuda-mps-control "
+            f"<module> <verb> [arguments], modules: {', '.join(V3_MODULES + _V3_UNMODELLED)}"
+        )
+    if len(args) < 2 or args[1] == "help" or args[-1] == "help":
+        # "<module> help or <module> <verb> help prints detailed usage" (docs:mpsv3-interface).
+        return _usage(args[0], args[1] if len(args) > 2 else None)
     module, verb, rest = args[0], args[1], _Args.split(args[2:])
+    _check_form(module, verb, rest)
     if module == "server":
+        if verb in ("list", "get"):
+            return _v3_server_query(state, pipe, verb, rest)
         return _v3_server(state, pipe, verb, rest)
     if module == "namespace":
         if verb in ("list", "get"):
             return _v3_namespace_query(state, pipe, verb, rest)
         return _v3_namespace(state, pipe, verb, rest)
-    if module == "client" and verb == "list":
-        return ""
-    raise CommandError(f"Error: unknown command {module} {verb}")
+    # client: the fake models no v3 clients.
+    if verb == "list":
+        header = ["PID", "SERVER", "DEVICE", "NAMESPACE", "CMD"]  # the header's form: a guess
+        return _table(header, [], rest.fmt)
+    raise CommandError(f"Error: no client with PID {rest.positional[0]!r}")
 
 
 def _v3_server(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> str:
-    positional, options, fmt = args.positional, args.options, args.fmt
+    positional, options = args.positional, args.options
     servers: dict[str, Any] = state["servers"]
     if verb == "create":
         name = _need_name(positional, "server")
@@ -447,14 +544,31 @@ def _v3_server(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> str:
             raise CommandError("Error: at least one option is required")
         servers[name]["limits"].update(limits)
         return ""
+    raise CommandError(f"Error: unknown command server {verb}")
+
+
+def _v3_server_query(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> str:
+    positional, servers = args.positional, state["servers"]
+    rows: dict[str, list[str]] = {
+        n: [n, str(s["uid"]), str(s["pid"]), "Ready", os.path.join(pipe, n),
+            state.get("visible_devices") or "-", "-"]
+        for n, s in sorted(servers.items())
+    }  # fmt: skip
     if verb == "list":
-        rows = [
-            [n, str(s["uid"]), str(s["pid"]), "Ready", os.path.join(pipe, n),
-             state.get("visible_devices") or "-", "-"]
-            for n, s in sorted(servers.items()) if not positional or n == positional[0]
-        ]  # fmt: skip
-        return _table(["NAME", "UID", "PID", "STATUS", "PIPE-DIRECTORY", "ALLOWED-DEVICES",
-                       "CONTEXT-IDS"], rows, fmt)  # fmt: skip
+        # Columns as documented; the header's words are a guess in the style of the
+        # documented namespace table (docs:mpsv3-interface shows none for servers).
+        return _table(["NAME", "UID", "PID", "STATUS", "PIPE DIRECTORY", "ALLOWED DEVICES",
+                       "CONTEXT IDS"],
+                      [r for n, r in rows.items() if not positional or n == positional[0]],
+                      args.fmt)  # fmt: skip
+    if verb == "get":
+        name, wanted = positional
+        fields = ["name", "uid", "pid", "status", "pipe-directory", "allowed-devices"]
+        if wanted not in fields:
+            raise CommandError(f"Error: unknown field {wanted!r}; fields: {', '.join(fields)}")
+        if name not in rows:
+            raise CommandError(f"Error: server {name!r} not found")
+        return rows[name][fields.index(wanted)] + "\n"
     raise CommandError(f"Error: unknown command server {verb}")
 
 
@@ -469,22 +583,24 @@ def _v3_namespace_query(state: dict[str, Any], pipe: str, verb: str, args: _Args
             for nname, lim in sorted(everyone.items()):
                 if positional and nname != positional[0]:
                     continue
-                rows.append([nname, sname, "Ready", lim.get("pinned_memory_limit", "-"),
-                             str(lim.get("active_thread_percentage", "-")),
-                             str(lim.get("client_priority", "0")),
-                             os.path.join(pipe, sname, nname)])  # fmt: skip
-        return _table(["NAME", "SERVER", "SERVER-STATUS", "PINNED-MEMORY-LIMIT",
-                       "ACTIVE-THREAD-PERCENTAGE", "CLIENT-PRIORITY", "PIPE-DIRECTORY"],
+                rows.append(_namespace_row(pipe, sname, nname, lim))
+        # The header as NVIDIA's Dynamo guide prints it (its table shows the first five
+        # columns; the last two are the v3 page's, their header words a guess).
+        return _table(["NAME", "SERVER", "SERVER STATUS", "PINNED MEMORY LIMIT",
+                       "ACTIVE THREAD PERCENTAGE", "CLIENT PRIORITY", "PIPE DIRECTORY"],
                       rows, args.fmt)  # fmt: skip
     if verb == "get":
-        if len(positional) != 3:
-            raise CommandError("Error: usage: namespace get <name> <server> <field>")
         name, sname, wanted = positional
+        fields = ["name", "server", "server-status", "pinned-memory-limit",
+                  "active-thread-percentage", "client-priority", "pipe-directory"]  # fmt: skip
+        if wanted not in fields:
+            raise CommandError(f"Error: unknown field {wanted!r}; fields: {', '.join(fields)}")
         server = state["servers"].get(sname)
         if server is None or (name != "default" and name not in server["namespaces"]):
             raise CommandError(f"Error: namespace {name!r} not found on server {sname!r}")
         lim = server["limits"] if name == "default" else server["namespaces"][name]
-        return str(lim.get(wanted.replace("-", "_"), "-")) + "\n"
+        # "Gets a single field value": the documented example prints ``4G``.
+        return _namespace_row(pipe, sname, name, lim)[fields.index(wanted)] + "\n"
     raise CommandError(f"Error: unknown command namespace {verb}")
 
 
@@ -521,12 +637,31 @@ def _v3_namespace(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> s
     raise CommandError(f"Error: unknown command namespace {verb}")
 
 
+def _namespace_row(pipe: str, server: str, name: str, lim: dict[str, Any]) -> list[str]:
+    """A namespace's cells as ``namespace list`` prints them: memory as set (``20G``),
+    the percentage with two decimals (``30.00``; both from NVIDIA's Dynamo guide).
+    An unset limit prints ``-``, as ``server list`` prints an empty cell (how the
+    real tool prints an unset namespace limit is not documented)."""
+    pct = lim.get("active_thread_percentage")
+    return [name, server, "Ready", lim.get("pinned_memory_limit", "-"),
+            "-" if pct is None else f"{pct:.2f}", str(lim.get("client_priority", 0)),
+            os.path.join(pipe, server, name)]  # fmt: skip
+
+
 def _table(header: list[str], rows: list[list[str]], fmt: str) -> str:
+    """``table``: columns padded to line up (as the documented examples do); ``csv``:
+    cells joined by commas (``server list --format=csv,noheader`` in
+    docs:mpsv3-interface), its header the table's words (undocumented)."""
     kind, _, extra = fmt.partition(",")
-    lines = [] if extra == "noheader" else [header]
-    lines += rows
-    sep = "," if kind == "csv" else " "
-    return "".join(sep.join(cells) + "\n" for cells in lines)
+    lines = ([] if extra == "noheader" else [header]) + rows
+    if kind == "csv":
+        return "".join(",".join(cells) + "\n" for cells in lines)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))] if lines else []
+    return "".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
+        + "\n"
+        for cells in lines
+    )
 
 
 # -- legacy commands ------------------------------------------------------------------
@@ -691,15 +826,15 @@ def _execute(state: dict[str, Any], pipe: str, argv: list[str], line: str | None
         if state["protocol"] != 3:
             raise CommandError("Error: module verb commands need MPS protocol 3")
         return _v3(state, pipe, argv)
-    words = line.split()
-    if words == ["quit"]:
+    if state["protocol"] == 3:
+        # MPS v3 "replaces the interactive shell of Legacy MPS v2 with a scriptable
+        # module verb command syntax" (docs:mpsv3-interface): every documented v3
+        # command, quitting included (-q), is one process with its arguments. What
+        # the real tool does with stdin under v3 is not documented; this fake refuses.
+        raise CommandError(V3_NO_SHELL)
+    if line.split() == ["quit"]:
         _quit(pipe)
         return ""
-    if state["protocol"] == 3:
-        # docs-unverified: that the v3 shell takes ``<module> <verb> ...`` lines on stdin.
-        if len(words) < 2 or words[0] not in V3_MODULES:
-            raise CommandError(f"Error: unknown command {line.strip()!r}")
-        return _v3(state, pipe, words)
     return _legacy(state, line)
 
 
@@ -707,9 +842,12 @@ def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) 
     """Run one command under the state lock, record it; (worked, reply)."""
     entry: dict[str, Any] = {"argv": argv} if line is None else {"stdin": line}
     word = line.split()[0] if line is not None else ""
-    if line is not None and word not in LEGACY_COMMANDS and word not in ("quit", *V3_MODULES):
+    if line is not None and word not in LEGACY_COMMANDS and word != "quit":
         # The shell itself refuses it: no daemon state involved.
-        reply = f"Error: unknown command {line.strip()!r}\n"
+        reply = (
+            f"Error: unknown command {line.strip()!r} (the interactive shell takes Legacy "
+            "MPS v2 commands; MPS v3 takes <module> <verb> on the command line)\n"
+        )
         entry.update(ok=False, reply=reply)
         _record(logs, entry)
         return False, reply
@@ -733,12 +871,13 @@ def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) 
 def _run_command(argv: list[str]) -> int:
     """A command on the command line (v3, ``-q``), or the interactive shell on stdin.
 
-    The shell reads one command per line and answers each before it reads the
-    next, until stdin closes, ``quit``, or the daemon is gone (then it exits
-    too). Replies and complaints go to stdout in order, flushed per command, so
-    a caller may keep one shell open for many commands (the mps-agent's
-    persistent channel, :mod:`.channel`). The exit status is 1 if any command
-    failed.
+    The (legacy) shell reads one command per line and answers each before it
+    reads the next, until stdin closes, ``quit``, or the daemon is gone (then it
+    exits too). Replies and complaints go to stdout in order, flushed per
+    command, so a caller may keep one shell open for many commands (the
+    mps-agent's opt-in persistent channel, :mod:`dra_driver.mpsagent.channel`).
+    Under v3 every line is refused (:data:`V3_NO_SHELL`). The exit status is 1 if
+    any command failed.
     """
     pipe, logs = _dirs()
     delay = float(os.environ.get(DELAY_ENV) or 0)

@@ -70,8 +70,10 @@ class AgentConfig:
     (:func:`.commands.in_private_shm`); None: the agent's own /dev/shm (fake only)."""
     uid_check_interval_s: float = 10.0
     """Legacy MPS: seconds between checks for a client waiting on another UID (0: none)."""
-    control_channel: bool = True
-    """Commands over one persistent control shell per daemon (False: a process each)."""
+    control_channel: bool = False
+    """Opt-in, unverified: legacy daemons' commands over one persistent control shell
+    each (:mod:`.channel`). Off: one process per command, the form every NVIDIA
+    example uses. v3 daemons always run a process per command."""
 
 
 class AgentRequestError(Exception):
@@ -146,6 +148,7 @@ class MpsAgent:
             log.error("ignoring unreadable MPS agent state %s: %s", self.state_path, err)
             return
         for share in shares:
+            protocol = cmd.daemon_protocol(self.protocol, share.gpu_uuid)
             try:
                 current = self._share_info(
                     share.gpu_uuid,
@@ -158,7 +161,7 @@ class MpsAgent:
             except (DaemonError, SocketPathTooLong) as err:
                 log.error("dropping recorded share %s: %s", share.share_id, err)
                 continue
-            if share.protocol == self.protocol and share != current:
+            if share.protocol == protocol and share != current:
                 # An earlier agent's directory layout (long names, see .migrate).
                 log.warning(
                     "share %s on GPU %s moves from %s to %s (the short directory layout); "
@@ -170,23 +173,16 @@ class MpsAgent:
                     current.pipe_dir,
                 )
                 share = current  # noqa: PLW2901 (the moved record)
-            if share.protocol != self.protocol:
+            if share.protocol != protocol:
                 log.warning(
-                    "share %s on GPU %s was made under %s MPS; the agent now runs %s and "
+                    "share %s on GPU %s was made under %s MPS; the agent now runs %s there and "
                     "re-creates it so (its running containers keep the old mounts)",
                     share.share_id,
                     share.gpu_uuid,
                     share.protocol,
-                    self.protocol,
+                    protocol,
                 )
-                share = self._share_info(  # noqa: PLW2901 (the converted record)
-                    share.gpu_uuid,
-                    share.share_id,
-                    claim_uid=share.claim_uid,
-                    memory_limit_bytes=share.memory_limit_bytes,
-                    pct=share.active_thread_percentage,
-                    uid=share.uid,
-                )
+                share = current  # noqa: PLW2901 (the converted record)
             self._shares[(share.gpu_uuid, share.share_id)] = share
 
     def _gpu_shares(self, gpu_uuid: str) -> list[ShareInfo]:
@@ -213,7 +209,9 @@ class MpsAgent:
         uid: int | None,
     ) -> ShareInfo:
         daemon_dirs = self._daemon(gpu_uuid).dirs
-        namespace = cmd.namespace_name(share_id) if self.protocol == "v3" else None
+        # A MIG instance's daemon is legacy whatever the agent runs (cmd.daemon_protocol).
+        protocol = cmd.daemon_protocol(self.protocol, gpu_uuid)
+        namespace = cmd.namespace_name(share_id) if protocol == "v3" else None
         pipe = (
             cmd.v3_namespace_dir(daemon_dirs.pipe, namespace)
             if namespace is not None
@@ -226,7 +224,7 @@ class MpsAgent:
             memory_limit_bytes=memory_limit_bytes,
             active_thread_percentage=pct,
             uid=uid,
-            protocol=self.protocol,
+            protocol=protocol,
             namespace=namespace,
             pipe_dir=pipe,
             shm_dir=daemon_dirs.shm,
@@ -379,14 +377,16 @@ class MpsAgent:
                     f"{existing.claim_uid}, not {req.claim_uid}",
                 )
             others = [s for s in self._gpu_shares(req.gpu_uuid) if s.share_id != req.share_id]
-            if self.protocol == "legacy" and req.uid is not None:
+            legacy = cmd.daemon_protocol(self.protocol, req.gpu_uuid) == "legacy"
+            if legacy and req.uid is not None:
                 uids = sorted({s.uid for s in others if s.uid is not None and s.uid != req.uid})
                 if uids:
                     raise AgentRequestError(
                         "conflict",
                         f"legacy MPS serves one UID at a time: GPU {req.gpu_uuid} already "
                         f"serves UID {uids[0]}, this share asks for UID {req.uid}; run the "
-                        "pods sharing a GPU as the same user, or use MPS v3 (driver 615+)",
+                        "pods sharing a GPU as the same user, or use MPS v3 on a whole GPU (driver "
+                        "615+; a MIG instance's daemon is always legacy)",
                     )
             try:
                 info = self._share_info(
@@ -541,7 +541,9 @@ class MpsAgent:
             self._on_connection, path=path, limit=wire.MAX_LINE_BYTES + 1
         )
         os.chmod(path, 0o660)
-        log.info("mps-agent serving %s (MPS %s)", path, self.protocol)
+        log.info(
+            "mps-agent serving %s (MPS %s; a MIG instance's daemon: legacy)", path, self.protocol
+        )
 
 
 def _answers(path: str) -> bool:

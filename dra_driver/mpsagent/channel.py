@@ -1,20 +1,26 @@
-"""A persistent control channel: one ``nvidia-cuda-mps-control`` shell per MPS daemon.
+"""A persistent control channel: one ``nvidia-cuda-mps-control`` shell per legacy daemon.
 
-Run without arguments, ``nvidia-cuda-mps-control`` is the daemon's interactive
-shell: it reads commands from stdin, one per line, until stdin closes
-(docs:mpsv2-interface "The control daemon has an interactive shell",
+**Opt-in and unverified** (``mps-agent --mps-control-channel=persistent``; off by
+default, where every command is a process of its own, the form of every NVIDIA
+example). Legacy MPS only: MPS v3 "replaces the interactive shell of Legacy MPS
+v2 with a scriptable module verb command syntax" (docs:mpsv3-interface), so
+nothing documents a v3 shell, and :class:`.daemon.MpsDaemon` never opens one for
+a v3 daemon.
+
+Run without arguments, the legacy ``nvidia-cuda-mps-control`` is the daemon's
+interactive shell: it reads commands from stdin, one per line, until stdin
+closes (docs:mpsv2-interface "The control daemon has an interactive shell",
 docs:appendix-tools-and-interface-reference ``echo quit | nvidia-cuda-mps-control``).
 Starting one process per command costs a process start each time; keeping one
 shell open per daemon costs it once.
 
-Framing. The shell prints each answer but no end-of-answer mark, so after every
-command the channel sends a sentinel, a word the shell does not know
-(``fgd_end_<n>``), and the answer ends at the line that names it. stderr is
-merged into stdout so that complaints stay in order. Assumptions here, all
-**gpu-unverified** (no real GPU has run this channel yet): the shell answers
-commands in order and flushes each answer; it answers an unknown command with a
-line that names it; under MPS v3 it takes ``<module> <verb> ...`` lines (the v3
-page documents that syntax on the command line only: docs-unverified). When an
+Framing. The shell prints each answer but no end-of-answer mark (none is
+documented), so after every command the channel sends a sentinel, a word the
+shell does not know (``fgd_end_<n>``), and the answer ends at the line that
+names it. stderr is merged into stdout so that complaints stay in order.
+Assumptions here, all **docs-unverified and gpu-unverified** (no real GPU has
+run this channel yet): the shell answers commands in order and flushes each
+answer; it answers an unknown command with a line that names it. When an
 assumption fails, the daemon falls back to one process per command
 (:class:`.daemon.MpsDaemon`), which the docs do cover.
 

@@ -15,6 +15,9 @@ Two protocols (dra-facts 10, 10.1):
   only lower the daemon's value), and each share's caps go into its containers'
   environment. Cooperative, and one UID at a time.
 
+The daemon of a MIG instance always speaks legacy MPS (:func:`daemon_protocol`):
+v3 namespaces are documented for non-MIG GPUs only.
+
 Provenance of every command form is marked where it is rendered:
 ``docs:<page>`` names the NVIDIA MPS documentation page (docs.nvidia.com/deploy/mps,
 release 615/620) the form was taken from. **None of the forms has been run
@@ -83,6 +86,44 @@ def choose_protocol(setting: str, driver_version: str | None) -> MpsProtocol:
     return "v3" if major and int(major.group(1)) >= V3_MIN_DRIVER_MAJOR else "legacy"
 
 
+def is_mig_uuid(uuid: str) -> bool:
+    """A MIG instance's UUID (``nvidia-smi -L``: ``MIG-<uuid>``), not a GPU's."""
+    return uuid.startswith("MIG-")
+
+
+def daemon_protocol(agent_protocol: MpsProtocol, daemon_uuid: str) -> MpsProtocol:
+    """The protocol of the daemon for ``daemon_uuid`` (a GPU's, or a MIG instance's).
+
+    A MIG instance's daemon speaks legacy MPS whatever the agent's protocol: MPS v3
+    servers, namespaces and memory partitioning are documented for non-MIG GPUs
+    only (NVIDIA Dynamo, "Per-GPU Compute and Memory Limits with MPS",
+    Requirements: "MIG disabled" for both; docs:mpsv3-memory-partitioning: "MIG is
+    explicitly unsupported"), while MPS itself runs inside a MIG instance (MIG
+    user guide). No source says v3 namespaces work there (nor that they fail:
+    gpu-unverified either way).
+    """
+    return "legacy" if is_mig_uuid(daemon_uuid) else agent_protocol
+
+
+def legacy_device_key(daemon_uuid: str) -> str:
+    """How legacy per-device limits name the daemon's one device.
+
+    A GPU: its UUID ("The dev argument may be a device UUID string or an integer
+    ordinal", docs:mpsv2-interface ``set_default_device_pinned_mem_limit``; for
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, "device ordinals and/or device UUIDs",
+    docs:appendix-environment-variables, and Dynamo's verified ``GPU-<uuid>=2G``).
+    A MIG instance: ordinal ``0``. Its daemon runs with
+    ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``, and the server remaps the visible
+    devices, so its clients see that instance as device 0
+    (docs:appendix-environment-variables ``CUDA_VISIBLE_DEVICES``). A MIG UUID
+    as the key is documented nowhere, and a limit keyed by a device the server
+    does not know is ignored (docs:mpsv2-interface), as a client drops every
+    pinned limit when its list names a device it cannot see (Dynamo).
+    gpu-unverified.
+    """
+    return "0" if is_mig_uuid(daemon_uuid) else daemon_uuid
+
+
 def memory_limit_value(limit_bytes: int) -> str:
     """``<MiB>M``, rounded down so the limit never exceeds what was granted.
 
@@ -94,15 +135,6 @@ def memory_limit_value(limit_bytes: int) -> str:
     if mib < 1:
         raise ValueError(f"MPS memory limits are whole MiB; {limit_bytes} bytes is below 1 MiB")
     return f"{mib}M"
-
-
-def parse_memory_limit(text: str) -> int:
-    """``512M``/``4G``/``1024K``/plain bytes -> bytes (what list/get print)."""
-    match = re.match(r"^\s*(\d+)\s*([KMGT]?)i?B?\s*$", text, re.IGNORECASE)
-    if not match:
-        raise ValueError(f"not a memory limit: {text!r}")
-    unit = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    return int(match.group(1)) * unit[match.group(2).upper()]
 
 
 # -- the daemon -----------------------------------------------------------------------
@@ -200,37 +232,6 @@ def v3_server_list() -> ControlCall:
     return ControlCall(args=("server", "list", "--format=csv,noheader"))
 
 
-@dataclass(frozen=True)
-class NamespaceRow:
-    name: str
-    server: str
-    pinned_memory_limit: int | None
-    active_thread_percentage: int | None
-
-
-def parse_v3_namespace_list(stdout: str) -> list[NamespaceRow]:
-    """``namespace list --format=csv,noheader``.
-
-    Columns (docs:mpsv3-interface): name, server, server-status,
-    pinned-memory-limit, active-thread-percentage, client-priority,
-    pipe-directory. Unset limits may print as ``-``. gpu-unverified.
-    """
-    rows = []
-    for line in stdout.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 5 or not cells[0]:
-            continue
-        mem = None if cells[3] in ("", "-") else parse_memory_limit(cells[3])
-        pct = None if cells[4] in ("", "-") else int(cells[4])
-        rows.append(NamespaceRow(cells[0], cells[1], mem, pct))
-    return rows
-
-
-def parse_v3_server_names(stdout: str) -> list[str]:
-    """``server list --format=csv,noheader``: the first column is the name."""
-    return [line.split(",")[0].strip() for line in stdout.splitlines() if line.strip()]
-
-
 def render_v3_apply(limits: ShareLimits, namespace_exists: bool) -> list[ControlCall]:
     """Create the share's namespace if missing, then (re)set its limits."""
     calls = [] if namespace_exists else [v3_namespace_create(limits.namespace)]
@@ -260,8 +261,8 @@ def render_v3_restore(
 
 # -- legacy MPS -----------------------------------------------------------------------
 # All forms: docs:mpsv2-interface (interactive commands on stdin); gpu-unverified.
-# The device is named by UUID, as NVIDIA's DRA driver does; the docs' example uses
-# an ordinal ("0"), which would also be right here (the daemon sees one GPU).
+# The device is named by :func:`legacy_device_key`: a GPU by UUID, as NVIDIA's DRA
+# driver does; a MIG instance by ordinal 0 (the docs name no MIG UUID form).
 
 
 def legacy_defaults(shares: Sequence[ShareLimits]) -> tuple[int, int]:
@@ -273,25 +274,27 @@ def legacy_defaults(shares: Sequence[ShareLimits]) -> tuple[int, int]:
 
 
 def render_legacy_apply(
-    gpu_uuid: str, shares: Sequence[ShareLimits], server_pids: Sequence[int]
+    daemon_uuid: str, shares: Sequence[ShareLimits], server_pids: Sequence[int]
 ) -> list[ControlCall]:
     """Daemon defaults no larger than the largest share, for new and running servers.
 
     ``set_default_*`` only affects servers started afterwards, so a running
     server (``get_server_list``) gets the same values with the per-PID forms.
-    No shares: nothing to set (the daemon is about to stop).
+    No shares: nothing to set (the daemon is about to stop). ``daemon_uuid``: the
+    GPU's or the MIG instance's the daemon runs for (:func:`legacy_device_key`).
     """
     if not shares:
         return []
     mem_bytes, pct = legacy_defaults(shares)
     mem = memory_limit_value(mem_bytes)
+    dev = legacy_device_key(daemon_uuid)
     calls = [
         ControlCall(stdin=f"set_default_active_thread_percentage {pct}\n"),
-        ControlCall(stdin=f"set_default_device_pinned_mem_limit {gpu_uuid} {mem}\n"),
+        ControlCall(stdin=f"set_default_device_pinned_mem_limit {dev} {mem}\n"),
     ]
     for pid in server_pids:
         calls.append(ControlCall(stdin=f"set_active_thread_percentage {pid} {pct}\n"))
-        calls.append(ControlCall(stdin=f"set_device_pinned_mem_limit {pid} {gpu_uuid} {mem}\n"))
+        calls.append(ControlCall(stdin=f"set_device_pinned_mem_limit {pid} {dev} {mem}\n"))
     return calls
 
 
@@ -381,19 +384,23 @@ def describe_uid_wait(wait: UidWait) -> str:
         f"legacy MPS serves one UID at a time: its server (pid {wait.server_pid}) runs as "
         f"UID {wait.server_uid}, and client(s) of UID {uids} wait until every client of UID "
         f"{wait.server_uid} has exited. Run the pods that share this GPU as one UID "
-        "(securityContext.runAsUser), or use MPS v3 (driver 615+, --mps-protocol=v3) or MIG"
+        "(securityContext.runAsUser), or use MPS v3 on a whole GPU (driver 615+, "
+        "--mps-protocol=v3; a MIG instance's daemon is always legacy) or a MIG device"
     )
 
 
-def legacy_client_env(gpu_uuid: str, memory_limit_bytes: int, pct: int) -> tuple[str, ...]:
+def legacy_client_env(daemon_uuid: str, memory_limit_bytes: int, pct: int) -> tuple[str, ...]:
     """Per-share caps for a legacy client (docs:appendix-environment-variables).
 
-    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` is ``<device>=<value>``; the device is
-    named by UUID so that it does not depend on the container's ordinals
-    (docs-unverified that a UUID is accepted here; dra-facts 14).
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` is ``<device>=<value>``, the device named
+    by :func:`legacy_device_key`: a GPU by UUID, so that it does not depend on the
+    container's ordinals (the appendix allows UUIDs; Dynamo verified
+    ``GPU-<uuid>=2G``); a MIG instance by ordinal 0, the one device its daemon's
+    clients see. gpu-unverified.
     """
+    mem = memory_limit_value(memory_limit_bytes)
     return (
-        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={gpu_uuid}={memory_limit_value(memory_limit_bytes)}",
+        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={legacy_device_key(daemon_uuid)}={mem}",
         f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}",
     )
 

@@ -53,12 +53,16 @@ daemon that still answers there but is not ours is asked to ``quit`` first.
 A dead daemon takes its servers, namespaces and limits with it (they live only
 in the daemon); :meth:`MpsDaemon.restore` re-creates them for the live shares.
 
-Commands go over a persistent control channel (:mod:`.channel`): one control
-shell per daemon, opened when the daemon first answers, reopened after it dies
-or times out. ``quit`` (``-q``) still runs as its own process. Where the shell
-does not frame answers as the channel expects (gpu-unverified), the daemon
-answers a command run as a process but not the channel: the daemon then falls
-back to one process per command for its life, with a warning.
+Each command is one run of the control binary (v3: ``<module> <verb>`` on its
+command line, docs:mpsv3-interface; legacy: the command on its stdin,
+docs:mpsv2-interface), the form of every NVIDIA example. Legacy daemons can opt
+in to a persistent control channel (:mod:`.channel`, ``control_channel``): one
+control shell per daemon fed many commands, framed by a sentinel no document
+describes (gpu-unverified); where the shell does not frame answers as expected,
+the daemon falls back to one process per command for its life, with a warning.
+v3 daemons never use it: MPS v3 "replaces the interactive shell of Legacy MPS
+v2" (docs:mpsv3-interface), so no document says a v3 daemon reads commands on
+stdin at all.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_driver.mpsagent import commands as cmd
-from dra_driver.mpsagent import sockets
+from dra_driver.mpsagent import listing, sockets
 from dra_driver.mpsagent.channel import ChannelError, ControlChannel
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits, UidWait
 from dra_driver.mpsagent.compute_mode import ComputeMode, ComputeModeError, Mode, parse_mode
@@ -243,15 +247,16 @@ class MpsDaemon:
         adopted_poll_interval: float = 0.5,
         shm_namespace: Sequence[str] | None = None,
         uid_check_interval: float = 10.0,
-        control_channel: bool = True,
+        control_channel: bool = False,
         channel_probe_timeout: float = CHANNEL_PROBE_TIMEOUT_S,
     ) -> None:
         """``shm_namespace``: the ``unshare`` command that gives the daemon a private
         mount namespace with the GPU's shm directory on ``/dev/shm`` (None: the
         agent's own ``/dev/shm``). ``uid_check_interval``: seconds between legacy
-        UID checks (0: none). ``control_channel``: commands over one persistent shell
-        (False: one process per command); ``channel_probe_timeout``: how long a
-        readiness probe waits for the channel before it tries a process."""
+        UID checks (0: none). ``control_channel``: opt-in, unverified: a legacy
+        daemon's commands over one persistent shell (ignored for v3, which has no
+        documented shell; off: one process per command); ``channel_probe_timeout``:
+        how long a readiness probe waits for the channel before it tries a process."""
         self.gpu_uuid = gpu_uuid
         try:
             self.dirs = DaemonDirs.for_gpu(state_dir, gpu_uuid)
@@ -283,8 +288,16 @@ class MpsDaemon:
         self._server_exists = False
         self._namespaces: set[str] = set()
         self.channel_probe_timeout = channel_probe_timeout
-        self.channel_usable = control_channel
-        """False once the shell did not frame answers (then: a process per command)."""
+        self.channel_usable = control_channel and protocol == "legacy"
+        """False unless opted in (legacy only), and once the shell did not frame
+        answers (then: a process per command)."""
+        if control_channel and protocol != "legacy":
+            log.warning(
+                "GPU %s: the persistent control channel is for legacy MPS only; this %s "
+                "daemon gets one process per command (docs:mpsv3-interface documents no shell)",
+                gpu_uuid,
+                protocol,
+            )
         self.channel = ControlChannel(
             self._argv([]), self.env, timeout=command_timeout, label=f"GPU {gpu_uuid}"
         )
@@ -684,12 +697,19 @@ class MpsDaemon:
         """Learn which server and namespaces the daemon holds (v3)."""
         if self.protocol != "v3":
             return
-        servers = cmd.parse_v3_server_names(await self.run(cmd.v3_server_list()))
-        self._server_exists = cmd.SERVER_NAME in servers
+        servers = listing.parse_v3_server_names(await self.run(cmd.v3_server_list()))
+        self._log_problems(servers.problems)
+        self._server_exists = cmd.SERVER_NAME in servers.names
         self._namespaces = set()
         if self._server_exists:
-            rows = cmd.parse_v3_namespace_list(await self.run(cmd.v3_namespace_list()))
-            self._namespaces = {r.name for r in rows if r.server == cmd.SERVER_NAME}
+            spaces = listing.parse_v3_namespace_list(await self.run(cmd.v3_namespace_list()))
+            self._log_problems(spaces.problems)
+            self._namespaces = {r.name for r in spaces.rows if r.server == cmd.SERVER_NAME}
+
+    def _log_problems(self, problems: Sequence[listing.ListingProblem]) -> None:
+        """A listing line not in the documented form costs that line, not the adoption."""
+        for problem in problems:
+            log.warning("GPU %s: %s", self.gpu_uuid, problem)
 
     async def restore(self, shares: Sequence[ShareLimits]) -> None:
         """Make the daemon hold exactly ``shares`` (after a start, restart or adoption)."""

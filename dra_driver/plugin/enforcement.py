@@ -8,9 +8,15 @@ returns the CDI edits that only exist afterwards:
   and the share's namespace and limits; the container then gets the share's
   pipe directory and the GPU's shm directory;
 * an **MPS share inside a MIG instance** gets the instance (created like a MIG
-  device below when it does not exist yet) and then a namespace at the daemon
-  for that instance, whose key is the instance's MIG UUID (the agent's daemon
-  for it runs with ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``);
+  device below when it does not exist yet) and then a share at the daemon for
+  that instance, whose key is the instance's MIG UUID (the agent's daemon for it
+  runs with ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``). That daemon speaks legacy MPS
+  whatever the agent's protocol (v3 namespaces and memory partitioning are
+  documented for non-MIG GPUs only: :func:`dra_driver.mpsagent.commands.daemon_protocol`),
+  so what holds there is legacy's: the daemon's defaults are the largest share's
+  limits, each share's own caps are its containers' environment (cooperative:
+  a client can drop them, up to the defaults), its clients run as one UID at a
+  time, and no dmem limit is set (MIG is unsupported there);
 * a **MIG device** on a free placement is created through the GPU backend
   (idempotent: a retry finds the instance it made), then its GI and CI
   capability nodes are read from the driver's files under ``--proc-root``;

@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 FIX = (
     "Run the pods that share this GPU as one UID (securityContext.runAsUser), or use MPS v3 "
-    "(driver 615+, mps-agent --mps-protocol=v3) or MIG"
+    "on a whole GPU (driver 615+, mps-agent --mps-protocol=v3; a MIG instance's MPS daemon "
+    "is always legacy) or a MIG device"
 )
 """What ends a legacy MPS UID wait for good."""
 

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 
-from dra_driver.mpsagent.commands import parse_memory_limit
+from dra_driver.mpsagent.listing import parse_memory_limit, parse_v3_namespace_list
 
 SMS = 132
 
@@ -30,10 +30,9 @@ def namespace_limit(pipe: str) -> int | None:
          "--format=csv,noheader"],
         env=env, capture_output=True, text=True, check=False, timeout=30,
     )  # fmt: skip
-    for line in listed.stdout.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if cells and cells[0] == namespace and len(cells) > 3 and cells[3] not in ("", "-"):
-            return parse_memory_limit(cells[3])
+    for row in parse_v3_namespace_list(listed.stdout).rows:
+        if row.name == namespace:
+            return row.pinned_memory_limit
     return None
 
 

@@ -531,13 +531,13 @@ def test_fake_backend_uses_the_fake_mps_control() -> None:
 
 def test_mps_control_channel_is_a_value() -> None:
     agent = env_of(container(find(render("fake"), "DaemonSet", "-mps-agent"), "mps-agent"))
-    assert agent["MPS_CONTROL_CHANNEL"]["value"] == "persistent"
+    assert agent["MPS_CONTROL_CHANNEL"]["value"] == "process"
     done = _run_helm(
         *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
-        *("--set", "mpsAgent.controlChannel=process"),
+        *("--set", "mpsAgent.controlChannel=persistent"),
     )
     assert done.returncode == 0, done.stderr
-    assert 'name: MPS_CONTROL_CHANNEL\n              value: "process"' in done.stdout
+    assert 'name: MPS_CONTROL_CHANNEL\n              value: "persistent"' in done.stdout
     wrong = _run_helm(
         *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
         *("--set", "mpsAgent.controlChannel=shell"),

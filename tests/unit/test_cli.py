@@ -213,6 +213,7 @@ def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     # Two claims share one MIG instance (made on demand) with different limits.
     assert "MPS 2Gi, 30% SMs in MIG 1g.10gb" in out and "MPS 4Gi, 60% SMs in MIG 1g.10gb" in out
     assert "MPS daemon for MIG instance MIG-" in out
+    assert "holds 2 share(s) under legacy MPS" in out  # a MIG instance's daemon: legacy
     assert "repeated prepare returns the recorded result: yes" in out
     assert "25 MIG placements" in out
     assert "gpu-1: 40Gi + 28Gi + 10Gi" in out  # the allocator's best fit

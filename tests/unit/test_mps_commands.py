@@ -8,10 +8,12 @@ import re
 import pytest
 
 from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent import listing
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits
 
 GPU = "GPU-5ed1b7c8-0000-1111-2222-333344445555"
+MIG = "MIG-1b2c3d4e-0000-1111-2222-333344445555"
 SHARE = "7d3f52c1-9b1e-4a57-8d8e-2f0c6f1a9b10"
 GIB = 1 << 30
 
@@ -34,20 +36,12 @@ def test_namespace_name_is_short_fixed_and_valid(share_id: str) -> None:
 )
 def test_memory_limit_value_never_exceeds_the_grant(limit: int, value: str) -> None:
     assert cmd.memory_limit_value(limit) == value
-    assert cmd.parse_memory_limit(value) <= limit
+    assert listing.parse_memory_limit(value) <= limit
 
 
 def test_memory_limit_below_one_mib_is_refused() -> None:
     with pytest.raises(ValueError, match="below 1 MiB"):
         cmd.memory_limit_value(1000)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("4G", 4 * GIB), ("512M", 512 << 20), ("1024K", 1 << 20), ("77", 77), ("8GiB", 8 * GIB)],
-)
-def test_parse_memory_limit(text: str, expected: int) -> None:
-    assert cmd.parse_memory_limit(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -63,6 +57,21 @@ def test_parse_memory_limit(text: str, expected: int) -> None:
 )
 def test_choose_protocol(setting: str, driver: str | None, expected: str) -> None:
     assert cmd.choose_protocol(setting, driver) == expected
+
+
+@pytest.mark.parametrize(
+    ("agent", "uuid", "expected"),
+    [
+        ("v3", GPU, "v3"),
+        ("v3", MIG, "legacy"),
+        ("legacy", GPU, "legacy"),
+        ("legacy", MIG, "legacy"),
+    ],
+    ids=["gpu-v3", "mig-under-v3", "gpu-legacy", "mig-legacy"],
+)
+def test_a_mig_instances_daemon_speaks_legacy(agent: str, uuid: str, expected: str) -> None:
+    # v3 namespaces are documented for non-MIG GPUs only (Dynamo: "MIG disabled").
+    assert cmd.daemon_protocol("v3" if agent == "v3" else "legacy", uuid) == expected
 
 
 def test_choose_protocol_rejects_unknown() -> None:
@@ -191,17 +200,7 @@ def test_legacy_apply_uses_the_largest_share_for_defaults_and_running_servers() 
     assert cmd.render_legacy_apply(GPU, [], [4242]) == []
 
 
-def test_parsers() -> None:
-    listing = (
-        "default,shares,Ready,-,-,0,/p/shares/default\n"
-        f"{NS},shares,Ready,10240M,25,0,/p/shares/{NS}\n"
-    )
-    rows = cmd.parse_v3_namespace_list(listing)
-    assert rows == [
-        cmd.NamespaceRow("default", "shares", None, None),
-        cmd.NamespaceRow(NS, "shares", 10 * GIB, 25),
-    ]
-    assert cmd.parse_v3_server_names("shares,0,123,Ready,/p/shares,-,-\n") == ["shares"]
+def test_legacy_server_list() -> None:
     assert cmd.parse_legacy_server_list("4242\n4343\n") == [4242, 4343]
     assert cmd.parse_legacy_server_list("") == []
 
@@ -244,6 +243,24 @@ def test_share_cdi_edits_v3_has_no_client_side_caps() -> None:
         cmd.MpsMount(pipe, pipe),
         cmd.MpsMount(f"/st/{GPU}/shm", "/dev/shm"),
     )
+
+
+def test_legacy_limits_name_a_mig_instance_by_ordinal_0() -> None:
+    """Inside a MIG instance's daemon (CUDA_VISIBLE_DEVICES=MIG-<uuid>) its clients see
+    the instance as device 0 (env-var appendix); a MIG UUID key is documented nowhere."""
+    calls = cmd.render_legacy_apply(MIG, [ShareLimits("a", 2 * GIB, 30)], server_pids=[77])
+    assert [c.stdin for c in calls] == [
+        "set_default_active_thread_percentage 30\n",
+        "set_default_device_pinned_mem_limit 0 2048M\n",
+        "set_active_thread_percentage 77 30\n",
+        "set_device_pinned_mem_limit 77 0 2048M\n",
+    ]
+    assert all(MIG not in (c.stdin or "") for c in calls)
+    assert cmd.legacy_client_env(MIG, 2 * GIB, 30) == (
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+    )
+    assert cmd.legacy_device_key(GPU) == GPU
 
 
 def test_share_cdi_edits_legacy_caps_through_env() -> None:
