@@ -13,12 +13,15 @@ to use fails the first; a grant it stops using fails the second.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim
@@ -92,9 +95,32 @@ def test_the_controller_uses_every_grant_and_nothing_more() -> None:
 PLUGIN_VALUES = (*GUARD_VALUES, *EXTENDED_VALUES)
 """The plugin's widest install: the disruption guard and extended resources on, claim
 status on (the default)."""
+NO_STATUS_VALUES = ("kubeletPlugin.writeDeviceStatus=false",)
 
 
-def start_plugin_process(dirs: NodeDirs, api: FakeKubeApi) -> subprocess.Popen[bytes]:
+@dataclasses.dataclass(frozen=True)
+class PluginInstall:
+    """Chart values and the plugin flags the chart derives from them."""
+
+    values: tuple[str, ...]
+    guard: bool
+    status: bool
+
+    def flags(self) -> list[str]:
+        guard = ["--disruption-guard", "all" if self.guard else "off"]
+        return [*guard, "--claim-status", "auto" if self.status else "off"]
+
+
+INSTALLS = {
+    "widest": PluginInstall(PLUGIN_VALUES, guard=True, status=True),
+    "defaults": PluginInstall((), guard=False, status=True),
+    "no-status": PluginInstall(NO_STATUS_VALUES, guard=False, status=False),
+}
+
+
+def start_plugin_process(
+    dirs: NodeDirs, api: FakeKubeApi, install: PluginInstall
+) -> subprocess.Popen[bytes]:
     kubeconfig = dirs.kubeconfig(api.url, plugin_token(api))
     cmd = [
         sys.executable, "-m", "dra_driver", "kubelet-plugin",
@@ -103,7 +129,7 @@ def start_plugin_process(dirs: NodeDirs, api: FakeKubeApi) -> subprocess.Popen[b
         "--cdi-root", dirs.cdi, "--fake-gpus", "h100-80gb:2",
         "--kubeconfig", kubeconfig, "--boot-id-file", dirs.boot_id_file,
         "--sharing", "timeslicing", "--event-interval", "0",
-        "--disruption-guard", "all", "--disruption-guard-interval", "0",
+        "--disruption-guard-interval", "0", *install.flags(),
         "--extended-resource-names", "nvidia.com/gpu", "--health-probe-interval", "0",
     ]  # fmt: skip
     with open(os.path.join(dirs.root, "plugin.log"), "ab") as log:
@@ -137,6 +163,14 @@ def guarded_pod(name: str, claim_name: str) -> JsonObj:
     }
 
 
+def has_status_devices(api: FakeKubeApi, claim: str) -> bool:
+    return bool((api.get("ResourceClaim", claim, "default").get("status") or {}).get("devices"))
+
+
+def has_annotations(api: FakeKubeApi, pod: str) -> bool:
+    return bool(api.get("Pod", pod, "default")["metadata"].get("annotations"))
+
+
 def event_counted(api: FakeKubeApi, claim: str, count: int) -> bool:
     return any(
         e.get("count", 1) >= count
@@ -145,7 +179,7 @@ def event_counted(api: FakeKubeApi, claim: str, count: int) -> bool:
     )
 
 
-def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs) -> None:
+def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs, install: PluginInstall) -> None:
     """Publish (probe, create), restart over a changed and a stale slice (update,
     delete), prepare a claim (read, status, guard with a conflict), a refused prepare
     twice (an Event and its counted repeat), unprepare."""
@@ -153,7 +187,7 @@ def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs) -> None:
     good = api.create(resource_claim("default", "good", devices=[Allocated("gpu-0")]))
     elsewhere = api.create(resource_claim("default", "elsewhere", node="node-b"))
     api.create(guarded_pod("p-good", "good"))
-    proc = start_plugin_process(dirs, api)
+    proc = start_plugin_process(dirs, api, install)
     try:
         eventually_sync(lambda: len(ours(api)) > 0, "the first publish", timeout=30)
     finally:
@@ -163,8 +197,9 @@ def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs) -> None:
     api.update(changed)
     stale = {**changed, "metadata": {"name": f"{NODE}-stale"}}
     api.create(stale)
-    api.fail_next("PATCH", "/pods/p-good", 409)  # the guard reads the pod again
-    proc = start_plugin_process(dirs, api)
+    if install.guard:
+        api.fail_next("PATCH", "/pods/p-good", 409)  # the guard reads the pod again
+    proc = start_plugin_process(dirs, api, install)
     try:
         eventually_sync(
             lambda: len(ours(api)) == 1 and len(ours(api)[0]["spec"]["devices"]) == 2,
@@ -184,24 +219,25 @@ def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs) -> None:
                         f"the refused prepare's Event, count {count}",
                         timeout=15,
                     )
-                await eventually(
-                    lambda: (api.get("ResourceClaim", "good", "default").get("status") or {}).get(
-                        "devices"
-                    ),
-                    "status.devices",
-                    timeout=15,
-                )
-                await eventually(
-                    lambda: api.get("Pod", "p-good", "default")["metadata"].get("annotations"),
-                    "the guard's annotations",
-                    timeout=15,
-                )
+                if install.status:
+                    await eventually(
+                        functools.partial(has_status_devices, api, "good"),
+                        "status.devices",
+                        timeout=15,
+                    )
+                if install.guard:
+                    await eventually(
+                        functools.partial(has_annotations, api, "p-good"),
+                        "the guard's annotations",
+                        timeout=15,
+                    )
                 assert await plugin.unprepare([claim_ref(good)]) == {claim_ref(good).uid: ""}
-                await eventually(
-                    lambda: not api.get("Pod", "p-good", "default")["metadata"].get("annotations"),
-                    "the guard's annotations removed",
-                    timeout=15,
-                )
+                if install.guard:
+                    await eventually(
+                        lambda: not has_annotations(api, "p-good"),
+                        "the guard's annotations removed",
+                        timeout=15,
+                    )
             finally:
                 await kubelet.close()
 
@@ -210,17 +246,20 @@ def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs) -> None:
         stop(proc)
 
 
-def test_the_plugin_uses_every_grant_and_nothing_more(node_dirs: NodeDirs) -> None:
+@pytest.mark.parametrize("install", list(INSTALLS.values()), ids=list(INSTALLS))
+def test_the_plugin_uses_every_grant_and_nothing_more(
+    node_dirs: NodeDirs, install: PluginInstall
+) -> None:
     user = plugin_user(NODE)
     needed: set[Permission] = set()
     for minor in (34, 36):
         for path in (node_dirs.plugin, node_dirs.cdi):
             shutil.rmtree(path)
             os.makedirs(path)
-        with chart_api(PLUGIN_VALUES, kube_minor=minor) as api:
-            plugin_scenario(api, node_dirs)
+        with chart_api(install.values, kube_minor=minor) as api:
+            plugin_scenario(api, node_dirs, install)
             allowed, refused = used(api, user)
         assert not refused, f"1.{minor}: refused {refused}"
         needed |= allowed
-    grants = granted(render_chart(PLUGIN_VALUES), user)
+    grants = granted(render_chart(install.values), user)
     assert unused(grants, needed) == set(), f"granted but never needed; needed: {sorted(needed)}"

@@ -796,11 +796,13 @@ def test_plugin_rbac() -> None:
         ("", "nodes", "get", ""),
         ("", "events", "create", ""),
         ("", "events", "patch", ""),
-        (rs, "resourceclaims/driver", "associated-node:patch", DRIVER),
     }
     assert rules(render("no-claim-status"), "ClusterRole", "-kubelet-plugin") == expected
     with_status = rules(render("defaults"), "ClusterRole", "-kubelet-plugin")
-    assert with_status - expected == {(rs, "resourceclaims/status", "patch", "")}
+    assert with_status - expected == {
+        (rs, "resourceclaims/status", "patch", ""),
+        (rs, "resourceclaims/driver", "associated-node:patch", DRIVER),
+    }
 
 
 def test_controller_rbac() -> None:
