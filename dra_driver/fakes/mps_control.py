@@ -862,6 +862,7 @@ def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) 
     except CommandError as err:
         ok, reply = False, f"{err}\n"
     if ok and delay > 0:
+        entry["busy_since"] = round(time.time(), 3)  # tests read the daemon's busy spans
         time.sleep(delay)  # a daemon that takes its time (tests); refusals stay instant
     entry.update(ok=ok, reply=reply)
     _record(logs, entry)
