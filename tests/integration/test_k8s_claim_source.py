@@ -29,6 +29,7 @@ from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.errors import BODY_MAX_CHARS, translate_api_errors
 from dra_driver.k8s.official import ApiException, Configuration
+from tests.support.chart import plugin_client
 from tests.support.fakekube import DEFAULT_KINDS, FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"
@@ -36,10 +37,13 @@ DRIVER = "gpu.fractional.dev"
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"
 GPU_CONFIG = {"apiVersion": "gpu.fractional.dev/v1alpha1", "kind": "GpuConfig"}
 
+pytestmark = pytest.mark.chart(())
+"""Claims read as the plugin reads them: its ServiceAccount, the chart's RBAC."""
+
 
 @pytest.fixture
 def api_client(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with make_api_client(None, host=fake_kube.url) as api:
+    with plugin_client(fake_kube) as api:
         yield api
 
 

@@ -22,6 +22,7 @@ from dra_driver.k8s.claim_status import (
 )
 from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder, InvolvedObject, event_object
+from tests.support.chart import plugin_client
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import run_checked
 
@@ -29,6 +30,10 @@ DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
 STATUS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1/status"
 REF = ClaimRef("default", "c1", ClaimUID("uid-1"))
+
+pytestmark = pytest.mark.chart(())
+"""Events and claim status as the plugin writes them: its ServiceAccount, the chart's
+RBAC and admission policies."""
 
 
 class Clock:
@@ -41,7 +46,8 @@ class Clock:
 
 @pytest.fixture
 def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with make_api_client(None, host=fake_kube.url) as client:
+    """The plugin's client (its ServiceAccount, under the chart's RBAC: ``pytestmark``)."""
+    with plugin_client(fake_kube) as client:
         yield client
 
 

@@ -36,11 +36,15 @@ from dra_driver.k8s.publisher import (
     missing_fields,
     slice_name,
 )
+from tests.support.chart import plugin_client
 from tests.support.fakekube import FakeKubeApi, JsonObj
 from tests.support.http import send_json
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
+
+pytestmark = pytest.mark.chart(())
+"""The publisher as the plugin runs it: its ServiceAccount under the chart's RBAC and policies."""
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 FAST = Backoff(initial_s=0.001, max_s=0.005)
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -126,7 +130,9 @@ def http(fake: FakeKubeApi, method: str, path: str, body: Any = None) -> tuple[i
 
 @pytest.fixture
 def api_client(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with make_api_client(None, host=fake_kube.url) as api:
+    """The plugin's client: as its ServiceAccount on NODE, under the chart's RBAC and
+    slice policy (``pytestmark``)."""
+    with plugin_client(fake_kube, NODE) as api:
         yield api
 
 
