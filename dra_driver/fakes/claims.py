@@ -7,9 +7,9 @@ from typing import Any
 
 from dra_driver.base.errors import ClaimNotFoundError
 from dra_driver.base.ids import ClaimRef
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.ports import ensure_same_claim
-from dra_driver.k8s.convert import claim_from_dict
 
 
 class InMemoryClaimSource:

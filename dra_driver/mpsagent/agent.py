@@ -137,16 +137,28 @@ class MpsAgent:
         atomic_write(self.state_path, json.dumps(doc, separators=(",", ":")).encode(), fsync=False)
 
     def _load(self) -> None:
-        """Lenient: what we wrote ourselves, maybe by a newer or older agent."""
+        """Lenient: what we wrote ourselves, maybe by a newer or older agent. A file of
+        another version is read for the fields this version knows, and said so."""
         try:
             with open(self.state_path, "rb") as f:
                 doc = json.load(f)
+            if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
+                raise ValueError("no integer 'version': not a state file an agent wrote")
             shares = [wire.share_from_json(s) for s in doc.get("shares", [])]
         except FileNotFoundError:
             return
         except (OSError, ValueError) as err:
             log.error("ignoring unreadable MPS agent state %s: %s", self.state_path, err)
             return
+        if doc["version"] != STATE_VERSION:
+            log.warning(
+                "MPS agent state %s is of version %d, this agent writes version %d: "
+                "reading the fields it knows (an agent rolled %s)",
+                self.state_path,
+                doc["version"],
+                STATE_VERSION,
+                "back" if doc["version"] > STATE_VERSION else "forward",
+            )
         for share in shares:
             protocol = cmd.daemon_protocol(self.protocol, share.gpu_uuid)
             try:

@@ -8,6 +8,7 @@ directory and records every command in the log directory; the tests read both.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -429,3 +430,37 @@ def test_a_kept_connection_closed_mid_request_is_retried_once_on_a_new_one(
             await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("version", "kept", "says"),
+    [
+        (2, True, "is of version 2, this agent writes version 1: reading the fields it knows"),
+        ("one", False, "ignoring unreadable MPS agent state"),
+    ],
+)
+def test_the_state_files_version_is_checked(
+    v3_node: Node, caplog: pytest.LogCaptureFixture, version: object, kept: bool, says: str
+) -> None:
+    """A file another agent version wrote is read for what this one knows, and logged;
+    one without an integer version is no state file of ours."""
+    state_path = os.path.join(v3_node.config.state_dir, "mps-agent-state.json")
+
+    async def scenario() -> list[str]:
+        async with agent_running(v3_node.config):
+            await v3_node.client().ensure_share(
+                GPU0, "share-a", claim_uid="claim-a", memory_limit_bytes=GIB,
+                active_thread_percentage=20,
+            )  # fmt: skip
+        with open(state_path, encoding="utf-8") as f:
+            doc = json.load(f)
+        doc["version"] = version
+        with open(state_path, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        with caplog.at_level(logging.WARNING):
+            async with agent_running(v3_node.config):
+                return [s.share_id for s in await v3_node.client().list_shares()]
+
+    shares = asyncio.run(scenario())
+    assert says in caplog.text
+    assert (shares == ["share-a"]) == kept, shares

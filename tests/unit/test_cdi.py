@@ -15,6 +15,7 @@ import pytest
 
 from dra_driver.base.errors import ConfigError
 from dra_driver.base.ids import PoolName
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.cdi import (
     CdiDevice,
     CdiSpec,
@@ -34,7 +35,6 @@ from dra_driver.core.cdi import (
 from dra_driver.core.prepare import NodeContext, plan_prepare
 from dra_driver.fakes.gpu import build_inventory
 from dra_driver.fakes.objects import Allocated, resource_claim
-from dra_driver.k8s.convert import claim_from_dict
 
 KIND = "k8s.gpu.fractional.dev/claim"
 UID = "0b6e2c1d-55aa-4f7e-9c3b-1d2e3f405060"

@@ -11,6 +11,7 @@ import yaml
 
 from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import PoolName
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.cdi import (
     CdiSpecInvalidError,
     cdi_kind_for_driver,
@@ -21,7 +22,6 @@ from dra_driver.core.cdi import (
 from dra_driver.core.prepare import NodeContext, plan_prepare
 from dra_driver.fakes.gpu import build_inventory
 from dra_driver.fakes.objects import Allocated, resource_claim
-from dra_driver.k8s.convert import claim_from_dict
 
 FIXTURE = pathlib.Path(__file__).parents[1] / "fixtures" / "toolkit-cdi" / "nvidia.yaml"
 

@@ -10,9 +10,9 @@ import pytest
 
 from dra_driver.base.errors import ClaimError
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, PoolName
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import DeviceResult, OpaqueConfig, ResourceClaim
 from dra_driver.fakes.objects import Allocated, resource_claim
-from dra_driver.k8s.convert import claim_from_dict
 
 UID = "3a1f6c0e-7b9d-4e21-8c55-0a1b2c3d4e5f"
 REF = ClaimRef("team-a", "train", ClaimUID(UID))

@@ -18,6 +18,7 @@ import pytest
 
 from dra_driver.base.errors import AllocationError
 from dra_driver.base.ids import GpuUUID, PoolName
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.cdi import Hook, render_spec, validate_cdi_spec
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.prepare import (
@@ -38,7 +39,6 @@ from dra_driver.gpu.dmem import (
     device_memory_regions,
     parse_capacity,
 )
-from dra_driver.k8s.convert import claim_from_dict
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
 from dra_driver.plugin.enforcement import DmemLimits, Enforcer, dmem_hook_settings
 

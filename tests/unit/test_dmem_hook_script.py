@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import pytest
 
 from dra_driver.base.ids import PoolName
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.cdi import render_spec
 from dra_driver.core.prepare import DmemHookSettings, NodeContext, plan_prepare
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.dmemhook import HOOK_FILE
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.fakes.objects import resource_claim, share
-from dra_driver.k8s.convert import claim_from_dict
 from tests.support import fake_nvidia_smi
 
 SCRIPT = pathlib.Path(__file__).parents[2] / "dra_driver" / "dmemhook" / HOOK_FILE

@@ -23,6 +23,7 @@ from dra_driver.allocator.capacity import consumed_capacity, fits
 from dra_driver.allocator.cel import SelectorCache
 from dra_driver.allocator.model import Device, gather_pools
 from dra_driver.base.ids import PoolName
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.prepare import Mode, NodeContext, plan_prepare
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
@@ -34,7 +35,6 @@ from dra_driver.fakes.extended_resources import (
 )
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.fakes.objects import resource_claim, share
-from dra_driver.k8s.convert import claim_from_dict
 from tests.support.chart import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,12 +15,12 @@ from dra_driver.base.errors import (
     ClaimNotOnNodeError,
 )
 from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.cdi import CdiSpec, DeviceNode
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.prepare import DeviceUse, Mode, NodeContext, PreparePlan, plan_prepare
 from dra_driver.fakes.gpu import build_inventory
 from dra_driver.fakes.objects import Allocated, resource_claim
-from dra_driver.k8s.convert import claim_from_dict
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"

@@ -10,6 +10,7 @@ import pytest
 
 from dra_driver.base.errors import AllocationError
 from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
+from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.prepare import (
     DeviceUse,
@@ -23,7 +24,6 @@ from dra_driver.core.prepare import (
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.fakes.objects import Allocated, resource_claim, share
-from dra_driver.k8s.convert import claim_from_dict
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
