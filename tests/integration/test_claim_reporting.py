@@ -32,6 +32,7 @@ from dra_driver.plugin.claim_reporting import (
     DeviceHealthReport,
 )
 from tests.support.chart import plugin_client
+from tests.support.clock import Clock
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -57,14 +58,6 @@ class Prepared:
 
     ref: ClaimRef
     devices: tuple[PlannedDevice, ...]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

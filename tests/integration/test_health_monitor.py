@@ -31,6 +31,7 @@ from dra_driver.kubeletplugin.health import Health
 from dra_driver.plugin.health_monitor import HealthMonitor, report_timeout
 from dra_driver.plugin.publishing import SlicePublishing
 from tests.support.chart import chart_api, plugin_client
+from tests.support.clock import Clock
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.health_stream import until_health
@@ -41,14 +42,6 @@ T0 = 1_700_000_000.0
 RECOVERY = 300.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def hub_health(monitor: HealthMonitor) -> dict[str, tuple[Health, str]]:
     return {d.device_name: (d.health, d.message) for d in monitor.hub.snapshot()[1]}
 
@@ -57,7 +50,7 @@ async def fake_monitor(
     gpus: str = "h100-80gb:2,h100-80gb:1:mig", **settings: Any
 ) -> tuple[FakeGpuBackend, HealthMonitor, Clock]:
     backend = FakeGpuBackend(gpus, NODE)
-    clock = Clock()
+    clock = Clock(T0)
     monitor = HealthMonitor(
         backend,
         await backend.inventory(),

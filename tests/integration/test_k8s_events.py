@@ -23,6 +23,7 @@ from dra_driver.k8s.claim_status import (
 from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder, InvolvedObject, event_object
 from tests.support.chart import plugin_client
+from tests.support.clock import Clock
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import run_checked
 
@@ -34,14 +35,6 @@ REF = ClaimRef("default", "c1", ClaimUID("uid-1"))
 pytestmark = pytest.mark.chart(())
 """Events and claim status as the plugin writes them: its ServiceAccount, the chart's
 RBAC and admission policies."""
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

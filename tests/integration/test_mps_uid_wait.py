@@ -40,6 +40,7 @@ from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ShareInfo
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from dra_driver.plugin.mps_watch import MpsUidWait, MpsUidWatch, waiting_claims
 from tests.support.chart import plugin_client
+from tests.support.clock import Clock
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_running, gpu_dir
@@ -49,14 +50,6 @@ pytestmark = pytest.mark.chart(())
 """The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
 
 GAUGE = "fractional_gpu_dra_mps_waiting_uids"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
