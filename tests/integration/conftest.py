@@ -13,6 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from dra_driver.k8s.client import KubeClient
+from tests.support.chart import plugin_client
+from tests.support.fakekube import FakeKubeApi
 from tests.support.node import NodeDirs
 
 
@@ -31,3 +34,12 @@ def node_dirs() -> Iterator[NodeDirs]:
     dirs.set_boot_id("boot-1")
     yield dirs
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
+    """The kubelet plugin's API client on node-a: as its ServiceAccount where the module
+    marks ``fake_kube`` with the chart (``pytest.mark.chart``), else without credentials.
+    A module may define its own ``api`` (a fake API server, say) instead."""
+    with plugin_client(fake_kube) as client:
+        yield client

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -31,7 +31,6 @@ from dra_driver.plugin.claim_reporting import (
     ClaimReporter,
     DeviceHealthReport,
 )
-from tests.support.chart import plugin_client
 from tests.support.clock import Clock
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
@@ -58,12 +57,6 @@ class Prepared:
 
     ref: ClaimRef
     devices: tuple[PlannedDevice, ...]
-
-
-@pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with plugin_client(fake_kube) as client:
-        yield client
 
 
 def reporter(

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -31,7 +31,7 @@ from dra_driver.k8s.pods import PodApi
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.plugin.claim_reporting import COMPONENT
 from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
-from tests.support.chart import GUARD_VALUES, plugin_client
+from tests.support.chart import GUARD_VALUES
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -41,12 +41,6 @@ pytestmark = pytest.mark.chart(GUARD_VALUES)
 MARKER = marker_key(DRIVER)
 GUARD = {KARPENTER_DO_NOT_DISRUPT: "true", CA_SAFE_TO_EVICT: "false"}
 OPTED_IN = {opt_in_key(DRIVER): "true"}
-
-
-@pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with plugin_client(fake_kube) as client:
-        yield client
 
 
 def claim(

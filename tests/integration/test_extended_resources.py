@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -44,7 +44,7 @@ from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.nodes import read_node
 from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.extended_resources import check_extended_resources
-from tests.support.chart import EXTENDED_VALUES, plugin_client, plugin_token
+from tests.support.chart import EXTENDED_VALUES, plugin_token
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -68,12 +68,6 @@ CLASSES = [
         "spec": {"extendedResourceName": MIG},
     },
 ]
-
-
-@pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with plugin_client(fake_kube) as client:
-        yield client
 
 
 def ctr(name: str, limits: Mapping[str, int]) -> dict[str, Any]:

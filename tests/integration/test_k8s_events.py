@@ -6,7 +6,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +21,6 @@ from dra_driver.k8s.claim_status import (
 )
 from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder, InvolvedObject, event_object
-from tests.support.chart import plugin_client
 from tests.support.clock import Clock
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import run_checked
@@ -35,13 +33,6 @@ REF = ClaimRef("default", "c1", ClaimUID("uid-1"))
 pytestmark = pytest.mark.chart(())
 """Events and claim status as the plugin writes them: its ServiceAccount, the chart's
 RBAC and admission policies."""
-
-
-@pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    """The plugin's client (its ServiceAccount, under the chart's RBAC: ``pytestmark``)."""
-    with plugin_client(fake_kube) as client:
-        yield client
 
 
 def recorder(api: KubeClient, clock: Clock, **kw: Any) -> EventRecorder:

@@ -39,7 +39,6 @@ from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ShareInfo
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from dra_driver.plugin.mps_watch import MpsUidWait, MpsUidWatch, waiting_claims
-from tests.support.chart import plugin_client
 from tests.support.clock import Clock
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
@@ -50,12 +49,6 @@ pytestmark = pytest.mark.chart(())
 """The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
 
 GAUGE = "fractional_gpu_dra_mps_waiting_uids"
-
-
-@pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with plugin_client(fake_kube) as client:
-        yield client
 
 
 def reporter(api: KubeClient, clock: Clock) -> ClaimReporter:
