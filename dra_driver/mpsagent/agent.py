@@ -27,7 +27,7 @@ import socket
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import protocol as wire
@@ -43,6 +43,23 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "mps-agent-state.json"
 STATE_VERSION = 1
+
+
+class ShareFields(Protocol):
+    """What a share is, whoever says it: an ensure request or a recorded share."""
+
+    @property
+    def gpu_uuid(self) -> str: ...
+    @property
+    def share_id(self) -> str: ...
+    @property
+    def claim_uid(self) -> str: ...
+    @property
+    def memory_limit_bytes(self) -> int: ...
+    @property
+    def active_thread_percentage(self) -> int: ...
+    @property
+    def uid(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -162,14 +179,7 @@ class MpsAgent:
         for share in shares:
             protocol = cmd.daemon_protocol(self.protocol, share.gpu_uuid)
             try:
-                current = self._share_info(
-                    share.gpu_uuid,
-                    share.share_id,
-                    claim_uid=share.claim_uid,
-                    memory_limit_bytes=share.memory_limit_bytes,
-                    pct=share.active_thread_percentage,
-                    uid=share.uid,
-                )
+                current = self._share_info(share)
             except (DaemonError, SocketPathTooLong) as err:
                 log.error("dropping recorded share %s: %s", share.share_id, err)
                 continue
@@ -210,16 +220,10 @@ class MpsAgent:
             self._daemons[gpu_uuid] = daemon
         return daemon
 
-    def _share_info(
-        self,
-        gpu_uuid: str,
-        share_id: str,
-        *,
-        claim_uid: str,
-        memory_limit_bytes: int,
-        pct: int,
-        uid: int | None,
-    ) -> ShareInfo:
+    def _share_info(self, share: ShareFields) -> ShareInfo:
+        """The record of ``share`` (a request, or a record an earlier agent wrote) as this
+        agent lays it out: its daemon's protocol, namespace and directories."""
+        gpu_uuid, share_id = share.gpu_uuid, share.share_id
         daemon_dirs = self._daemon(gpu_uuid).dirs
         # A MIG instance's daemon is legacy whatever the agent runs (cmd.daemon_protocol).
         protocol = cmd.daemon_protocol(self.protocol, gpu_uuid)
@@ -232,10 +236,10 @@ class MpsAgent:
         return ShareInfo(
             gpu_uuid=gpu_uuid,
             share_id=share_id,
-            claim_uid=claim_uid,
-            memory_limit_bytes=memory_limit_bytes,
-            active_thread_percentage=pct,
-            uid=uid,
+            claim_uid=share.claim_uid,
+            memory_limit_bytes=share.memory_limit_bytes,
+            active_thread_percentage=share.active_thread_percentage,
+            uid=share.uid,
             protocol=protocol,
             namespace=namespace,
             pipe_dir=pipe,
@@ -401,14 +405,7 @@ class MpsAgent:
                         "615+; a MIG instance's daemon is always legacy)",
                     )
             try:
-                info = self._share_info(
-                    req.gpu_uuid,
-                    req.share_id,
-                    claim_uid=req.claim_uid,
-                    memory_limit_bytes=req.memory_limit_bytes,
-                    pct=req.active_thread_percentage,
-                    uid=req.uid,
-                )
+                info = self._share_info(req)
             except (DaemonError, SocketPathTooLong) as err:
                 raise AgentRequestError("daemon_failed", str(err)) from err
             daemon = self._daemon(req.gpu_uuid)
