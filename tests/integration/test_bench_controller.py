@@ -25,6 +25,7 @@ FIELDS = (
     "claim writes/claim",
     "controller CPU",
     "controller RSS",
+    "synced, before the claims",
     "GPUs used",
     "load average",
 )
@@ -53,4 +54,4 @@ def test_quick_mode_allocates_every_claim_and_prints_every_figure(tmp_path: Path
         assert 0 < run["p50_s"] <= run["p99_s"]
         assert run["gpus_lower_bound"] <= run["gpus_used"]
         assert run["requests_per_claim"]["PATCH resourceclaims/status"] >= 1
-        assert run["rss_mb"] > 0 and run["cpu_ms_per_claim"] > 0
+        assert run["rss_mb"] > 0 and run["ready_rss_mb"] > 0 and run["cpu_ms_per_claim"] > 0
