@@ -64,7 +64,12 @@ def memory_floor(
         if isinstance(need, str):
             return None
         return need.get("memory", Fraction(0))
-    return None if alt.capacity_requests else Fraction(0)
+    # A share (asked by capacity.requests or by the claim's GpuShare) never goes to a
+    # device that cannot be shared (search.place): no need to walk such a group at all.
+    # Without the GpuShare case every MIG partition was walked, and refused, per claim.
+    if alt.capacity_requests or (requested and not alt.admin_access):
+        return None
+    return Fraction(0)
 
 
 def _tolerated(request: ExactRequest, device: Device) -> bool:

@@ -35,7 +35,7 @@ from dra_driver.allocator.model import (
 from dra_driver.allocator.node_search import NodeSearch
 from dra_driver.allocator.packing import Policy, best_fit, first_fit
 from dra_driver.allocator.quota import VramQuota
-from dra_driver.allocator.result import AllocationOutcome, Result, build_outcome
+from dra_driver.allocator.result import Allocation, AllocationOutcome, Result, build_outcome
 from dra_driver.allocator.search import (
     Budget,
     Pick,
@@ -275,6 +275,11 @@ class AllocatorState(NodeSearch):
             matching=sorted({i for _, match in matches for i in match.devices}),
             requested=requested_capacity(alt, claim, self.driver_name) if single else None,
         )
+
+    def record_allocation(self, namespace: str, allocation: Allocation) -> None:
+        """Add an allocation this state made with ``record=False`` (a caller that
+        decides first and records when it commits to writing it)."""
+        self._record(namespace, allocation.results)
 
     def record_claim(self, claim_obj: Mapping[str, Any]) -> None:
         """Add a claim allocated elsewhere (its ``status.allocation``) to the ledger."""

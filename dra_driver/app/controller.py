@@ -18,6 +18,7 @@ import logging
 import signal
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dra_driver.app.tasks import BackgroundTaskFailed, first_of, supervise
@@ -46,12 +47,18 @@ def build_controller(
     def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
         return Informer(api_client, kind, on_change=on_change, read_timeout_s=config.read_timeout_s)
 
+    # The claims' writes and their Events: threads of their own, as many as may be in
+    # flight (``asyncio.to_thread``'s pool has CPUs + 4, shared with everything else).
+    writer = ThreadPoolExecutor(
+        max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
+    )
+
     return Controller(
         config,
         api_client,
         informer=informer,
         queue=WorkQueue(),
-        events=EventRecorder(api_client, interval_s=config.event_interval_s),
+        events=EventRecorder(api_client, interval_s=config.event_interval_s, executor=writer),
         elector=LeaderElector(
             api_client,
             name=config.lease_name,
@@ -63,6 +70,7 @@ def build_controller(
             retry_interval_s=config.retry_interval_s,
         ),
         metrics=ControllerMetrics(),
+        writer=writer,
         share_id=share_id,
     )
 
@@ -100,7 +108,11 @@ async def run_controller(
     config: ControllerConfig, stop: asyncio.Event | None = None, api_client: Any = None
 ) -> None:
     """Run the controller until ``stop`` is set (or, without one, SIGTERM/SIGINT)."""
-    api = api_client if api_client is not None else make_api_client(config.kubeconfig, config.host)
+    if api_client is None:
+        # The writes in flight, a watch per informer, the Lease and the Events' counts.
+        pool = config.write_concurrency + 10
+        api_client = make_api_client(config.kubeconfig, config.host, pool_size=pool)
+    api = api_client
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

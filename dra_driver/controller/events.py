@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 from dra_driver.k8s import events as k8s_events
@@ -34,9 +35,12 @@ class EventRecorder:
         *,
         interval_s: float = k8s_events.DEFAULT_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        executor: Executor | None = None,
     ) -> None:
+        """``executor``: the controller's write threads, so that a claim's Event is not
+        queued behind the few threads of ``asyncio.to_thread``."""
         self._events = k8s_events.EventRecorder(
-            api_client, component=COMPONENT, interval_s=interval_s, clock=clock
+            api_client, component=COMPONENT, interval_s=interval_s, clock=clock, executor=executor
         )
 
     def should_send(self, claim: JsonObj, reason: str, message: str) -> bool:

@@ -1,17 +1,22 @@
 """The controller process: informers, the assume cache, a work queue, a leader-only worker.
 
 Every replica keeps its caches warm; only the Lease holder processes the queue
-and writes. One worker processes claims one at a time, so every decision sees
-the previous one through the assume cache (our own writes, laid over the
-informer's claims until the watch shows a resourceVersion at least as new).
+and writes. One worker decides claim after claim, so every decision sees the
+previous one: the allocator's state (:mod:`.ledger_cache`) records a decision
+before its writes are sent, and the assume cache holds our writes, laid over the
+informer's claims until the watch shows a resourceVersion at least as new. The
+writes themselves are in flight side by side (up to ``write_concurrency`` claims),
+so one claim's round trips never wait behind another's; a claim's own steps stay
+in order (finalizer, then allocation), and a write that fails drops the decision
+from the allocator's state before the claim is decided again.
 
 Batching window (``batch_window_s``): the worker takes claims from the queue in
 batches, every claim queued by the time the oldest has waited the window, and
 works a batch largest claim first (:func:`~.reconcile.placement_order`), so a
 burst is packed as best fit packs a sorted list rather than in arrival order. A
-claim waits at most the window plus the work on the claims ahead of it; retries
-and backoff stay per claim (the queue's). 0 turns it off: one claim at a time in
-arrival order.
+claim waits at most the window plus the decisions ahead of it (not their writes);
+retries and backoff stay per claim (the queue's). 0 turns it off: one claim at a
+time in arrival order, its writes done before the next is decided.
 
 Namespaces are watched for the VRAM quota annotation; a change to one requeues
 that namespace's pending claims. Metrics (:mod:`.metrics`) are kept by every
@@ -35,11 +40,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.allocator import AllocatorState, SelectorCache
+from dra_driver.allocator import SelectorCache
 from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
+from dra_driver.controller.claim_index import ClaimPodIndex
 from dra_driver.controller.events import EventRecorder
 from dra_driver.controller.informer import (
     CLAIMS,
@@ -55,6 +62,7 @@ from dra_driver.controller.informer import (
     uid_of,
 )
 from dra_driver.controller.leader import LeaderElector
+from dra_driver.controller.ledger_cache import LedgerCache, Sources
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import (
@@ -74,9 +82,10 @@ from dra_driver.controller.reconcile import (
     finalizer_patch,
     finalizer_removal_patch,
     is_ours,
-    placement_order,
+    placement_key,
     pod_uses,
     rejected_patch,
+    size_rank,
 )
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
@@ -113,6 +122,9 @@ class ControllerConfig:
     batch_window_s: float = 0.2
     """Claims queued within this long of the oldest are worked together, largest
     first; 0: one at a time in arrival order."""
+    write_concurrency: int = 32
+    """Claims whose writes may be in flight at once (with a batching window; without
+    one, a claim's writes end before the next claim is decided)."""
     metrics_port: int = 0
     """Serve Prometheus metrics on this port (:func:`dra_driver.app.controller.run_controller`);
     0: not served."""
@@ -142,7 +154,7 @@ class Controller:
     """The controller's caches, queue and worker, given their collaborators: the API
     client its writes go through, an informer per kind (made by ``informer``, each
     telling one of this controller's change handlers), the work queue, the Event
-    recorder, the leader elector and the metrics (built by
+    recorder, the leader elector, the metrics and the write threads (built by
     :func:`dra_driver.app.controller.build_controller`)."""
 
     def __init__(
@@ -155,6 +167,7 @@ class Controller:
         events: EventRecorder,
         elector: LeaderElector,
         metrics: ControllerMetrics,
+        writer: ThreadPoolExecutor | None = None,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self.config = config
@@ -164,7 +177,7 @@ class Controller:
         self.pods = informer(PODS, self._pod_changed)
         self.slices = informer(SLICES, self._capacity_changed)
         self.classes = informer(CLASSES, self._capacity_changed)
-        self.nodes = informer(NODES, self._capacity_changed)
+        self.nodes = informer(NODES, self._nodes_changed)
         self.namespaces = informer(NAMESPACES, self._namespace_changed)
         self.informers = (
             self.claims,
@@ -182,6 +195,27 @@ class Controller:
         self.events = events
         self.elector = elector
         self._selectors = SelectorCache()
+        self.ledger = LedgerCache(
+            config.driver_name,
+            Sources(
+                slices=self.slices.values,
+                classes=self.classes.values,
+                allocated_claims=self.all_claims,
+            ),
+            self._selectors,
+        )
+        self.index = ClaimPodIndex()
+        self._nodes_index: dict[str, JsonObj] | None = None
+        self._namespaces_index: dict[str, JsonObj] | None = None
+        """Nodes and Namespaces by name, built when first asked after a change."""
+        self._writer = writer or ThreadPoolExecutor(
+            max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
+        )
+        """The threads the claims' writes block in (shut down by :meth:`close`)."""
+        self._turns: dict[str, _Turn] = {}
+        """Claim UID -> its wave in its batch (largest first), while it is worked."""
+        self._release_slot: dict[str, Callable[[], None]] = {}
+        """Claim UID -> what gives its write slot back, while it holds one."""
         self.writes = 0
         self.metrics = metrics
         self._cluster_changed = True
@@ -203,28 +237,45 @@ class Controller:
         return [c for c in (self.current_claim(u) for u in uids) if c is not None]
 
     def view(self) -> ClusterView:
-        allocated = [c for c in self.all_claims() if (c.get("status") or {}).get("allocation")]
+        """What :func:`decide` reads: the allocator's state kept across claims (so no
+        slice or allocated claim is read again per claim), our writes, the quotas."""
         return ClusterView(
             driver_name=self.config.driver_name,
-            slices=self.slices.values(),
-            classes=self.classes.values(),
-            allocated_claims=allocated,
-            written=dict(self.written),
+            slices=(),
+            classes=(),
+            allocated_claims=(),
+            written=self.written,
             share_id=self._share_id,
             selector_cache=self._selectors,
-            namespaces={
-                str((n.get("metadata") or {}).get("name")): n for n in self.namespaces.values()
-            },
+            namespaces=self._namespaces_by_name(),
+            state=self.ledger.state(),
         )
 
     def _nodes_by_name(self) -> dict[str, JsonObj]:
-        return {str((n.get("metadata") or {}).get("name")): n for n in self.nodes.values()}
+        if self._nodes_index is None:
+            self._nodes_index = {
+                str((n.get("metadata") or {}).get("name")): n for n in self.nodes.values()
+            }
+        return self._nodes_index
+
+    def _namespaces_by_name(self) -> dict[str, JsonObj]:
+        if self._namespaces_index is None:
+            self._namespaces_index = {
+                str((n.get("metadata") or {}).get("name")): n for n in self.namespaces.values()
+            }
+        return self._namespaces_index
+
+    def pods_of(self, claim: JsonObj) -> list[JsonObj]:
+        """The pods that may use ``claim`` (the index's; :func:`decide` checks each)."""
+        return [p for u in self.index.pods_of(claim) if (p := self.pods.get(u)) is not None]
 
     # --- change handlers (on the loop) -------------------------------------------------
 
     def _claim_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
         self._cluster_changed = True
         if etype == "SYNCED":
+            self.index.reset_claims(self.claims.values())
+            self.ledger.invalidate()  # a relist may have dropped or changed anything
             self._enqueue_ours()
             return
         uid = uid_of(new)
@@ -234,6 +285,13 @@ class Controller:
         if etype == "DELETED":
             self.assumed.pop(uid, None)
             self.written.pop(uid, None)
+            self.index.claim_gone(uid)
+            self.ledger.claim_gone(uid)
+        else:
+            self.index.claim_changed(new)
+            current = self.current_claim(uid)
+            if current is not None:
+                self.ledger.claim_seen(current)
         if is_ours(new):
             self.queue.add(uid)
         freed = etype == "DELETED" or not (new.get("status") or {}).get("allocation")
@@ -242,18 +300,32 @@ class Controller:
 
     def _pod_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
         if etype == "SYNCED":
+            self.index.reset_pods(self.pods.values())
             self._enqueue_ours()
             return
-        for claim in self.claims.values():
-            if is_ours(claim) and pod_uses(new, claim):
-                self.queue.add(uid_of(claim))
+        if etype == "DELETED":
+            self.index.pod_gone(uid_of(new))
+        else:
+            self.index.pod_changed(new)
+        for uid in self.index.claims_of(new) | (self.index.claims_of(old) if old else set()):
+            claim = self.claims.get(uid)
+            if claim is not None and is_ours(claim) and (pod_uses(new, claim) or old):
+                self.queue.add(uid)
 
     def _capacity_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
+        self._cluster_changed = True
+        self.ledger.invalidate()
+        self._enqueue_ours(pending_only=True)
+
+    def _nodes_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
+        """A Node's labels and taints decide where a pod may go, not what is free."""
+        self._nodes_index = None
         self._cluster_changed = True
         self._enqueue_ours(pending_only=True)
 
     def _namespace_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
         """A namespace's quota may have changed: its pending claims are tried again."""
+        self._namespaces_index = None
         if etype == "SYNCED":
             self._enqueue_ours(pending_only=True)
             return
@@ -288,8 +360,10 @@ class Controller:
         return work
 
     def close(self) -> None:
-        """After the background tasks: wake whoever waits on the queue."""
+        """After the background tasks: wake whoever waits on the queue; the write
+        threads end with the writes they have (each bounded by the client's timeout)."""
         self.queue.close()
+        self._writer.shutdown(wait=False)
 
     async def synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
@@ -313,12 +387,7 @@ class Controller:
     def refresh_cluster_metrics(self) -> None:
         """Recompute the free memory per device and the pending claims from the caches."""
         claims = self.all_claims()
-        state = AllocatorState(
-            slices=self.slices.values(),
-            classes=(),
-            allocated_claims=[c for c in claims if (c.get("status") or {}).get("allocation")],
-            driver_name=self.config.driver_name,
-        )
+        state = self.ledger.state()  # decisions in flight count as taken
         pending = sum(
             1
             for c in claims
@@ -345,37 +414,99 @@ class Controller:
             if worker.done() and not worker.cancelled() and worker.exception() is not None:
                 raise worker.exception()  # type: ignore[misc]
 
+    def _concurrency(self) -> int:
+        return max(1, self.config.write_concurrency) if self.config.batch_window_s > 0 else 1
+
     async def _work(self) -> None:
-        while True:
-            batch = await self.queue.get_batch(self.config.batch_window_s)
-            order = deque(
-                placement_order(
-                    [(uid, self.current_claim(uid)) for uid in batch], self.config.driver_name
+        """Take batches, start each claim in placement order (its decision is taken at
+        its start, before any other claim's), up to :meth:`_concurrency` claims at once.
+        A claim that fails with anything but an API error stops the worker with that
+        error, as it did when claims were worked one at a time."""
+        slots = asyncio.Semaphore(self._concurrency())
+        claims: set[asyncio.Task[None]] = set()
+        failures: list[BaseException] = []
+        failed = asyncio.Event()
+
+        def finished(task: asyncio.Task[None]) -> None:
+            claims.discard(task)
+            if not task.cancelled() and (err := task.exception()) is not None:
+                failures.append(err)
+                failed.set()
+
+        async def dispatch() -> None:
+            while True:
+                batch = await self.queue.get_batch(self.config.batch_window_s)
+                driver = self.config.driver_name
+                keyed = sorted(  # stable: claims that allocate nothing keep queue order
+                    ((placement_key(uid, self.current_claim(uid), driver), uid) for uid in batch),
+                    key=lambda item: item[0],
                 )
-            )
-            if len(order) > 1:
-                log.debug("working a batch of %d claims, largest first", len(order))
-            try:
-                while order:
-                    uid = order.popleft()
-                    try:
-                        if self.elector.is_leader:
-                            await self.process(uid)
-                    except ApiError as err:
-                        log.warning(
-                            "claim %s: %s; retrying in %.1fs",
-                            uid,
-                            err,
-                            self.config.error_backoff_s,
-                        )
-                        self.queue.add_after(uid, self.config.error_backoff_s)
-                    finally:
+                order = deque((uid, size_rank(key)) for key, uid in keyed)
+                waves = _waves([rank for _, rank in order])
+                if len(order) > 1:
+                    log.debug("working a batch of %d claims, largest first", len(order))
+                try:
+                    while order:
+                        await slots.acquire()
+                        uid, rank = order.popleft()
+                        turn = _Turn(waves[rank])
+                        task = asyncio.create_task(self._claim_task(uid, slots, turn))
+                        claims.add(task)
+                        task.add_done_callback(finished)
+                finally:
+                    # Cancelled (leadership lost, stopping): release the rest unworked;
+                    # a new leader enqueues every claim of ours again.
+                    for uid, _ in order:
                         self.queue.done(uid)
-            finally:
-                # Cancelled (leadership lost, stopping): release the rest unworked;
-                # a new leader enqueues every claim of ours again.
-                for uid in order:
-                    self.queue.done(uid)
+
+        dispatcher = asyncio.create_task(dispatch())
+        stopped = asyncio.create_task(failed.wait())
+        try:
+            await asyncio.wait({dispatcher, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if failures:
+                raise failures[0]
+            dispatcher.result()  # it only ends by failing
+        finally:
+            pending = [dispatcher, stopped, *claims]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _claim_task(self, uid: str, slots: asyncio.Semaphore, turn: _Turn) -> None:
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                slots.release()
+
+        self._release_slot[uid] = release
+        self._turns[uid] = turn
+        try:
+            if self.elector.is_leader:
+                await self.process(uid)
+        except ApiError as err:
+            log.warning("claim %s: %s; retrying in %.1fs", uid, err, self.config.error_backoff_s)
+            self.queue.add_after(uid, self.config.error_backoff_s)
+        finally:
+            self._release_slot.pop(uid, None)
+            self._turns.pop(uid, None)
+            turn.leave()  # whatever happened, the smaller claims after it may go on
+            release()
+            self.queue.done(uid)
+
+    def _pass_turn(self, uid: str) -> None:
+        turn = self._turns.get(uid)
+        if turn is not None:
+            turn.leave()
+
+    def _claim_written(self, uid: str) -> None:
+        """The claim's own writes are done: the next claim may start while its Event is
+        written (the write threads bound those)."""
+        release = self._release_slot.pop(uid, None)
+        if release is not None:
+            release()
 
     # --- one claim -----------------------------------------------------------------
 
@@ -386,31 +517,53 @@ class Controller:
         for _ in range(MAX_CONFLICT_RETRIES):
             if claim is None:
                 return
-            pods = self.pods.values()
-            decision = decide(claim, pods, self._nodes_by_name(), self.view())
+            decision = decide(claim, self.pods_of(claim), self._nodes_by_name(), self.view())
+            if not isinstance(decision, Allocate | RecordRejected):
+                self._pass_turn(uid)  # no allocation to send: the next claim's may go
+            if isinstance(decision, Allocate):
+                # Taken now, before the first write is sent: the next claim is decided
+                # while these writes are in flight and must see it.
+                namespace = str((claim.get("metadata") or {}).get("namespace", ""))
+                self.ledger.decided(uid, namespace, decision.allocation)
             try:
                 again = await self.apply(claim, decision)
             except ApiConflictError as err:
+                self.ledger.failed(uid)
                 log.info("claim %s: %s; re-reading", uid, err)
                 claim = await self._get(claim)
                 continue
+            except BaseException:
+                self.ledger.failed(uid)
+                raise
             self._count(decision, time.monotonic() - started)
             if again is None:
                 return
             claim = again
         self.queue.add_after(uid, self.config.error_backoff_s)
 
+    async def _call(self, call: Callable[[], JsonObj]) -> JsonObj:
+        """``call`` in one of the write threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, call)
+
     async def _get(self, claim: JsonObj) -> JsonObj | None:
         try:
-            fresh = await asyncio.to_thread(send_json, self._api, "GET", _claim_path(claim))
+            fresh = await self._call(
+                functools.partial(send_json, self._api, "GET", _claim_path(claim))
+            )
         except ApiNotFoundError:
             return None
         self._assume(fresh)
         return fresh
 
-    async def _patch(self, claim: JsonObj, patch: JsonObj, *, status: bool = False) -> JsonObj:
+    async def _patch(
+        self,
+        claim: JsonObj,
+        patch: JsonObj,
+        *,
+        status: bool = False,
+    ) -> JsonObj:
         """A JSON merge patch of the claim (or its ``/status``); the answer is assumed."""
-        written = await asyncio.to_thread(
+        written = await self._call(
             functools.partial(
                 send_json,
                 self._api,
@@ -488,9 +641,16 @@ class Controller:
                 protect = finalizer_patch(claim)
                 if protect is not None:
                     claim = await self._patch_metadata(claim, protect, "the finalizer " + FINALIZER)
+                turn = self._turns.get(uid)
+                if turn is not None:
+                    await turn.wait()
                 body = allocation_patch(claim, allocation, now_rfc3339(), keep_shares=True)
                 claim = await self._patch(claim, body, status=True)
+                if turn is not None:
+                    turn.leave()
+                self.ledger.written(uid)
                 self.written[uid] = node or ""
+                self._claim_written(uid)
                 await self.events.record(claim, "Allocated", describe_allocation(allocation))
                 return None
             case RecordRejected(node=node):
@@ -508,6 +668,7 @@ class Controller:
             case Deallocate(clear_status=clear_status):
                 if clear_status:
                     claim = await self._patch(claim, deallocation_patch(claim), status=True)
+                    self.ledger.claim_seen(claim)  # freed: the state is built anew
                     self.written.pop(uid, None)
                     await self.events.record(
                         claim, "Deallocated", "allocated but never reserved and no pod uses it"
@@ -518,3 +679,53 @@ class Controller:
                 self._enqueue_ours(pending_only=True)
                 return None
         return None
+
+
+class _Wave:
+    """The claims of one size in a batch. Their allocations are written side by side,
+    once every larger claim of the batch has had its allocation answered (or decided it
+    has none): a burst is allocated largest first, as it was decided, in what the API
+    server sees as well, while claims of a size never wait on one another."""
+
+    def __init__(self, before: _Wave | None, members: int) -> None:
+        self.before = before
+        self.left = members
+        self.done = asyncio.Event()
+
+    def leave(self) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.done.set()
+
+
+def _waves(ranks: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], _Wave]:
+    """One wave per size in a batch (``ranks`` sorted, largest first), each after the
+    one before."""
+    waves: dict[tuple[Any, ...], _Wave] = {}
+    before: _Wave | None = None
+    for rank in ranks:
+        wave = waves.get(rank)
+        if wave is None:
+            wave = waves[rank] = _Wave(before, 0)
+            before = wave
+        wave.left += 1
+    return waves
+
+
+class _Turn:
+    """One claim's membership of its wave: it leaves once, when its allocation is
+    answered or it knows it writes none."""
+
+    def __init__(self, wave: _Wave) -> None:
+        self.wave = wave
+        self._left = False
+
+    async def wait(self) -> None:
+        """Until every larger claim of the batch is done."""
+        if self.wave.before is not None:
+            await self.wave.before.done.wait()
+
+    def leave(self) -> None:
+        if not self._left:
+            self._left = True
+            self.wave.leave()

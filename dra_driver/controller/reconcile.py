@@ -28,8 +28,11 @@ from typing import Any
 
 from dra_driver.allocator import (
     Allocation,
+    AllocationOutcome,
+    AllocatorState,
     InvalidQuotaError,
     SelectorCache,
+    VramQuota,
     allocate,
     best_fit,
     parse_vram_quota,
@@ -113,6 +116,11 @@ class ClusterView:
     selector_cache: SelectorCache | None = None
     namespaces: Mapping[str, JsonObj] = field(default_factory=dict)
     """Namespace objects by name (their VRAM quota annotation)."""
+    state: AllocatorState | None = None
+    """The allocator's state of these slices, classes and allocated claims, kept by the
+    caller across claims (:mod:`~dra_driver.controller.ledger_cache`): asked without
+    recording, so the caller records what it goes on to write. None: one is built from
+    ``slices``, ``classes`` and ``allocated_claims`` for this claim alone."""
 
 
 def is_ours(claim: Mapping[str, Any]) -> bool:
@@ -163,6 +171,26 @@ def rejected_nodes(claim: Mapping[str, Any]) -> list[str]:
     return [n for n in str(raw).split(",") if n]
 
 
+def placement_key(uid: str, claim: JsonObj | None, driver_name: str) -> tuple[Any, ...]:
+    """Where a claim goes in :func:`placement_order`; its first three items are its size
+    (:func:`size_rank`)."""
+    if claim is None or not is_ours(claim):
+        return (0,)
+    meta, status = claim.get("metadata") or {}, claim.get("status") or {}
+    if status.get("allocation") or meta.get("deletionTimestamp"):
+        return (0,)
+    try:
+        whole, memory = requested_size(claim, driver_name)
+    except (KeyError, TypeError, ValueError):  # malformed: decide() says what is wrong
+        whole, memory = 0, Fraction(0)
+    return (1, -whole, -memory, str(meta.get("creationTimestamp") or ""), uid)
+
+
+def size_rank(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The part of a :func:`placement_key` that claims of the same size share."""
+    return key[:3]
+
+
 def placement_order(batch: Sequence[tuple[str, JsonObj | None]], driver_name: str) -> list[str]:
     """The order to work a batch (claim UID, the claim or None) from the batching window.
 
@@ -172,21 +200,10 @@ def placement_order(batch: Sequence[tuple[str, JsonObj | None]], driver_name: st
     then more memory); ties: created earlier, then by UID. Best fit on a burst placed
     largest first packs tighter than in arrival order (``hack/bench/packing.py``).
     """
-
-    def key(item: tuple[str, JsonObj | None]) -> tuple[Any, ...]:
-        uid, claim = item
-        if claim is None or not is_ours(claim):
-            return (0,)
-        meta, status = claim.get("metadata") or {}, claim.get("status") or {}
-        if status.get("allocation") or meta.get("deletionTimestamp"):
-            return (0,)
-        try:
-            whole, memory = requested_size(claim, driver_name)
-        except (KeyError, TypeError, ValueError):  # malformed: decide() says what is wrong
-            whole, memory = 0, Fraction(0)
-        return (1, -whole, -memory, str(meta.get("creationTimestamp") or ""), uid)
-
-    return [uid for uid, _ in sorted(batch, key=key)]
+    return [
+        uid
+        for uid, _ in sorted(batch, key=lambda item: placement_key(item[0], item[1], driver_name))
+    ]
 
 
 # --- decide (pure) ---------------------------------------------------------------------
@@ -247,18 +264,7 @@ def decide(  # noqa: PLR0911 (one return per decision)
             excluded[name] = why
         return why is None
 
-    outcome = allocate(
-        claim,
-        slices=view.slices,
-        classes=view.classes,
-        allocated_claims=view.allocated_claims,
-        node_filter=node_filter,
-        driver_name=view.driver_name,
-        policy=best_fit,
-        cache=view.selector_cache,
-        quota=quota,
-        **({"share_id": view.share_id} if view.share_id is not None else {}),
-    )
+    outcome = _allocate(claim, view, node_filter, quota)
     if outcome.allocation is None:
         why = outcome.reason or "nothing fits"
         if excluded:
@@ -269,6 +275,33 @@ def decide(  # noqa: PLR0911 (one return per decision)
             )
         return Wait(why, event=True, cause=outcome.failure or "unfit")
     return Allocate(outcome.allocation, outcome.allocation.node_name)
+
+
+def _allocate(
+    claim: JsonObj,
+    view: ClusterView,
+    node_filter: Callable[[str], bool],
+    quota: VramQuota | None,
+) -> AllocationOutcome:
+    """The allocator's answer for ``claim``: from the caller's state, not recorded, or
+    from a state built for this claim alone."""
+    ids = {"share_id": view.share_id} if view.share_id is not None else {}
+    if view.state is not None:
+        return view.state.allocate(
+            claim, node_filter=node_filter, policy=best_fit, record=False, quota=quota, **ids
+        )
+    return allocate(
+        claim,
+        slices=view.slices,
+        classes=view.classes,
+        allocated_claims=view.allocated_claims,
+        node_filter=node_filter,
+        driver_name=view.driver_name,
+        policy=best_fit,
+        cache=view.selector_cache,
+        quota=quota,
+        **ids,
+    )
 
 
 # --- writing (pure builders) -----------------------------------------------------------

@@ -119,9 +119,17 @@ class KubeClient:
         self.close()
 
 
-def make_api_client(kubeconfig: str | None, host: str | None = None) -> KubeClient:
-    """A :class:`KubeClient` for the cluster; :class:`ConfigError` when none is configured."""
+def make_api_client(
+    kubeconfig: str | None, host: str | None = None, *, pool_size: int | None = None
+) -> KubeClient:
+    """A :class:`KubeClient` for the cluster; :class:`ConfigError` when none is configured.
+
+    ``pool_size``: connections kept open to the API server (the client's default is
+    5 per CPU); a caller with more requests in flight than that would otherwise open,
+    and shake hands on, a new connection for each request past it."""
     configuration = Configuration()
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
     if host is not None:
         configuration.host = host.rstrip("/")
     elif kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):

@@ -35,7 +35,9 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.base.ids import ClaimRef
@@ -197,8 +199,12 @@ class EventRecorder:
         aggregate: bool = False,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         clock: Callable[[], float] = time.monotonic,
+        executor: Executor | None = None,
     ) -> None:
+        """``executor``: the threads the writes block in (the caller's own pool for
+        its writes, so Events keep pace with them); None: ``asyncio.to_thread``'s."""
         self._api = api_client
+        self._executor = executor
         self.component = component
         self.instance = instance
         self.interval_s = interval_s
@@ -296,7 +302,7 @@ class EventRecorder:
                 instance=self.instance,
             )
             namespace = involved.event_namespace
-            await asyncio.to_thread(
+            await self._in_thread(
                 self._send, "POST", f"/api/v1/namespaces/{namespace}/events", event
             )
             self._written[key] = _Written(event["metadata"]["name"], namespace, 1)
@@ -317,9 +323,7 @@ class EventRecorder:
         }
         path = f"/api/v1/namespaces/{prior.namespace}/events/{prior.name}"
         try:
-            await asyncio.to_thread(
-                self._send, "PATCH", path, patch, "application/merge-patch+json"
-            )
+            await self._in_thread(self._send, "PATCH", path, patch, "application/merge-patch+json")
         except ApiNotFoundError:
             return False  # expired (Events live an hour by default): write a fresh one
         except ApiError as err:
@@ -335,6 +339,13 @@ class EventRecorder:
             return False
         prior.count += 1
         return True
+
+    async def _in_thread(self, *call: Any) -> None:
+        fn, args = call[0], call[1:]
+        if self._executor is None:
+            await asyncio.to_thread(fn, *args)
+        else:
+            await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _send(
         self, method: str, path: str, body: JsonObj, content_type: str = "application/json"

@@ -5,7 +5,8 @@
 ``urllib``) talks to it exactly as to a cluster: we fake at the transport
 seam, never inside the client. Tests seed and inspect state through the same
 object (``create``/``get``/``update``/``delete``/``objects``), count requests
-(``requests``) and inject failures (``fail_next``, ``drop_next``).
+(``requests``; ``request_log`` and ``answer_log`` with times and statuses), inject
+failures (``fail_next``, ``drop_next``) and slow every write (``write_delay_s``).
 
 Resource kinds live in a registry (``DEFAULT_KINDS`` in
 :mod:`tests.support.fakekube_types`: resourceclaims, resourceslices,
@@ -117,7 +118,7 @@ from typing import Self
 
 from tests.support.fakekube_admission import ApiSecurity
 from tests.support.fakekube_auth import User
-from tests.support.fakekube_http import Fault, RecordedRequest, Server
+from tests.support.fakekube_http import Answer, Fault, RecordedRequest, Server
 from tests.support.fakekube_store import Store, accept_all
 from tests.support.fakekube_types import (
     DEFAULT_KINDS,
@@ -130,6 +131,7 @@ from tests.support.fakekube_version import ServerVersion
 
 __all__ = [
     "DEFAULT_KINDS",
+    "Answer",
     "FakeApiError",
     "FakeKubeApi",
     "JsonObj",
@@ -160,6 +162,7 @@ class FakeKubeApi:
         validate_schema: bool = True,
         tls: ssl.SSLContext | None = None,
         security: ApiSecurity | None = None,
+        write_delay_s: float = 0.0,
     ) -> None:
         """``kube_minor``: the release it plays (``/version``, 1.35+ validation);
         ``drop_gated_fields``: drop the fields of the DRA gates that are off
@@ -168,14 +171,19 @@ class FakeKubeApi:
         False skips the schema check of HTTP writes (benchmarks: a real API server's
         CPU is not the node's); ``tls``: serve HTTPS with this server context, as
         every real API server does (:func:`tests.support.tls.server_context`);
-        ``security``: authenticate, authorize and admit every HTTP request."""
+        ``security``: authenticate, authorize and admit every HTTP request;
+        ``write_delay_s``: every HTTP write (POST, PUT, PATCH, DELETE) waits this long
+        before it is handled, each on its own connection's thread (a slow etcd: the
+        latency of one write, not a limit on how many are in flight)."""
         self.tls = tls
+        self.write_delay_s = write_delay_s
         self.security = security
         self.version = ServerVersion(kube_minor, drop_gated_fields, binary_minor)
         validate = self.version.validate if validate_schema else accept_all
         self._store = Store(kinds, history_limit, self.version.prepare, validate)
         self._lock = threading.Lock()  # requests, faults and connections
         self._request_log: list[RecordedRequest] = []
+        self._answer_log: list[Answer] = []
         self._faults: list[Fault] = []
         self._connections: set[socket.socket] = set()
         self._server: Server | None = None
@@ -194,6 +202,8 @@ class FakeKubeApi:
             self.version.version_info(),
             tls=self.tls,
             security=self.security,
+            answered=self._answered,
+            write_delay_s=self.write_delay_s,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -341,9 +351,17 @@ class FakeKubeApi:
         with self._lock:
             return list(self._request_log)
 
+    @property
+    def answer_log(self) -> list[Answer]:
+        """Every request answered so far (not watch streams), in the order answered,
+        with its status and when it was answered (benchmarks: when a write took effect)."""
+        with self._lock:
+            return list(self._answer_log)
+
     def clear_requests(self) -> None:
         with self._lock:
             self._request_log.clear()
+            self._answer_log.clear()
 
     def fail_next(
         self,
@@ -390,6 +408,10 @@ class FakeKubeApi:
                         self._faults.remove(fault)
                     return fault
         return None
+
+    def _answered(self, answer: Answer) -> None:
+        with self._lock:
+            self._answer_log.append(answer)
 
     def _track_connection(self, conn: socket.socket, add: bool) -> None:
         with self._lock:

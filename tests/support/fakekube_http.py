@@ -40,6 +40,19 @@ class RecordedRequest:
     """Exactly the bytes sent."""
     authorization: str | None = None
     user_agent: str | None = None
+    at: float = 0.0
+    """``time.monotonic()`` when the request was read (benchmarks: when a write arrived)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How the fake answered one request: the HTTP status, and when the answer went out
+    (``time.monotonic()``, after the store was changed). Watch streams are not answered
+    here (their status is sent before the stream and they end much later)."""
+
+    request: RecordedRequest
+    code: int
+    at: float
 
 
 @dataclass
@@ -88,8 +101,12 @@ class Server(ThreadingHTTPServer):
         *,
         tls: ssl.SSLContext | None = None,
         security: ApiSecurity | None = None,
+        answered: Callable[[Answer], None] | None = None,
+        write_delay_s: float = 0.0,
     ) -> None:
         self.store = store
+        self.answered = answered
+        self.write_delay_s = write_delay_s
         self.security = security
         self.record = record
         self.track = track
@@ -154,21 +171,24 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(url.query, keep_blank_values=True)
         content_type = self.headers.get("Content-Type")
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        fault = self.server.record(
-            RecordedRequest(
-                method,
-                url.path,
-                query,
-                content_type,
-                raw,
-                self.headers.get("Authorization"),
-                self.headers.get("User-Agent"),
-            ),
-            self.path,
+        request = RecordedRequest(
+            method,
+            url.path,
+            query,
+            content_type,
+            raw,
+            self.headers.get("Authorization"),
+            self.headers.get("User-Agent"),
+            time.monotonic(),
         )
+        fault = self.server.record(request, self.path)
         if fault is not None:
             self._send_fault(fault)
             return
+        if self.server.write_delay_s and method in _WRITES:
+            # A slow storage round trip: this handler thread waits, the others go on,
+            # so concurrent writes are delayed side by side, not one after another.
+            time.sleep(self.server.write_delay_s)
         try:
             user = self._authorized(method, url.path, query)
             if method == "GET" and url.path.rstrip("/") == "/version":
@@ -200,6 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as err:  # a bug in the fake: make the test fail loudly, not hang
             code, obj = 500, FakeApiError(500, f"fake API server bug: {err!r}").status()
         self._send_json(code, obj)
+        if self.server.answered is not None:
+            self.server.answered(Answer(request, code, time.monotonic()))
 
     def _authorized(self, method: str, path: str, query: Mapping[str, list[str]]) -> User | None:
         """The request's user; 401 or 403 (raised) as the API server answers before routing."""

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.allocator import AllocationOutcome, allocate, first_fit
+from dra_driver.allocator import AllocationOutcome, AllocatorState, allocate, first_fit
 from tests.support.allocator import (
     CLASS,
     CLASSES,
@@ -239,3 +239,25 @@ def test_node_filter_and_generations() -> None:
         {"spec": {**s["spec"], "pool": {**s["spec"]["pool"], "generation": 1}}} for s in slices()
     ]
     assert run(claim(request(count=2)), slices=stale + newer).allocation is not None
+
+
+def test_a_gpushare_claim_looks_at_no_mig_partition() -> None:
+    """A share asked by a GpuShare config (no capacity.requests) never goes to a MIG
+    partition, so best fit does not walk them: one device is examined, not each of the
+    partitions ahead of the shareable GPU (per claim, on every node with a MIG GPU)."""
+    share = {
+        "requests": ["gpu"],
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuShare", "memory": "4Gi"},
+        },
+    }
+    state = AllocatorState(
+        slices=slices("h100-80gb:1:mig,h100-80gb:1"),
+        classes=CLASSES,
+        allocated_claims=[],
+        driver_name=DRIVER,
+    )
+    outcome = state.allocate(claim(request(memory=None), config=[share]), record=False)
+    assert devices_of(outcome) == ["gpu-1"]
+    assert state.examined == 1
