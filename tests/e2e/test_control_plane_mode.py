@@ -16,6 +16,7 @@ they are force-deleted before their namespace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ import pytest
 from dra_driver.fakes.kubelet import PrepareResult
 from dra_driver.fakes.objects import node_object
 from tests.support.cluster import Cluster
+from tests.support.e2e_identities import chart_identities
 from tests.support.e2e_local_modes import (
     OPT_IN_LABEL,
     Case,
@@ -117,10 +119,14 @@ def local_node(cluster: Cluster) -> Iterator[LocalDriver]:
         log_dir=dirs["logs"],
     )
     classes: list[str] = []
+    stack = contextlib.ExitStack()
     try:
         classes = ensure_device_classes(cluster)
         create_node(cluster, name)
-        driver.start(kubeconfig, dirs["mps"])
+        # The plugin as its ServiceAccount (token bound to the Node just created), under
+        # the RBAC and admission policies the chart installs for it.
+        identities = chart_identities(cluster, name, kubeconfig, root, guard=False)
+        driver.start(stack.enter_context(identities).plugin, dirs["mps"])
         driver.wait_registration_socket()
         driver.wait_slices(cluster)
         yield driver
@@ -130,6 +136,7 @@ def local_node(cluster: Cluster) -> Iterator[LocalDriver]:
         delete_quietly(cluster, "v1", "Node", name)
         for class_name in classes:
             delete_quietly(cluster, "resource.k8s.io/v1", "DeviceClass", class_name)
+        stack.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
