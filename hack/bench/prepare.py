@@ -455,6 +455,17 @@ def wait_for_socket(
         time.sleep(0.02)
 
 
+def installed_env() -> dict[str, str]:
+    """The environment of the node's processes: as an installed driver runs, with the
+    bytecode its install compiled (pip compiles on install), so without a
+    ``PYTHONDONTWRITEBYTECODE`` that the benchmark's own shell may set. Every MPS
+    command is a process of its own (the fake control binary, in Python), and
+    without bytecode each would compile its modules again."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
     socket = os.path.join(root, "plugin", "mps-agent.sock")
     with component_log(root, "mps-agent") as log:
@@ -468,6 +479,7 @@ def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
                 *("--metrics-port", str(free_port()), "--metrics-address", "127.0.0.1"),
             ],
             cwd=ROOT,
+            env=installed_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -494,6 +506,7 @@ def start_plugin(
                 *(("--profile", f"{profile}.{mode}") if profile else ()),
             ],
             cwd=ROOT,
+            env=installed_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
