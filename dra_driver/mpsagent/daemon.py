@@ -87,6 +87,7 @@ from dra_driver.mpsagent.layout import (
     SocketPathTooLong,
     check_socket_path,
     gpu_dir_name,
+    is_mig_uuid,
 )
 from dra_driver.mpsagent.procs import identity
 from dra_driver.mpsagent.protocol import MpsProtocol
@@ -227,11 +228,6 @@ def _read_tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
         return ""
 
 
-def _is_mig(uuid: str) -> bool:
-    """A MIG instance's UUID (``nvidia-smi -L``: ``MIG-<uuid>``), not a GPU's."""
-    return uuid.startswith("MIG-")
-
-
 class MpsDaemon:
     def __init__(
         self,
@@ -283,8 +279,8 @@ class MpsDaemon:
         self.stopping = False
         self._proc: asyncio.subprocess.Process | None = None
         self._adopted = False
-        self._adopted_pid: int | None = None
-        """An adopted daemon's pid, only when a live process matches our record of it."""
+        self._adopted_record: DaemonRecord | None = None
+        """An adopted daemon's process, only when a live one matched our record of it."""
         self._server_exists = False
         self._namespaces: set[str] = set()
         self.channel_probe_timeout = channel_probe_timeout
@@ -308,7 +304,7 @@ class MpsDaemon:
     def pid(self) -> int | None:
         if self._proc is not None:
             return self._proc.pid
-        return self._adopted_pid
+        return None if self._adopted_record is None else self._adopted_record.pid
 
     @property
     def running(self) -> bool:
@@ -347,7 +343,7 @@ class MpsDaemon:
         and NVIDIA's MPS-on-MIG steps select the instance by
         ``CUDA_VISIBLE_DEVICES`` only (to be confirmed on a real GPU).
         """
-        if _is_mig(self.gpu_uuid):
+        if is_mig_uuid(self.gpu_uuid):
             return
         if self._recorded_mode() is None:
             try:
@@ -366,7 +362,7 @@ class MpsDaemon:
 
     async def _restore_compute_mode(self) -> None:
         """Give the GPU back the mode it had before MPS (DEFAULT if none was recorded)."""
-        if _is_mig(self.gpu_uuid):
+        if is_mig_uuid(self.gpu_uuid):
             return
         mode = self._recorded_mode() or "DEFAULT"
         try:
@@ -384,7 +380,7 @@ class MpsDaemon:
         self.stopping = False
         self._server_exists = False
         self._namespaces = set()
-        self._adopted, self._adopted_pid = False, None
+        self._adopted, self._adopted_record = False, None
         self.uid_wait = None
         await self.channel.close()  # a dead daemon's shell
         self.dirs.create()
@@ -493,12 +489,12 @@ class MpsDaemon:
                         "mps-agent on this state dir?)"
                     )
                 await asyncio.sleep(0.05)
-        cleared = [p for p in sockets.stale_sockets(self.dirs.pipe) if sockets.remove(p)]
-        cleared += [
-            p
-            for p in (os.path.join(self.dirs.pipe, PID_FILE), self.dirs.record)
-            if sockets.remove(p)
+        leftovers = [
+            *sockets.stale_sockets(self.dirs.pipe),
+            os.path.join(self.dirs.pipe, PID_FILE),
+            self.dirs.record,
         ]
+        cleared = [p for p in leftovers if remove_if_exists(p)]
         if cleared:
             log.info(
                 "GPU %s: cleared what a dead MPS daemon left: %s",
@@ -518,21 +514,21 @@ class MpsDaemon:
         verified = record is not None and record.matches_live_process()
         self._proc = None
         self._adopted = True
-        self._adopted_pid = record.pid if record is not None and verified else None
+        self._adopted_record = record if verified else None
         self.stopping = False
         try:
             await self._probe()
             await self._refresh()
         except DaemonError as err:
             log.warning("cannot adopt the MPS daemon of GPU %s: %s", self.gpu_uuid, err)
-            self._adopted, self._adopted_pid = False, None
+            self._adopted, self._adopted_record = False, None
             return False
         self._start_uid_monitor()
         log.info(
             "adopted the running MPS control daemon for GPU %s (%s)",
             self.gpu_uuid,
-            f"pid {self._adopted_pid}"
-            if self._adopted_pid is not None
+            f"pid {self.pid}"
+            if self._adopted_record is not None
             else "pid unverified: it will not be signalled",
         )
         return True
@@ -549,12 +545,8 @@ class MpsDaemon:
 
     def _verified_process_alive(self) -> bool:
         """The adopted daemon's process, known by this agent's record of it, still runs."""
-        if self._adopted_pid is None:
-            return False
-        record = DaemonRecord.load(self.dirs.record)
-        return (
-            record is not None and record.pid == self._adopted_pid and record.matches_live_process()
-        )
+        record = self._adopted_record
+        return record is not None and record.matches_live_process()
 
     async def stop(self, timeout: float = 10.0) -> None:
         """``quit`` the daemon, wait for it, and give the GPU back its previous mode."""
@@ -571,7 +563,7 @@ class MpsDaemon:
             except TimeoutError:
                 log.warning("MPS daemon of GPU %s did not quit; killing it", self.gpu_uuid)
                 await self._kill()
-        self._adopted, self._adopted_pid = False, None
+        self._adopted, self._adopted_record = False, None
         remove_if_exists(self.dirs.record)
         await self._restore_compute_mode()
         log.info("MPS control daemon for GPU %s stopped", self.gpu_uuid)
@@ -584,9 +576,10 @@ class MpsDaemon:
             await self._proc.wait()
         elif self._adopted:
             # Only the process we recorded starting, still the same one (pid reuse).
-            if self._adopted_pid is not None and self._verified_process_alive():
+            record = self._adopted_record
+            if record is not None and record.matches_live_process():
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(self._adopted_pid, signal.SIGKILL)
+                    os.kill(record.pid, signal.SIGKILL)
             else:
                 log.warning(
                     "GPU %s: the adopted MPS daemon did not quit and no live process matches "

@@ -11,7 +11,6 @@ namespace (an earlier agent's container) may name any process of this one.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import stat
@@ -48,11 +47,3 @@ def stale_sockets(root: str) -> list[str]:
             if is_socket(path) and not answers(path):
                 found.append(path)
     return sorted(found, key=lambda p: (-p.count("/"), p))
-
-
-def remove(path: str) -> bool:
-    """Unlink ``path``; False if it was already gone."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-        return True
-    return False
