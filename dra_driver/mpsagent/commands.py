@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_driver.mpsagent import layout
-from dra_driver.mpsagent.layout import SOCKET_NAME, check_socket_path
+from dra_driver.mpsagent.layout import SOCKET_NAME, check_socket_path, is_mig_uuid
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 
 # The names on a namespace's socket path are .layout's, which keeps that path short.
@@ -84,11 +84,6 @@ def choose_protocol(setting: str, driver_version: str | None) -> MpsProtocol:
         return "legacy"
     major = re.match(r"^\s*(\d+)", driver_version)
     return "v3" if major and int(major.group(1)) >= V3_MIN_DRIVER_MAJOR else "legacy"
-
-
-def is_mig_uuid(uuid: str) -> bool:
-    """A MIG instance's UUID (``nvidia-smi -L``: ``MIG-<uuid>``), not a GPU's."""
-    return uuid.startswith("MIG-")
 
 
 def daemon_protocol(agent_protocol: MpsProtocol, daemon_uuid: str) -> MpsProtocol:

@@ -66,9 +66,14 @@ def _digest(text: str, length: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def is_mig_uuid(uuid: str) -> bool:
+    """A MIG instance's UUID (``nvidia-smi -L``: ``MIG-<uuid>``), not a GPU's."""
+    return uuid.startswith("MIG-")
+
+
 def gpu_dir_name(gpu_uuid: str) -> str:
     """The fixed-length directory name of a GPU's (or MIG instance's) daemon."""
-    kind = "mig" if gpu_uuid.startswith("MIG-") else "gpu"
+    kind = "mig" if is_mig_uuid(gpu_uuid) else "gpu"
     return f"{kind}-{_digest(gpu_uuid, GPU_DIR_HEX)}"
 
 
