@@ -167,7 +167,7 @@ class Controller:
         events: EventRecorder,
         elector: LeaderElector,
         metrics: ControllerMetrics,
-        writer: ThreadPoolExecutor | None = None,
+        writer: ThreadPoolExecutor,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self.config = config
@@ -208,9 +208,7 @@ class Controller:
         self._nodes_index: dict[str, JsonObj] | None = None
         self._namespaces_index: dict[str, JsonObj] | None = None
         """Nodes and Namespaces by name, built when first asked after a change."""
-        self._writer = writer or ThreadPoolExecutor(
-            max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
-        )
+        self._writer = writer
         """The threads the claims' writes block in (shut down by :meth:`close`)."""
         self._turns: dict[str, _Turn] = {}
         """Claim UID -> its wave in its batch (largest first), while it is worked."""
@@ -241,14 +239,10 @@ class Controller:
         slice or allocated claim is read again per claim), our writes, the quotas."""
         return ClusterView(
             driver_name=self.config.driver_name,
-            slices=(),
-            classes=(),
-            allocated_claims=(),
+            state=self.ledger.state(),
             written=self.written,
             share_id=self._share_id,
-            selector_cache=self._selectors,
             namespaces=self._namespaces_by_name(),
-            state=self.ledger.state(),
         )
 
     def _nodes_by_name(self) -> dict[str, JsonObj]:

@@ -31,9 +31,7 @@ from dra_driver.allocator import (
     AllocationOutcome,
     AllocatorState,
     InvalidQuotaError,
-    SelectorCache,
     VramQuota,
-    allocate,
     best_fit,
     parse_vram_quota,
     requested_size,
@@ -106,21 +104,16 @@ class ClusterView:
     """What :func:`decide` may read besides the claim, pods and nodes."""
 
     driver_name: str
-    slices: Sequence[JsonObj]
-    classes: Sequence[JsonObj]
-    allocated_claims: Sequence[JsonObj]
-    """Every allocated claim (the informer's, with our assumed writes laid over)."""
+    state: AllocatorState
+    """The allocator's state of the slices, classes and allocated claims (the
+    informer's, with our assumed writes laid over), kept by the caller across claims
+    (:mod:`~dra_driver.controller.ledger_cache`): asked without recording, so the
+    caller records what it goes on to write."""
     written: Mapping[str, str] = field(default_factory=dict)
     """Claim UID -> node of allocations this controller wrote and has not taken back."""
     share_id: Callable[[], str] | None = None
-    selector_cache: SelectorCache | None = None
     namespaces: Mapping[str, JsonObj] = field(default_factory=dict)
     """Namespace objects by name (their VRAM quota annotation)."""
-    state: AllocatorState | None = None
-    """The allocator's state of these slices, classes and allocated claims, kept by the
-    caller across claims (:mod:`~dra_driver.controller.ledger_cache`): asked without
-    recording, so the caller records what it goes on to write. None: one is built from
-    ``slices``, ``classes`` and ``allocated_claims`` for this claim alone."""
 
 
 def is_ours(claim: Mapping[str, Any]) -> bool:
@@ -283,24 +276,10 @@ def _allocate(
     node_filter: Callable[[str], bool],
     quota: VramQuota | None,
 ) -> AllocationOutcome:
-    """The allocator's answer for ``claim``: from the caller's state, not recorded, or
-    from a state built for this claim alone."""
+    """The allocator's answer for ``claim`` from the caller's state, not recorded."""
     ids = {"share_id": view.share_id} if view.share_id is not None else {}
-    if view.state is not None:
-        return view.state.allocate(
-            claim, node_filter=node_filter, policy=best_fit, record=False, quota=quota, **ids
-        )
-    return allocate(
-        claim,
-        slices=view.slices,
-        classes=view.classes,
-        allocated_claims=view.allocated_claims,
-        node_filter=node_filter,
-        driver_name=view.driver_name,
-        policy=best_fit,
-        cache=view.selector_cache,
-        quota=quota,
-        **ids,
+    return view.state.allocate(
+        claim, node_filter=node_filter, policy=best_fit, record=False, quota=quota, **ids
     )
 
 

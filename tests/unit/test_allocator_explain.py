@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.allocator import allocate
+from dra_driver.allocator import AllocatorState, allocate
 from dra_driver.controller.reconcile import ClusterView, Wait, decide
 from tests.support.allocator import CLASSES, DRIVER, GI, claim, request, slices
 
@@ -74,9 +74,10 @@ def test_the_controller_names_an_untolerated_taint() -> None:
         "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]},
     }
     the_claim = claim(request(memory="10Gi"))
-    view = ClusterView(
-        driver_name=DRIVER, slices=slices("h100-80gb:2"), classes=CLASSES, allocated_claims=[]
+    state = AllocatorState(
+        slices=slices("h100-80gb:2"), classes=CLASSES, allocated_claims=[], driver_name=DRIVER
     )
+    view = ClusterView(driver_name=DRIVER, state=state)
     decision = decide(the_claim, [pod], {"node-a": tainted}, view)
     assert isinstance(decision, Wait) and decision.event
     assert (
