@@ -340,20 +340,6 @@ def serve_api(spec: Mapping[str, Any]) -> int:
 # -- the benchmark's driver ---------------------------------------------------------------
 
 
-def write_kubeconfig(root: str, url: str, ca: str) -> str:
-    path = os.path.join(root, "kubeconfig")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: bench, cluster: {{server: '{url}', "
-            f"certificate-authority: '{ca}'}}}}]\n"
-            "users: [{name: bench, user: {token: bench-token}}]\n"
-            "contexts: [{name: bench, context: {cluster: bench, user: bench}}]\n"
-            "current-context: bench\n"
-        )
-    return path
-
-
 def read_line(proc: subprocess.Popen[str]) -> JsonObj:
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -423,6 +409,8 @@ class RunSpec:
 
 
 def one_run(root: str, run: RunSpec, profile: str | None) -> JsonObj:
+    from tests.support.node import write_kubeconfig
+
     nodes, claims, mode, rate = run.nodes, run.claims, run.mode, run.rate
     label = f"{nodes}n-{claims}c-{mode}"
     api = subprocess.Popen(
@@ -441,7 +429,8 @@ def one_run(root: str, run: RunSpec, profile: str | None) -> JsonObj:
     controller: subprocess.Popen[bytes] | None = None
     try:
         where = read_line(api)
-        kubeconfig = write_kubeconfig(os.path.join(root, label), where["url"], where["ca"])
+        kubeconfig = os.path.join(root, label, "kubeconfig")
+        write_kubeconfig(kubeconfig, where["url"], "bench-token", ca=where["ca"])
         controller = start_controller(root, kubeconfig, label, profile)
         send_line(api, {"claims": claims, "mode": mode, "rate": rate, "timeout_s": run.timeout_s})
         read_line(api)  # ready

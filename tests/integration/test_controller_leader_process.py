@@ -35,7 +35,7 @@ EXIT_BUDGET_S = RENEW_DEADLINE_S + 5.0
 """The deadline, then one retry period and the process's shutdown, with room for a slow CI."""
 
 
-class Controller:
+class ControllerProcess:
     def __init__(self, api: FakeKubeApi, root: Path) -> None:
         kubeconfig = root / "kubeconfig"
         write_kubeconfig(kubeconfig, api.url, api.token_for(controller_user()))
@@ -70,10 +70,10 @@ class Controller:
 
 
 @pytest.fixture
-def leader(fake_kube: FakeKubeApi, tmp_path: Path) -> Iterator[Controller]:
+def leader(fake_kube: FakeKubeApi, tmp_path: Path) -> Iterator[ControllerProcess]:
     """A controller process that holds the Lease."""
     seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
-    controller = Controller(fake_kube, tmp_path)
+    controller = ControllerProcess(fake_kube, tmp_path)
     try:
 
         def holder() -> str:
@@ -108,7 +108,7 @@ def leader(fake_kube: FakeKubeApi, tmp_path: Path) -> Iterator[Controller]:
     ],
 )
 def test_a_leader_whose_renewals_fail_logs_each_cause_and_exits(
-    fake_kube: FakeKubeApi, leader: Controller, status: int, message: str
+    fake_kube: FakeKubeApi, leader: ControllerProcess, status: int, message: str
 ) -> None:
     fake_kube.fail_next("PATCH", f"/leases/{LEASE}", status, times=10_000, message=message)
     refused_at = time.monotonic()
@@ -124,7 +124,7 @@ def test_a_leader_whose_renewals_fail_logs_each_cause_and_exits(
 
 
 def test_a_leader_that_finds_the_lease_taken_exits(
-    fake_kube: FakeKubeApi, leader: Controller
+    fake_kube: FakeKubeApi, leader: ControllerProcess
 ) -> None:
     now = micro_time(datetime.datetime.now(datetime.UTC))
     fake_kube.patch(
@@ -143,7 +143,7 @@ def test_a_candidate_that_may_not_take_the_lease_says_why_and_keeps_trying(
     """Neither leading nor silent: each refused attempt is logged, and it goes on."""
     seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
     fake_kube.fail_next("POST", "/leases", 403, times=10_000, message="creating is forbidden")
-    controller = Controller(fake_kube, tmp_path)
+    controller = ControllerProcess(fake_kube, tmp_path)
     try:
         eventually_sync(
             lambda: controller.log().count("could not take the lease") >= 3,

@@ -102,14 +102,18 @@ async def serving(
         await runtime.stop()
 
 
-def write_kubeconfig(path: str | os.PathLike[str], url: str, token: str | None = None) -> None:
+def write_kubeconfig(
+    path: str | os.PathLike[str], url: str, token: str | None = None, *, ca: str | None = None
+) -> None:
     """A kubeconfig for the API server at ``url``; ``token``: a bearer token (a
-    ServiceAccount's, from :meth:`~tests.support.fakekube.FakeKubeApi.token_for`)."""
+    ServiceAccount's, from :meth:`~tests.support.fakekube.FakeKubeApi.token_for`);
+    ``ca``: the CA file that signed an HTTPS server's certificate."""
     user = f"{{token: '{token}'}}" if token else "{}"
+    trust = f", certificate-authority: '{ca}'" if ca else ""
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(
             "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{url}'{trust}}}}}]\n"
             f"users: [{{name: fake, user: {user}}}]\n"
             "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
             "current-context: fake\n"
