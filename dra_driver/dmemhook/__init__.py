@@ -19,6 +19,8 @@ from importlib import resources
 
 from dra_driver.state.files import atomic_write
 
+__all__ = ["DEFAULT_HOOK_DIR", "HOOK_FILE", "HOOK_MODE", "hook_path", "hook_script", "install_hook"]
+
 HOOK_FILE = "dmem-hook.sh"
 DEFAULT_HOOK_DIR = "/var/lib/fractional-gpu-dra/hooks"
 HOOK_MODE = 0o755
