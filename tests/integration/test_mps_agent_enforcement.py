@@ -16,7 +16,7 @@ import pytest
 
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import PREVIOUS_MODE_FILE
+from dra_driver.mpsagent.daemon_files import PREVIOUS_MODE_FILE
 from dra_driver.mpsagent.procs import alive
 from tests.support.eventually import eventually
 from tests.support.mps import (

@@ -22,7 +22,8 @@ from dra_driver.fakes.mps_control import DELAY_ENV, fake_control_path
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import DaemonError, MpsDaemon
+from dra_driver.mpsagent.daemon import MpsDaemon
+from dra_driver.mpsagent.daemon_files import DaemonError
 from tests.support.mps import gpu_dir
 
 GPU = "GPU-00000000-1111-2222-3333-444444444444"

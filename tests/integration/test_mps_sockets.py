@@ -28,7 +28,8 @@ from dra_driver.fakes.mps_control import PID_FILE, STATE_FILE, fake_control_path
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import layout
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import PREVIOUS_MODE_FILE, MpsDaemon
+from dra_driver.mpsagent.daemon import MpsDaemon
+from dra_driver.mpsagent.daemon_files import PREVIOUS_MODE_FILE
 from dra_driver.mpsagent.sockets import answers
 from tests.support.mps import GIB, GPU0, Node, agent_running, cleanup, gpu_dir, make_node
 
