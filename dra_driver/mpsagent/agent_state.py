@@ -3,7 +3,9 @@
 Written atomically after each change; read once when an agent starts, so it can
 bring back each GPU's daemon with the recorded shares' namespaces and limits.
 The file carries a ``version``; an agent reads a file of another version (an
-agent rolled back or forward) for the fields it knows, and says so.
+agent rolled back or forward) for the fields it knows, and says so. The
+top-level ``protocol`` (the agent's MPS protocol) is for a person reading the
+file: no agent reads it back, each share records the protocol of its own daemon.
 """
 
 from __future__ import annotations

@@ -89,17 +89,6 @@ class DeviceHealthChange(Protocol):
     def message(self) -> str: ...
 
 
-@dataclass(frozen=True)
-class DeviceHealthReport:
-    """A plain :class:`DeviceHealthChange`."""
-
-    device_name: str
-    gpu_uuid: str
-    status: str
-    reason: str = ""
-    message: str = ""
-
-
 class PreparedClaim(Protocol):
     """A claim prepared on this node (``state.checkpoint.CheckpointClaim`` fits)."""
 
