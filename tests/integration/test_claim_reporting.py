@@ -14,9 +14,10 @@ import pytest
 
 from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.core.claim_writes import check_entry
 from dra_driver.core.health import DeviceHealth, Status
 from dra_driver.core.model import HealthEvent
-from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice, check_entry
+from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin

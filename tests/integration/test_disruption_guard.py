@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dra_driver.app.plugin import PluginRuntime
-from dra_driver.core.prepare import (
+from dra_driver.core.claim_writes import (
     CA_SAFE_TO_EVICT,
     KARPENTER_DO_NOT_DISRUPT,
     GuardMode,
