@@ -13,7 +13,6 @@ import shutil
 import stat
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -76,13 +75,14 @@ def test_legacy_commands_share_one_long_lived_shell_when_opted_in(state_dir: str
             shell, starts = d.channel.pid, d.channel.starts
             assert shell is not None
             shares = [ShareLimits(f"share-{i}", GIB, 10 + i) for i in range(10)]
-            started = time.perf_counter()
+            before = len(records(state_dir))
             for i, share in enumerate(shares):
                 await d.apply(share, shares[: i + 1])
-            per_command = (time.perf_counter() - started) / len(shares)
             assert d.channel.pid == shell and d.channel.starts == starts
-            # An interpreter start per command costs tens of ms; the shell, a few.
-            assert per_command < 0.1, per_command
+            # Every command of the applies ran in that one shell: no process per command.
+            ran = records(state_dir)[before:]
+            assert len(ran) >= len(shares), ran
+            assert {r["control_pid"] for r in ran} == {shell}, ran
             legacy = fake_state(state_dir)["legacy"]
             assert isinstance(legacy, dict) and legacy["default_pct"] == 19
         finally:
@@ -130,7 +130,7 @@ def test_a_v3_daemon_never_opens_a_shell_even_when_opted_in(
         assert commands and all(r.get("ok") for r in commands), commands
         assert all("stdin" not in r and r["argv"] for r in commands), commands
 
-    with caplog.at_level(logging.WARNING, logger="dra_driver.mpsagent.daemon"):
+    with caplog.at_level(logging.WARNING, logger="dra_driver.mpsagent.daemon_control"):
         asyncio.run(scenario())
     assert "persistent control channel is for legacy MPS only" in caplog.text
 
@@ -158,14 +158,13 @@ def test_a_command_that_hangs_times_out_and_the_channel_recovers(state_dir: str)
         await d.start()
         try:
             starts = d.channel.starts
-            # From now on the shell's daemon takes 1 s per command; we wait 0.3 s.
-            d.channel.env[DELAY_ENV] = "1"
+            # From now on the shell's daemon takes a minute per command; we wait 0.3 s,
+            # so "no answer" (not an answer a minute later) is the timeout's doing.
+            d.channel.env[DELAY_ENV] = "60"
             d.channel.timeout = 0.3
             await d.channel.close()
-            started = time.perf_counter()
             with pytest.raises(DaemonError, match="no answer"):
                 await d.run(ControlCall(stdin="set_default_active_thread_percentage 40\n"))
-            assert time.perf_counter() - started < 0.9
             assert not d.channel.open
             del d.channel.env[DELAY_ENV]
             d.channel.timeout = 5.0
