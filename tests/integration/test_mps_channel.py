@@ -23,6 +23,7 @@ from dra_driver.mpsagent.commands import ControlCall, ShareLimits
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon import MpsDaemon
 from dra_driver.mpsagent.daemon_files import DaemonError
+from tests.support.eventually import eventually
 from tests.support.mps import gpu_dir
 
 GPU = "GPU-00000000-1111-2222-3333-444444444444"
@@ -143,7 +144,9 @@ def test_a_dead_shell_is_restarted_at_the_next_command(state_dir: str) -> None:
             first, starts = d.channel.pid, d.channel.starts
             assert first is not None
             os.kill(first, 9)
-            await asyncio.sleep(0.05)
+            # Once the loop has seen the shell's exit; a command sent before that
+            # meets the dying shell and fails (the one after it starts a new shell).
+            await eventually(lambda: not d.channel.open, "the channel to see its shell gone")
             await d.run(SERVER_LIST)
             assert d.channel.pid not in (None, first) and d.channel.starts == starts + 1
         finally:
