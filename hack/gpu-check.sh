@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Try this driver's NVIDIA-facing calls once on this node's real GPUs:
-# `dra-driver gpu-check` (dra_driver/app/gpu_check.py) with a CUDA client from
+# `dra-driver gpu-check` (dra_driver/app/gpu_check/) with a CUDA client from
 # the PyPI wheel nvidia-cuda-runtime-cu12. It prints a transcript (each command,
 # its output, PASS/FAIL/SKIP; docs/nvidia-interfaces.md says what to do with
 # it), never toggles MIG mode, and undoes what it makes (the MPS daemon, a MIG

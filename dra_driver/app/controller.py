@@ -23,7 +23,7 @@ from typing import Any
 
 from dra_driver.app.tasks import BackgroundTaskFailed, first_of, supervise
 from dra_driver.controller import Controller, ControllerConfig
-from dra_driver.controller.events import EventRecorder
+from dra_driver.controller.events import ClaimEventRecorder
 from dra_driver.controller.informer import ChangeHandler, Informer, KindPath
 from dra_driver.controller.leader import LeaderElector
 from dra_driver.controller.metrics import ControllerMetrics
@@ -58,7 +58,7 @@ def build_controller(
         api_client,
         informer=informer,
         queue=WorkQueue(),
-        events=EventRecorder(api_client, interval_s=config.event_interval_s, executor=writer),
+        events=ClaimEventRecorder(api_client, interval_s=config.event_interval_s, executor=writer),
         elector=LeaderElector(
             api_client,
             name=config.lease_name,

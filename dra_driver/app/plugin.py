@@ -36,9 +36,10 @@ from dra_driver.core.cdi import (
     edits_from_toolkit_spec,
     fake_common_edits,
 )
+from dra_driver.core.claim_writes import GuardMode
 from dra_driver.core.model import Inventory
 from dra_driver.core.ports import ClaimSource, GpuBackend
-from dra_driver.core.prepare import DriverObserver, GuardMode, NodeContext
+from dra_driver.core.prepare import DriverObserver, NodeContext
 from dra_driver.gpu.driver_files import discover_driver_files, load_toolkit_spec
 from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.k8s.capabilities import probe_capabilities

@@ -17,8 +17,8 @@ from dra_driver.cli.flags import (
     parse_node_settings,
     parse_seconds,
 )
+from dra_driver.core.claim_writes import GuardMode
 from dra_driver.core.ports import GpuBackend
-from dra_driver.core.prepare import GuardMode
 from dra_driver.dmemhook import DEFAULT_HOOK_DIR
 from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR

@@ -3,7 +3,7 @@
 The same (claim, reason, message) is written at most once per ``interval_s``
 (a claim that does not fit is retried often; its Event is not). A failed
 Event write is logged and dropped: Events are advice, never a reason to stop.
-:meth:`EventRecorder.record` awaits the write: the controller calls it from
+:meth:`ClaimEventRecorder.record` awaits the write: the controller calls it from
 its per-claim worker, which may wait.
 """
 
@@ -28,7 +28,9 @@ def event_object(claim: JsonObj, reason: str, message: str, event_type: str, sta
     )
 
 
-class EventRecorder:
+class ClaimEventRecorder:
+    """The controller's Events on claims (:class:`~dra_driver.k8s.events.EventRecorder`)."""
+
     def __init__(
         self,
         api_client: Any,

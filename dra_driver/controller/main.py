@@ -47,7 +47,7 @@ from typing import Any
 from dra_driver.allocator import SelectorCache
 from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.controller.claim_index import ClaimPodIndex
-from dra_driver.controller.events import EventRecorder
+from dra_driver.controller.events import ClaimEventRecorder
 from dra_driver.controller.informer import (
     CLAIMS,
     CLASSES,
@@ -164,7 +164,7 @@ class Controller:
         *,
         informer: InformerFactory,
         queue: WorkQueue,
-        events: EventRecorder,
+        events: ClaimEventRecorder,
         elector: LeaderElector,
         metrics: ControllerMetrics,
         writer: ThreadPoolExecutor,

@@ -54,7 +54,8 @@ must clear what a dead daemon left).
   seconds, standing in for a slow daemon in tests; refusals stay instant.
 
 Every invocation is recorded as a JSON line in ``fake-mps-commands.jsonl`` in the
-log directory (``CUDA_MPS_LOG_DIRECTORY``). Error texts and exit statuses are
+log directory (``CUDA_MPS_LOG_DIRECTORY``), with the pid of the control process
+that ran it (``control_pid``). Error texts and exit statuses are
 this fake's own choice: the real tool's are not documented.
 
 Like the real daemon it writes ``control.log`` in the log directory, in the
@@ -841,6 +842,7 @@ def _execute(state: dict[str, Any], pipe: str, argv: list[str], line: str | None
 def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) -> tuple[bool, str]:
     """Run one command under the state lock, record it; (worked, reply)."""
     entry: dict[str, Any] = {"argv": argv} if line is None else {"stdin": line}
+    entry["control_pid"] = os.getpid()  # which control process ran it (a shell runs many)
     word = line.split()[0] if line is not None else ""
     if line is not None and word not in LEGACY_COMMANDS and word != "quit":
         # The shell itself refuses it: no daemon state involved.

@@ -2,16 +2,12 @@
 
 The agent is its own long-lived process (``dra-driver mps-agent``, a DaemonSet
 updated only on delete), so a plugin restart or rolling update never touches a
-running daemon or its clients. Requests (:mod:`.protocol`) are served one line
-at a time per connection; operations on one GPU are serialised by a lock per
-GPU; a request that fails answers an error and never stops the agent. A plugin
-that disconnects mid-request does not cancel it: the operation completes and is
-recorded, and a repeated ``ensure_share`` is idempotent.
+running daemon or its clients. Requests (:mod:`.protocol`) come in on a unix
+socket (:mod:`.server`); operations on one GPU are serialised by a lock per GPU.
 
-Every live share is recorded in ``<state dir>/mps-agent-state.json`` (written
-atomically after each change). A starting agent adopts a daemon a previous
-agent left running, or starts a fresh one, and restores the recorded shares'
-namespaces and limits. A supervisor per GPU waits for the daemon's exit; when
+Every live share is recorded (:mod:`.agent_state`). A starting agent adopts a
+daemon a previous agent left running, or starts a fresh one, and restores the
+recorded shares' namespaces and limits. A supervisor per GPU waits for the daemon's exit; when
 it dies unasked, the agent logs what was lost with it and restarts it with
 every live share restored, retrying with backoff.
 """
@@ -19,30 +15,25 @@ every live share restored, retrying with backoff.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import os
-import socket
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import protocol as wire
+from dra_driver.mpsagent.agent_state import load_state, relaid, save_state, state_path
 from dra_driver.mpsagent.commands import ShareLimits
 from dra_driver.mpsagent.compute_mode import ComputeMode, NvidiaSmiComputeMode
-from dra_driver.mpsagent.daemon import DaemonError, MpsDaemon
+from dra_driver.mpsagent.daemon import MpsDaemon
+from dra_driver.mpsagent.daemon_files import DaemonError
 from dra_driver.mpsagent.layout import SocketPathTooLong, check_state_dir
 from dra_driver.mpsagent.migrate import retire_old_gpu_dirs
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
-from dra_driver.state.files import atomic_write
+from dra_driver.mpsagent.server import AgentRequestError, AgentServer
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "mps-agent-state.json"
-STATE_VERSION = 1
 
 
 class ShareFields(Protocol):
@@ -93,12 +84,6 @@ class AgentConfig:
     example uses. v3 daemons always run a process per command."""
 
 
-class AgentRequestError(Exception):
-    def __init__(self, kind: wire.ErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind: wire.ErrorKind = kind
-
-
 def _limits(share: ShareInfo) -> ShareLimits:
     return ShareLimits(share.share_id, share.memory_limit_bytes, share.active_thread_percentage)
 
@@ -132,80 +117,27 @@ class MpsAgent:
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._restarts: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
-        self._server: asyncio.Server | None = None
+        self._server = AgentServer(self, config.socket_path)
 
     # -- state ----------------------------------------------------------------------
 
     @property
     def state_path(self) -> str:
-        return os.path.join(self.config.state_dir, STATE_FILE)
+        return state_path(self.config.state_dir)
 
     def _save(self) -> None:
-        doc = {
-            "version": STATE_VERSION,
-            "protocol": self.protocol,
-            "shares": [wire.share_to_json(s) for _, s in sorted(self._shares.items())],
-        }
-        # Atomic, not fsynced: a killed agent loses nothing (the page cache outlives
-        # it), and after an OS crash nothing here matters: the state directory is a
-        # tmpfs (the daemons and their namespaces are gone too). An fsync here would
-        # stall every GPU's requests, since this runs on the event loop.
-        atomic_write(self.state_path, json.dumps(doc, separators=(",", ":")).encode(), fsync=False)
+        save_state(self.state_path, self.protocol, [s for _, s in sorted(self._shares.items())])
 
     def _load(self) -> None:
-        """Lenient: what we wrote ourselves, maybe by a newer or older agent. A file of
-        another version is read for the fields this version knows, and said so."""
-        try:
-            with open(self.state_path, "rb") as f:
-                doc = json.load(f)
-            if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
-                raise ValueError("no integer 'version': not a state file an agent wrote")
-            shares = [wire.share_from_json(s) for s in doc.get("shares", [])]
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as err:
-            log.error("ignoring unreadable MPS agent state %s: %s", self.state_path, err)
-            return
-        if doc["version"] != STATE_VERSION:
-            log.warning(
-                "MPS agent state %s is of version %d, this agent writes version %d: "
-                "reading the fields it knows (an agent rolled %s)",
-                self.state_path,
-                doc["version"],
-                STATE_VERSION,
-                "back" if doc["version"] > STATE_VERSION else "forward",
-            )
-        for share in shares:
-            protocol = cmd.daemon_protocol(self.protocol, share.gpu_uuid)
+        """Take the recorded shares, each laid out as this agent lays it out."""
+        for share in load_state(self.state_path):
             try:
                 current = self._share_info(share)
             except (DaemonError, SocketPathTooLong) as err:
                 log.error("dropping recorded share %s: %s", share.share_id, err)
                 continue
-            if share.protocol == protocol and share != current:
-                # An earlier agent's directory layout (long names, see .migrate).
-                log.warning(
-                    "share %s on GPU %s moves from %s to %s (the short directory layout); "
-                    "its running containers keep the old mounts and reach no MPS daemon "
-                    "until they restart",
-                    share.share_id,
-                    share.gpu_uuid,
-                    share.pipe_dir,
-                    current.pipe_dir,
-                )
-                share = current  # noqa: PLW2901 (the moved record)
-            if share.protocol != protocol:
-                log.warning(
-                    "share %s on GPU %s was made under %s MPS; the agent now runs %s there and "
-                    "re-creates it so (its running containers keep the old mounts)",
-                    share.share_id,
-                    share.gpu_uuid,
-                    share.protocol,
-                    protocol,
-                )
-                share = current  # noqa: PLW2901 (the converted record)
-            self._shares[(share.gpu_uuid, share.share_id)] = share
+            kept = relaid(share, current)
+            self._shares[(kept.gpu_uuid, kept.share_id)] = kept
 
     def _gpu_shares(self, gpu_uuid: str) -> list[ShareInfo]:
         return [s for (gpu, _), s in sorted(self._shares.items()) if gpu == gpu_uuid]
@@ -277,17 +209,7 @@ class MpsAgent:
         self._save()
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        # Closing the transports ends each connection's loop at its next read (an
-        # operation in flight completes first); cancelling the handler tasks instead
-        # trips asyncio 3.11's stream callback into logging a CancelledError.
-        for writer in list(self._connections.values()):
-            writer.close()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        await self._server.close()
         if self.config.stop_daemons_on_exit:
             for gpu_uuid in sorted(self._daemons):
                 async with self._lock(gpu_uuid):
@@ -298,8 +220,7 @@ class MpsAgent:
             task.cancel()
         await asyncio.gather(*self._watchers.values(), return_exceptions=True)
         self._watchers.clear()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.config.socket_path)
+        self._server.remove_socket()
 
     # -- supervision ----------------------------------------------------------------
 
@@ -481,85 +402,11 @@ class MpsAgent:
 
     # -- the socket -----------------------------------------------------------------
 
-    async def handle_line(self, line: bytes) -> bytes:
-        """One request line to one response line; never raises."""
-        try:
-            return wire.encode_result(await self._dispatch(wire.parse_request(line)))
-        except (wire.ProtocolError, AgentRequestError) as err:
-            return wire.encode_error(err.kind, str(err))
-        except Exception as err:
-            log.exception("mps-agent request failed")
-            return wire.encode_error("internal", f"{type(err).__name__}: {err}")
-
-    async def _dispatch(self, request: wire.Request) -> dict[str, Any]:
-        match request:
-            case wire.EnsureShare():
-                return {"share": wire.share_to_json(await self.ensure_share(request))}
-            case wire.ReleaseShare():
-                return {"released": await self.release_share(request)}
-            case wire.ListShares():
-                return {"shares": [wire.share_to_json(s) for s in self.list_shares()]}
-            case wire.Status():
-                return wire.status_to_json(self.status())
-
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections[task] = writer
-        try:
-            while True:
-                try:
-                    line = await reader.readline()
-                except (asyncio.LimitOverrunError, ValueError):
-                    writer.write(
-                        wire.encode_error(
-                            "invalid_request", f"request line over {wire.MAX_LINE_BYTES} bytes"
-                        )
-                    )
-                    await writer.drain()
-                    break
-                if not line:
-                    break
-                if not line.strip():
-                    continue
-                # Shielded: a plugin that goes away mid-request must not cut an
-                # operation (a daemon start, a namespace) in half.
-                reply = await asyncio.shield(self.handle_line(line))
-                writer.write(reply)
-                await writer.drain()
-        except (ConnectionError, BrokenPipeError):
-            pass
-        finally:
-            self._connections.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
     async def serve(self) -> None:
         """Bind the socket (refusing if another agent answers on it)."""
-        path = self.config.socket_path
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(os.stat(path).st_mode):
-                if _answers(path):
-                    raise RuntimeError(f"another mps-agent is already serving {path}")
-                os.unlink(path)
-        self._server = await asyncio.start_unix_server(
-            self._on_connection, path=path, limit=wire.MAX_LINE_BYTES + 1
-        )
-        os.chmod(path, 0o660)
+        await self._server.serve()
         log.info(
-            "mps-agent serving %s (MPS %s; a MIG instance's daemon: legacy)", path, self.protocol
+            "mps-agent serving %s (MPS %s; a MIG instance's daemon: legacy)",
+            self.config.socket_path,
+            self.protocol,
         )
-
-
-def _answers(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-        return True

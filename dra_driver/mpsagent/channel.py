@@ -4,8 +4,8 @@
 default, where every command is a process of its own, the form of every NVIDIA
 example). Legacy MPS only: MPS v3 "replaces the interactive shell of Legacy MPS
 v2 with a scriptable module verb command syntax" (docs:mpsv3-interface), so
-nothing documents a v3 shell, and :class:`.daemon.MpsDaemon` never opens one for
-a v3 daemon.
+nothing documents a v3 shell, and :class:`.daemon_control.DaemonControl` never opens
+one for a v3 daemon.
 
 Run without arguments, the legacy ``nvidia-cuda-mps-control`` is the daemon's
 interactive shell: it reads commands from stdin, one per line, until stdin
@@ -22,7 +22,7 @@ Assumptions here, all **docs-unverified and gpu-unverified** (no real GPU has
 run this channel yet): the shell answers commands in order and flushes each
 answer; it answers an unknown command with a line that names it. When an
 assumption fails, the daemon falls back to one process per command
-(:class:`.daemon.MpsDaemon`), which the docs do cover.
+(:class:`.daemon_control.DaemonControl`), which the docs do cover.
 
 Several commands (a share's namespace create and set) can go at once
 (:meth:`ControlChannel.call_many`): written together, answered in order, one

@@ -169,4 +169,4 @@ class MpsAgentClient:
         return [wire.share_from_json(s) for s in result.get("shares", [])]
 
     async def status(self) -> AgentStatus:
-        return wire.status_from_json(await self._call(wire.Status()))
+        return wire.status_from_json(await self._call(wire.StatusRequest()))

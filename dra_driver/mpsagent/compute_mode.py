@@ -4,7 +4,7 @@ MPS wants its GPU in EXCLUSIVE_PROCESS mode while the daemon runs, so that only
 the MPS server holds a context on it. When the last share goes, the GPU goes
 back to the mode it had before the daemon first started (usually DEFAULT, which
 time-slicing and exclusive claims need; an administrator's PROHIBITED stays
-PROHIBITED). :class:`.daemon.MpsDaemon` reads that mode before it changes it
+PROHIBITED). :mod:`.previous_mode` reads that mode before the daemon changes it
 and keeps it in the GPU's daemon directory, so an agent restart in between
 still restores the right one.
 """

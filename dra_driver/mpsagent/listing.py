@@ -20,7 +20,7 @@ listed by this code yet.
 
 A line that is not in this form never raises: it becomes a :class:`ListingProblem`
 naming the line, what it says and what was expected, and the rest of the
-listing is still read. The caller logs the problems (:mod:`.daemon`), so one
+listing is still read. The caller logs the problems (:mod:`.daemon_shares`), so one
 odd line costs at most the one row.
 """
 

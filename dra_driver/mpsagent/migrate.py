@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import sockets
-from dra_driver.mpsagent.daemon import PREVIOUS_MODE_FILE, DaemonDirs
+from dra_driver.mpsagent.daemon_files import PREVIOUS_MODE_FILE, DaemonDirs
 from dra_driver.mpsagent.layout import SOCKET_NAME, is_old_gpu_dir
 
 log = logging.getLogger(__name__)

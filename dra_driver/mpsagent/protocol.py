@@ -77,17 +77,17 @@ class ListShares:
 
 
 @dataclass(frozen=True)
-class Status:
+class StatusRequest:
     pass
 
 
-Request = EnsureShare | ReleaseShare | ListShares | Status
+Request = EnsureShare | ReleaseShare | ListShares | StatusRequest
 
 _OPS: dict[str, type[Request]] = {
     "ensure_share": EnsureShare,
     "release_share": ReleaseShare,
     "list_shares": ListShares,
-    "status": Status,
+    "status": StatusRequest,
 }
 _OP_OF = {cls: op for op, cls in _OPS.items()}
 
@@ -220,7 +220,7 @@ def parse_request(line: bytes | str) -> Request:
             gpu_uuid=_str(args, "gpu_uuid", _GPU_UUID), share_id=_str(args, "share_id", _IDENT)
         )
     _check_keys(args, set(), set(), where)
-    return ListShares() if op == "list_shares" else Status()
+    return ListShares() if op == "list_shares" else StatusRequest()
 
 
 # -- responses ------------------------------------------------------------------------

@@ -83,7 +83,7 @@ class DriverState(Protocol):
     def inventory(self) -> Inventory: ...
 
 
-class DeviceHealth(Protocol):
+class HealthReading(Protocol):
     """One device's health as the health model reports it."""
 
     @property
@@ -106,7 +106,7 @@ class DeviceHealth(Protocol):
 class HealthView(Protocol):
     """Every device's health now (``plugin.health_monitor.HealthMonitor`` is one)."""
 
-    def devices(self) -> Sequence[DeviceHealth]: ...
+    def devices(self) -> Sequence[HealthReading]: ...
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ class PluginMetrics:
         """The disruption guard's count of the pods it guards now."""
         self._guarded_pods.set(count)
 
-    def set_device_health(self, devices: Iterable[DeviceHealth]) -> None:
+    def set_device_health(self, devices: Iterable[HealthReading]) -> None:
         """Report every device's health; devices left out are no longer reported."""
         snapshot = []
         for device in devices:

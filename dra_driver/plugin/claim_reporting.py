@@ -41,14 +41,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
-from dra_driver.core.prepare import (
-    ClaimOperation,
-    HealthSnapshot,
-    HealthStatus,
-    Mode,
-    PlannedDevice,
-    claim_status_entries,
-)
+from dra_driver.core.claim_writes import HealthSnapshot, HealthStatus, claim_status_entries
+from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter
 from dra_driver.k8s.events import NORMAL, WARNING, EventRecorder, InvolvedObject, now_rfc3339
 from dra_driver.k8s.rest import JsonObj
@@ -87,17 +81,6 @@ class DeviceHealthChange(Protocol):
 
     @property
     def message(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class DeviceHealthReport:
-    """A plain :class:`DeviceHealthChange`."""
-
-    device_name: str
-    gpu_uuid: str
-    status: str
-    reason: str = ""
-    message: str = ""
 
 
 class PreparedClaim(Protocol):

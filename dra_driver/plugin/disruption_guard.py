@@ -1,7 +1,7 @@
 """The disruption guard: pods using a prepared, guarded claim carry do-not-disrupt.
 
 :class:`DisruptionGuard` is a :class:`~dra_driver.core.prepare.DriverObserver`
-(what it decides is in :mod:`dra_driver.core.prepare.disruption_guard`):
+(what it decides is in :mod:`dra_driver.core.claim_writes.disruption_guard`):
 
 * a prepare that succeeded, of a claim the node's :class:`GuardMode` guards,
   annotates the pods on this node that use the claim (one LIST of the claim's
@@ -36,8 +36,7 @@ from typing import Any, Literal, Protocol
 
 from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
 from dra_driver.base.ids import ClaimRef, ClaimUID
-from dra_driver.core.prepare import (
-    ClaimOperation,
+from dra_driver.core.claim_writes import (
     GuardMode,
     annotation_changes,
     annotations_of,
@@ -46,6 +45,7 @@ from dra_driver.core.prepare import (
     pod_finished,
     pod_uses_claim,
 )
+from dra_driver.core.prepare import ClaimOperation
 from dra_driver.k8s.events import WARNING, EventRecorder, InvolvedObject
 from dra_driver.k8s.rest import JsonObj
 

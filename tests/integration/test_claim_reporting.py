@@ -14,9 +14,10 @@ import pytest
 
 from dra_driver.app.plugin import PluginRuntime
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.core.claim_writes import check_entry
 from dra_driver.core.health import DeviceHealth, Status
 from dra_driver.core.model import HealthEvent
-from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice, check_entry
+from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
@@ -26,17 +27,25 @@ from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.plugin.activity import CallActivity
-from dra_driver.plugin.claim_reporting import (
-    COMPONENT,
-    ClaimReporter,
-    DeviceHealthReport,
-)
+from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from tests.support.clock import Clock
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 pytestmark = pytest.mark.chart(())
 """The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthChange:
+    """A device's new health as a monitor other than ours may say it (plain strings)."""
+
+    device_name: str
+    gpu_uuid: str
+    status: str
+    reason: str = ""
+    message: str = ""
+
 
 OTHER = "net.example.com"
 GPU_0 = PlannedDevice(
@@ -317,7 +326,7 @@ def test_health_change_events_on_node_and_claims_and_conditions(
             assert await observer.flush()
             assert runtime.inventory is not None
             uuid = runtime.inventory.gpus[0].uuid
-            sick = DeviceHealthReport("gpu-0", uuid, "Unhealthy", "XidError", "XID 79")
+            sick = HealthChange("gpu-0", uuid, "Unhealthy", "XidError", "XID 79")
             observer.device_health_changed(sick)
             observer.device_health_changed(sick)  # the same report again: nothing new
             assert await observer.flush()
@@ -332,7 +341,7 @@ def test_health_change_events_on_node_and_claims_and_conditions(
             (other,) = devices_of(fake_kube, "b")
             assert conditions(other)["DeviceHealthy"]["status"] == "Unknown"
             # Flapping within the interval: the Unhealthy Event is not written again.
-            observer.device_health_changed(DeviceHealthReport("gpu-0", uuid, "Healthy"))
+            observer.device_health_changed(HealthChange("gpu-0", uuid, "Healthy"))
             observer.device_health_changed(sick)
             assert await observer.flush()
 
@@ -395,7 +404,7 @@ def test_health_change_for_claims_prepared_before_a_restart(
 
     async def scenario() -> None:
         # Named by GPU only: every device of that GPU.
-        change = DeviceHealthReport("", "GPU-0", "unknown", "", "lost contact")
+        change = HealthChange("", "GPU-0", "unknown", "", "lost contact")
         observer.device_health_changed(change, [Prepared(claim_ref(obj), (GPU_0,))])
         assert await observer.flush()
         await observer.close()

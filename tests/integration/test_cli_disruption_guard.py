@@ -8,7 +8,7 @@ from dra_driver.base.errors import ConfigError
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.cli import build_parser, claim_reporting
 from dra_driver.cli.plugin import disruption_guard
-from dra_driver.core.prepare import GuardMode
+from dra_driver.core.claim_writes import GuardMode
 from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.official import Configuration
 from dra_driver.plugin.disruption_guard import DisruptionGuard

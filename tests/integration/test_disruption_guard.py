@@ -3,7 +3,6 @@ claims and pods read from and patched in the fake API server over HTTP."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 
 from dra_driver.app.plugin import PluginRuntime
-from dra_driver.core.prepare import (
+from dra_driver.core.claim_writes import (
     CA_SAFE_TO_EVICT,
     KARPENTER_DO_NOT_DISRUPT,
     GuardMode,
@@ -32,6 +31,7 @@ from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.plugin.claim_reporting import COMPONENT
 from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
 from tests.support.chart import GUARD_VALUES
+from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -139,11 +139,8 @@ async def plugin_guarding(
     kubelet = FakeKubelet(dirs.registry, KUBELET_DRA_SERVICES)
     try:
         registered = await kubelet.wait_for_plugin(DRIVER)
-        for _ in range(500):  # the first pass over the node's pods, started with the plugin
-            if guard.synced:
-                break
-            await asyncio.sleep(0.01)
-        assert guard.synced
+        # The first pass over the node's pods, started with the plugin.
+        await eventually(lambda: guard.synced, "the guard's first pass over the pods")
         yield runtime, registered, guard
     finally:
         await kubelet.close()

@@ -1,6 +1,6 @@
 """DRA extended resources (KEP-5004) on the node: the scheduler-made claim, prepared.
 
-The claim is built as kube-scheduler writes it (``dra_driver/fakes/extended_resources.py``)
+The claim is built as kube-scheduler writes it (``tests/support/extended_resources.py``)
 and stored in the fake API server with the pod and its
 ``status.extendedResourceClaimStatus``; the plugin reads it with the official client
 over HTTP and a kubelet-like client prepares it over the real socket. Each
@@ -26,14 +26,6 @@ import pytest
 
 from dra_driver.app.plugin import PluginRuntime
 from dra_driver.core.slices import EVENT_REASON
-from dra_driver.fakes.extended_resources import (
-    ANNOTATION,
-    classes_by_resource,
-    container_cdi_devices,
-    extended_resource_claim_status,
-    extended_resource_requests,
-    scheduler_claim,
-)
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim
@@ -45,6 +37,14 @@ from dra_driver.k8s.nodes import read_node
 from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.extended_resources import check_extended_resources
 from tests.support.chart import EXTENDED_VALUES, plugin_token
+from tests.support.extended_resources import (
+    ANNOTATION,
+    classes_by_resource,
+    container_cdi_devices,
+    extended_resource_claim_status,
+    extended_resource_requests,
+    scheduler_claim,
+)
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 

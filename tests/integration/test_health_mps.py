@@ -24,6 +24,7 @@ from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode, Mode
+from tests.support.eventually import eventually
 from tests.support.health_stream import until_health
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
@@ -100,11 +101,13 @@ def test_killed_mps_daemon_makes_its_share_device_unhealthy_until_restarted(
                 # Running again is enough for health; the agent counts the restart once
                 # it has restored the share, and the monitor's next poll logs it.
                 client = MpsAgentClient(agent.socket_path)
-                for _ in range(200):
-                    (again,) = (await client.status()).daemons
-                    if again.restarts:
-                        break
-                    await asyncio.sleep(0.01)
+
+                async def restart_counted() -> bool:
+                    (daemon_now,) = (await client.status()).daemons
+                    return daemon_now.restarts > 0
+
+                await eventually(restart_counted, "the agent to count the restart")
+                (again,) = (await client.status()).daemons
                 assert again.running and again.restarts == 1 and again.pid != daemon.pid
                 await runtime.health_monitor.poll_mps_once()
                 assert not (await plugin.unprepare([ref]))[ref.uid]

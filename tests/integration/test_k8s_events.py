@@ -190,8 +190,7 @@ def test_emit_never_blocks_and_bounds_what_is_in_flight(
 
 
 def test_controller_wrapper_keeps_its_api(fake_kube: FakeKubeApi, api: KubeClient) -> None:
-    from dra_driver.controller.events import COMPONENT
-    from dra_driver.controller.events import EventRecorder as ControllerEvents
+    from dra_driver.controller.events import COMPONENT, ClaimEventRecorder
     from dra_driver.controller.events import event_object as controller_event
 
     claim = resource_claim("default", "c1", uid="uid-1")
@@ -200,7 +199,7 @@ def test_controller_wrapper_keeps_its_api(fake_kube: FakeKubeApi, api: KubeClien
     assert obj["involvedObject"]["resourceVersion"] == "7"
     assert obj["source"] == {"component": COMPONENT}
     clock = Clock()
-    ctl = ControllerEvents(api, interval_s=60, clock=clock)
+    ctl = ClaimEventRecorder(api, interval_s=60, clock=clock)
     assert ctl.should_send(claim, "CannotAllocate", "x")
     assert not ctl.should_send(claim, "CannotAllocate", "x")
     run_checked(ctl.record(claim, "Allocated", "gpu-0"))

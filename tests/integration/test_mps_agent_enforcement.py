@@ -16,7 +16,7 @@ import pytest
 
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import PREVIOUS_MODE_FILE
+from dra_driver.mpsagent.daemon_files import PREVIOUS_MODE_FILE
 from dra_driver.mpsagent.procs import alive
 from tests.support.eventually import eventually
 from tests.support.mps import (
@@ -142,6 +142,12 @@ def client(node: Node, action: str, uid: int, gpu: str = GPU0) -> str:
     return done.stdout.strip()
 
 
+def uid_checks(node: Node) -> int:
+    """The ``get_server_list`` commands the GPU's daemon has had (after the shares'
+    applies, only the agent's UID checks send it)."""
+    return sum(r.get("stdin") == "get_server_list\n" for r in node.records(GPU0))
+
+
 def test_a_client_waiting_on_another_uid_is_surfaced(
     legacy_node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -157,7 +163,13 @@ def test_a_client_waiting_on_another_uid_is_surfaced(
             await ensure(node, "share-a")
             await ensure(node, "share-b")
             assert client(node, "connect", 1000).isdigit()  # a server for UID 1000 starts
-            await asyncio.sleep(0.2)
+            checks = uid_checks(node)
+
+            async def checked_since() -> bool:
+                # Two more: the first of them may have been under way at the connect.
+                return uid_checks(node) >= checks + 2
+
+            await eventually(checked_since)
             assert await waits() == (None, ())  # one UID: nothing waits
 
             assert client(node, "connect", 0) == "pending"

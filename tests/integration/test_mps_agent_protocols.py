@@ -82,7 +82,7 @@ def test_adoption_survives_a_namespace_list_line_it_cannot_read(
             assert share.namespace == namespace_name("share-p")
         return pid
 
-    with caplog.at_level(logging.WARNING, logger="dra_driver.mpsagent.daemon"):
+    with caplog.at_level(logging.WARNING, logger="dra_driver.mpsagent.daemon_shares"):
         pid = asyncio.run(scenario())
     os.kill(pid, 9)
     warnings = [r.getMessage() for r in caplog.records if "namespace list" in r.getMessage()]

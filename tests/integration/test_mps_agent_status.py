@@ -12,18 +12,26 @@ from dra_driver.plugin.health_monitor import mps_daemons_down
 from tests.support.mps import GIB, GPU0, agent_running, cleanup, make_node
 
 
-class SlowRestore(FakeComputeMode):
-    """Giving the GPU its mode back takes a while (after the daemon has exited)."""
+class HeldRestore(FakeComputeMode):
+    """Giving the GPU its mode back (after the daemon has exited) waits until the test
+    lets it go: the window between the daemon's exit and the release's end stays open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restoring = asyncio.Event()
+        self.go_on = asyncio.Event()
 
     async def set_mode(self, gpu_uuid: str, mode: Mode) -> None:
         if mode != "EXCLUSIVE_PROCESS":
-            await asyncio.sleep(0.3)
+            self.restoring.set()
+            await self.go_on.wait()
         await super().set_mode(gpu_uuid, mode)
 
 
 def test_a_daemon_stopping_after_its_last_share_is_not_down() -> None:
     node = make_node("v3")
-    config = replace(node.config, compute_mode=SlowRestore())
+    modes = HeldRestore()
+    config = replace(node.config, compute_mode=modes)
 
     async def scenario() -> None:
         async with agent_running(config):
@@ -33,15 +41,17 @@ def test_a_daemon_stopping_after_its_last_share_is_not_down() -> None:
                 active_thread_percentage=50,
             )  # fmt: skip
             release = asyncio.create_task(client.release_share(GPU0, "share-a"))
-            seen = []
-            while not release.done():
+            while not modes.restoring.is_set():  # until the daemon has gone
                 status = await client.status()
-                seen.append(status)
                 assert not mps_daemons_down(status), status
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0)
+            # In the window: the daemon has stopped running, and that is not "down".
+            status = await client.status()
+            assert not mps_daemons_down(status), status
+            assert [(d.gpu_uuid, d.running) for d in status.daemons] == [(GPU0, False)], status
+            modes.go_on.set()
             assert await release is True
-            # The window was there to be seen: the daemon had stopped running.
-            assert any(d.gpu_uuid == GPU0 and not d.running for s in seen for d in s.daemons)
+            assert not mps_daemons_down(await client.status())
 
     try:
         asyncio.run(scenario())

@@ -12,7 +12,7 @@ import pytest
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import layout
-from dra_driver.mpsagent.daemon import DaemonDirs, DaemonError
+from dra_driver.mpsagent.daemon_files import DaemonDirs, DaemonError
 
 CHART_STATE_DIR = "/run/fractional-gpu-dra/mps"
 """deploy/helm values.yaml mpsAgent.stateDir, also the CLI's --state-dir default."""

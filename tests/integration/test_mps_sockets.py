@@ -28,8 +28,10 @@ from dra_driver.fakes.mps_control import PID_FILE, STATE_FILE, fake_control_path
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import layout
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import PREVIOUS_MODE_FILE, MpsDaemon
+from dra_driver.mpsagent.daemon import MpsDaemon
+from dra_driver.mpsagent.daemon_files import PREVIOUS_MODE_FILE
 from dra_driver.mpsagent.sockets import answers
+from tests.support.eventually import eventually_sync
 from tests.support.mps import GIB, GPU0, Node, agent_running, cleanup, gpu_dir, make_node
 
 ENV = {**os.environ, "PYTHON": sys.executable}
@@ -92,10 +94,7 @@ def test_v3_sockets_are_real_and_an_over_long_namespace_is_refused(root: str) ->
     daemon = _fake(["-f", "-p", "3", "-m"], pipe, logs)
     try:
         control = os.path.join(pipe, "control")
-        deadline = 200
-        while not answers(control) and deadline:
-            deadline -= 1
-            asyncio.run(asyncio.sleep(0.05))
+        eventually_sync(lambda: answers(control), "the fake daemon's control socket")
         assert _is_socket(control) and answers(control)
         assert _run(["server", "create", "shares"], pipe, logs) == (0, "")
         assert _is_socket(os.path.join(pipe, "shares", "control"))

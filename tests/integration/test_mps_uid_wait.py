@@ -34,7 +34,7 @@ from dra_driver.k8s.events import EventRecorder
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import PID_FILE
+from dra_driver.mpsagent.daemon_files import PID_FILE
 from dra_driver.mpsagent.metrics import AgentMetrics
 from dra_driver.mpsagent.protocol import AgentStatus, DaemonStatus, ShareInfo
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter

@@ -15,6 +15,9 @@ The rules (``tests/conftest.py`` applies them to every test, autouse):
   would cancel it silently). The tasks are left for ``asyncio.run`` to cancel as
   usual; the test fails at teardown, naming them.
 
+:func:`tests.support.node.run_checked` applies the same task check at once (no
+grace) where a test runs its scenario.
+
 A test that must leave something behind is marked
 ``@pytest.mark.allow_leaks("why")``; the reason is required, and each such
 marker should say what leaks and where it is tracked.
@@ -56,6 +59,24 @@ def leaked_threads(before: set[threading.Thread], grace_s: float = GRACE_S) -> l
         new[0].join(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
 
 
+def _describe_task(task: asyncio.Task[Any]) -> str:
+    return f"{task.get_name()}: {task.get_coro()!r:.200}"
+
+
+async def pending_tasks(grace_s: float = GRACE_S) -> list[str]:
+    """The running loop's other tasks still pending after one pass of the loop and
+    up to ``grace_s`` more (0: that one pass only), described."""
+    current = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    await asyncio.sleep(0)  # a task finishing now gets its last step
+    while True:
+        pending = [t for t in asyncio.all_tasks() if t is not current]
+        if not pending or loop.time() >= deadline:
+            return [_describe_task(t) for t in pending]
+        await asyncio.sleep(0.01)
+
+
 @contextmanager
 def watching_asyncio_run(found: list[str], grace_s: float = GRACE_S) -> Iterator[None]:
     """Wrap :func:`asyncio.run` so that tasks still pending after its main coroutine
@@ -67,15 +88,7 @@ def watching_asyncio_run(found: list[str], grace_s: float = GRACE_S) -> Iterator
             try:
                 return await main
             finally:
-                current = asyncio.current_task()
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + grace_s
-                while True:
-                    pending = [t for t in asyncio.all_tasks() if t is not current]
-                    if not pending or loop.time() >= deadline:
-                        break
-                    await asyncio.sleep(0.01)
-                found.extend(f"{t.get_name()}: {t.get_coro()!r:.200}" for t in pending)
+                found.extend(await pending_tasks(grace_s))
 
         return real_run(checked(), **kwargs)
 

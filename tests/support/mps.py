@@ -27,7 +27,7 @@ from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
-from dra_driver.mpsagent.daemon import PID_FILE, DaemonDirs
+from dra_driver.mpsagent.daemon_files import PID_FILE, DaemonDirs
 from dra_driver.mpsagent.metrics import AgentMetrics
 from tests.support.node import NODE, NodeDirs
 

@@ -14,6 +14,7 @@ from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
+from tests.support.leaks import pending_tasks
 
 T = TypeVar("T")
 
@@ -22,14 +23,12 @@ NODE = "node-a"
 
 
 def run_checked(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` that fails the test if the coroutine leaks a running task."""
+    """``asyncio.run`` that fails the test if the coroutine leaks a running task (the
+    check of :mod:`tests.support.leaks`, with no grace: pending one pass after it)."""
 
     async def wrapper() -> T:
         result = await coro
-        await asyncio.sleep(0)
-        leaked = [
-            t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()
-        ]
+        leaked = await pending_tasks(grace_s=0)
         assert not leaked, f"leaked asyncio tasks: {leaked}"
         return result
 

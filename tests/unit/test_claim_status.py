@@ -1,4 +1,4 @@
-"""The status.devices builder (core/prepare/claim_status.py), field by field, against the
+"""The status.devices builder (core/claim_writes/claim_status.py), field by field, against the
 API rules."""
 
 from __future__ import annotations
@@ -9,14 +9,10 @@ from typing import Any
 import pytest
 
 from dra_driver.base.ids import DeviceName, GpuUUID, PoolName
-from dra_driver.core.prepare import (
+from dra_driver.core.claim_writes import (
     DATA_LIMIT_BYTES,
     HealthSnapshot,
     HealthStatus,
-    MigPlan,
-    Mode,
-    PlannedDevice,
-    ShareLimits,
     check_condition,
     check_entry,
     claim_status_entries,
@@ -25,6 +21,7 @@ from dra_driver.core.prepare import (
     device_status_entry,
     entry_key,
 )
+from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice, ShareLimits
 
 DRIVER = "gpu.fractional.dev"
 T0 = "2026-01-02T03:04:05Z"

@@ -6,14 +6,13 @@ from typing import Any
 
 import pytest
 
-from dra_driver.core.prepare import (
+from dra_driver.core.claim_writes import (
     CA_SAFE_TO_EVICT,
     KARPENTER_DO_NOT_DISRUPT,
     GuardMode,
     Marker,
     annotation_changes,
     claim_wants_guard,
-    guard_keys,
     guarded_claims,
     marker_key,
     opt_in_key,
@@ -28,9 +27,8 @@ OPT_IN = opt_in_key(DRIVER)
 def test_keys() -> None:
     assert OPT_IN == "gpu.fractional.dev/disruption-guard"
     assert MARKER == "gpu.fractional.dev/disruption-guard-set"
-    assert guard_keys(DRIVER) == (
+    assert (CA_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT) == (
         "cluster-autoscaler.kubernetes.io/safe-to-evict",
-        MARKER,
         "karpenter.sh/do-not-disrupt",
     )
 

@@ -19,7 +19,7 @@ import pytest
 from dra_driver.base.errors import AllocationError
 from dra_driver.base.ids import GpuUUID, PoolName
 from dra_driver.core.allocation import claim_from_dict
-from dra_driver.core.cdi import Hook, render_spec, validate_cdi_spec
+from dra_driver.core.cdi import Hook, cdi_spec_problems, render_spec
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.prepare import (
     DmemHookSettings,
@@ -252,7 +252,7 @@ def test_an_mps_share_gets_the_hook_with_its_memory() -> None:
         timeout=10,
     )
     # The spec with the hook is one a runtime loads.
-    validate_cdi_spec(render_spec(plan.cdi_spec))
+    assert cdi_spec_problems(render_spec(plan.cdi_spec)) == []
     rendered = render_spec(plan.cdi_spec)["devices"][0]["containerEdits"]["hooks"]
     assert rendered == [
         {"hookName": "createContainer", "path": HOOK, "args": list(hook.args), "timeout": 10}
@@ -355,7 +355,7 @@ def test_the_soft_limit_reaches_the_hook(
     found = hook_args(plan)
     assert len(found) == len(devices)  # every share of the GPU: one claim-wide limit
     assert all(a == ("dmem-hook.sh", "--gpu", GPU0.uuid, *args, "--", REGION0) for a in found)
-    validate_cdi_spec(render_spec(plan.cdi_spec))
+    assert cdi_spec_problems(render_spec(plan.cdi_spec)) == []
 
 
 def test_a_soft_limit_without_a_dmem_region_has_no_effect() -> None:
@@ -476,7 +476,7 @@ def test_the_engine_keeps_the_hook_beside_the_shares_mounts() -> None:
         assert hook.args[hook.args.index("--max") + 1] == str(6 * GIB)
         paths = {m.container_path for m in device.edits.mounts}
         assert paths == {"/run/mps/pipe/shares/s_x", "/dev/shm"}
-    validate_cdi_spec(render_spec(spec))
+    assert cdi_spec_problems(render_spec(spec)) == []
 
 
 def test_a_claim_with_mps_shares_of_two_gpus_is_refused_before_any_side_effect() -> None:

@@ -1,6 +1,6 @@
 """DRA extended resources (KEP-5004): the scheduler-made claim, the chart's classes, the check.
 
-* the scheduler's request names and counts (``dra_driver/fakes/extended_resources.py``,
+* the scheduler's request names and counts (``tests/support/extended_resources.py``,
   after kubernetes/kubernetes ``extendeddynamicresources.go``);
 * the chart's whole-GPU and MIG classes evaluated by the project's CEL against the
   slices the plugin builds, on 1.34 and 1.36 rules, and what a request without
@@ -28,14 +28,14 @@ from dra_driver.core.model import ResourceClaim
 from dra_driver.core.prepare import Mode, NodeContext, plan_prepare
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import advertised, build_slices, conflict_message, parse_names
-from dra_driver.fakes.extended_resources import (
+from dra_driver.fakes.gpu import build_inventory, load_spec
+from dra_driver.fakes.objects import resource_claim, share
+from tests.support.chart import helm_binary
+from tests.support.extended_resources import (
     IMPLICIT_PREFIX,
     classes_by_resource,
     extended_resource_requests,
 )
-from dra_driver.fakes.gpu import build_inventory, load_spec
-from dra_driver.fakes.objects import resource_claim, share
-from tests.support.chart import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "fractional-gpu-dra"

@@ -22,6 +22,7 @@ from dra_driver.fakes.gpu_faults import (
     FaultKind,
     parse_fault,
 )
+from tests.support.eventually import eventually
 from tests.support.node import run_checked
 
 # --- the format -------------------------------------------------------------------------
@@ -342,8 +343,7 @@ def test_health_events_start_the_watcher_and_close_stops_it(tmp_path: Path) -> N
         drop(tmp_path, "bad.json", '{"gpu": "gpu-1", "xid": "lots"}')
         event = await asyncio.wait_for(anext(events), 5)
         assert event == HealthEvent(backend._inventory.gpus[1].uuid, 79, "off the bus")
-        while not (tmp_path / "bad.json.bad").exists():
-            await asyncio.sleep(0.01)
+        await eventually((tmp_path / "bad.json.bad").exists, "bad.json set aside")
         await backend.close()
         assert [e async for e in events] == []
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json.bad", "xid.json.done"]

@@ -285,7 +285,7 @@ ENSURE = wire.EnsureShare(GPU, SHARE, "claim-1", 10 * GIB, 25)
         wire.EnsureShare(GPU, SHARE, "c", 1 << 20, 100, uid=1000),
         wire.ReleaseShare(GPU, SHARE),
         wire.ListShares(),
-        wire.Status(),
+        wire.StatusRequest(),
     ],
     ids=["ensure", "ensure-uid", "release", "list", "status"],
 )

@@ -18,7 +18,7 @@ from dra_driver.core.cdi.driver_edits import (
     fake_device_node,
 )
 from dra_driver.core.cdi.mig_edits import NVIDIACTL, CapNode, fake_cap_nodes, mig_device_edits
-from dra_driver.core.cdi.rules import CdiSpecInvalidError, cdi_spec_problems, validate_cdi_spec
+from dra_driver.core.cdi.rules import cdi_spec_problems
 from dra_driver.core.cdi.spec import (
     CdiDevice,
     CdiSpec,
@@ -44,7 +44,6 @@ __all__ = [
     "CapNode",
     "CdiDevice",
     "CdiSpec",
-    "CdiSpecInvalidError",
     "ContainerEdits",
     "DeviceNode",
     "DriverFile",
@@ -66,6 +65,5 @@ __all__ = [
     "render_spec",
     "transient_spec_filename",
     "transient_spec_prefix",
-    "validate_cdi_spec",
     "validate_kind",
 ]

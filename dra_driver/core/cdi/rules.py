@@ -19,10 +19,8 @@ explicit ``type``, such as ``tmpfs``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
-
-from dra_driver.base.errors import DriverError
 
 KNOWN_VERSIONS = (
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
@@ -57,22 +55,6 @@ _DEVICE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:\-]*[A-Za-z0-9])?\Z")
 _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)\Z")
 
 Version = tuple[int, int, int]
-
-
-class CdiSpecInvalidError(DriverError):
-    """A CDI spec a runtime would refuse; ``problems`` lists every reason, located."""
-
-    def __init__(self, problems: Sequence[str], source: str = "CDI spec") -> None:
-        self.problems = tuple(problems)
-        listing = "\n  ".join(self.problems)
-        super().__init__(f"{source} is invalid ({len(self.problems)} problems):\n  {listing}")
-
-
-def validate_cdi_spec(doc: Mapping[str, Any], source: str = "CDI spec") -> None:
-    """Raise :class:`CdiSpecInvalidError` unless ``doc`` is a valid CDI spec."""
-    problems = cdi_spec_problems(doc)
-    if problems:
-        raise CdiSpecInvalidError(problems, source)
 
 
 def cdi_spec_problems(doc: Mapping[str, Any]) -> list[str]:

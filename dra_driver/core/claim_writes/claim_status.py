@@ -31,7 +31,7 @@ from typing import Any
 from dra_driver.api.types import API_VERSION
 from dra_driver.base.names import dns_label
 from dra_driver.base.quantity import format_bytes
-from dra_driver.core.prepare.plan import Mode, PlannedDevice
+from dra_driver.core.prepare import Mode, PlannedDevice
 
 READY = "Ready"
 DEVICE_HEALTHY = "DeviceHealthy"

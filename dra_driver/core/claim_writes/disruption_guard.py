@@ -57,11 +57,6 @@ def marker_key(driver_name: str) -> str:
     return f"{driver_name}/{MARKER_SUFFIX}"
 
 
-def guard_keys(driver_name: str) -> tuple[str, ...]:
-    """Every pod annotation key the plugin may write, sorted."""
-    return tuple(sorted((*GUARD_ANNOTATIONS, marker_key(driver_name))))
-
-
 class GuardMode(enum.StrEnum):
     """Which prepared claims guard their pods (``--disruption-guard``)."""
 

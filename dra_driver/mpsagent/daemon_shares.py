@@ -1,0 +1,123 @@
+"""The shares one live MPS daemon holds: its server, namespaces and limits (I/O
+through :class:`.daemon_control.DaemonControl`; the commands come from :mod:`.commands`).
+
+v3 keeps what the daemon holds (the server, the namespaces) in memory, learnt from
+its listings after an adoption or a failed command (a half-done earlier attempt),
+so an apply sends only what is missing. Legacy MPS has no namespaces: every
+change re-sends the limits of all the GPU's shares.
+
+A dead daemon takes its servers, namespaces and limits with it (they live only
+in the daemon); :meth:`DaemonShares.restore` re-creates them for the live shares.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+from dra_driver.mpsagent import commands as cmd
+from dra_driver.mpsagent import listing
+from dra_driver.mpsagent.commands import ControlCall, ShareLimits
+from dra_driver.mpsagent.daemon_control import DaemonControl
+from dra_driver.mpsagent.daemon_files import DaemonError
+
+log = logging.getLogger(__name__)
+
+
+class DaemonShares:
+    """What one daemon holds, and the commands that change it."""
+
+    def __init__(self, control: DaemonControl, pipe_dir: str) -> None:
+        self._control = control
+        self._pipe_dir = pipe_dir
+        self._server_exists = False
+        self._namespaces: set[str] = set()
+
+    @property
+    def _gpu_uuid(self) -> str:
+        return self._control.gpu_uuid
+
+    @property
+    def _v3(self) -> bool:
+        return self._control.protocol == "v3"
+
+    def forget(self) -> None:
+        """A new daemon holds nothing yet."""
+        self._server_exists = False
+        self._namespaces = set()
+
+    def namespace_dir(self, namespace: str) -> str:
+        return cmd.v3_namespace_dir(self._pipe_dir, namespace)
+
+    async def refresh(self) -> None:
+        """Learn which server and namespaces the daemon holds (v3)."""
+        if not self._v3:
+            return
+        run = self._control.run
+        servers = listing.parse_v3_server_names(await run(cmd.v3_server_list()))
+        self._log_problems(servers.problems)
+        self._server_exists = cmd.SERVER_NAME in servers.names
+        self._namespaces = set()
+        if self._server_exists:
+            spaces = listing.parse_v3_namespace_list(await run(cmd.v3_namespace_list()))
+            self._log_problems(spaces.problems)
+            self._namespaces = {r.name for r in spaces.rows if r.server == cmd.SERVER_NAME}
+
+    def _log_problems(self, problems: Sequence[listing.ListingProblem]) -> None:
+        """A listing line not in the documented form costs that line, not the adoption."""
+        for problem in problems:
+            log.warning("GPU %s: %s", self._gpu_uuid, problem)
+
+    async def restore(self, shares: Sequence[ShareLimits]) -> None:
+        """Make the daemon hold exactly ``shares`` (after a start, restart or adoption)."""
+        if not self._v3:
+            await self._apply_legacy(shares)
+            return
+        await self._control.run_all(
+            cmd.render_v3_restore(shares, self._namespaces, self._server_exists)
+        )
+        self._server_exists = True
+        self._namespaces = {s.namespace for s in shares}
+        for share in shares:
+            os.makedirs(self.namespace_dir(share.namespace), exist_ok=True)
+
+    async def apply(self, share: ShareLimits, all_shares: Sequence[ShareLimits]) -> None:
+        """Put one share's limits in force; ``all_shares`` includes it."""
+        if not self._v3:
+            await self._apply_legacy(all_shares)
+            return
+        if not self._server_exists:
+            await self.refresh()
+            if not self._server_exists:
+                await self._control.run(cmd.v3_server_create())
+                self._server_exists = True
+        exists = share.namespace in self._namespaces
+        try:
+            await self._control.run_all(cmd.render_v3_apply(share, exists))
+        except DaemonError:
+            # Our view may be stale (a half-done earlier attempt): look, then retry once.
+            await self.refresh()
+            for call in cmd.render_v3_apply(share, share.namespace in self._namespaces):
+                await self._control.run(call)
+        self._namespaces.add(share.namespace)
+        # The container's pipe mount needs the directory even before a client connects.
+        os.makedirs(self.namespace_dir(share.namespace), exist_ok=True)
+
+    async def remove(self, share: ShareLimits, remaining: Sequence[ShareLimits]) -> None:
+        """Drop one share (others remain; the last share stops the daemon instead)."""
+        if not self._v3:
+            await self._apply_legacy(remaining)
+            return
+        try:
+            await self._control.run(cmd.v3_namespace_delete(share.namespace))
+        except DaemonError:
+            await self.refresh()
+            if share.namespace in self._namespaces:
+                raise
+        self._namespaces.discard(share.namespace)
+
+    async def _apply_legacy(self, shares: Sequence[ShareLimits]) -> None:
+        listed = await self._control.run(ControlCall(stdin="get_server_list\n"))
+        pids = cmd.parse_legacy_server_list(listed)
+        await self._control.run_all(cmd.render_legacy_apply(self._gpu_uuid, shares, pids))
