@@ -136,6 +136,25 @@ def test_a_failing_listener_does_not_stop_the_others() -> None:
     run_checked(scenario())
 
 
+def test_snapshot_listeners_hear_every_device_on_each_change() -> None:
+    async def scenario() -> None:
+        backend, monitor, _ = await fake_monitor("h100-80gb:2")
+        changed: list[Sequence[DeviceHealth]] = []
+        every: list[Sequence[DeviceHealth]] = []
+        monitor.listeners.append(changed.append)
+        monitor.snapshot_listeners.append(every.append)
+        await monitor.handle_event(backend.inject_xid(1, 79))
+        assert [[d.device_name for d in batch] for batch in changed] == [["gpu-1"]]
+        assert [[(d.device_name, d.status) for d in batch] for batch in every] == [
+            [("gpu-0", Status.HEALTHY), ("gpu-1", Status.UNHEALTHY)]
+        ]
+        await monitor.handle_event(backend.inject_xid(1, 79))  # no change: nobody told
+        assert len(every) == 1
+        await backend.close()
+
+    run_checked(scenario())
+
+
 def test_probe_finds_a_lost_gpu_and_its_return_is_a_reset() -> None:
     async def scenario() -> None:
         backend, monitor, _ = await fake_monitor(fatal_effect=TaintEffect.NO_EXECUTE)
