@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime, SliceOptions
+from dra_driver.app.plugin import PluginParts, SliceOptions, start_plugin
 from dra_driver.core.health import (
     DeviceHealth,
     HealthSettings,
@@ -304,15 +304,16 @@ def test_taints_are_published_and_removed_with_generation_bumps(
                 node_dirs.config(), health=HealthSettings(fatal_effect=TaintEffect.NO_EXECUTE)
             )
             backend = FakeGpuBackend("h100-80gb:2", NODE)
-            runtime = PluginRuntime(
-                config,
-                backend,
-                InMemoryClaimSource(),
-                SliceOptions(
-                    publisher, functools.partial(probe_capabilities, client, DRIVER, NODE)
-                ),
+            runtime = await start_plugin(
+                PluginParts(
+                    config,
+                    backend,
+                    InMemoryClaimSource(),
+                    SliceOptions(
+                        publisher, functools.partial(probe_capabilities, client, DRIVER, NODE)
+                    ),
+                )
             )
-            await runtime.start()
             try:
                 publishing, monitor = runtime.publishing, runtime.health_monitor
                 assert publishing is not None and monitor is not None
@@ -396,12 +397,12 @@ def test_server_set_taint_times_are_no_difference_and_are_kept() -> None:
     run_checked(scenario())
 
 
-def test_runtime_listeners_added_before_start_hear_changes(node_dirs: NodeDirs) -> None:
+def test_the_plugins_health_listeners_hear_changes(node_dirs: NodeDirs) -> None:
     async def scenario() -> None:
-        runtime = node_dirs.runtime(InMemoryClaimSource(), gpus="l4:2")
         heard: list[Sequence[DeviceHealth]] = []
-        runtime.health_listeners.append(heard.append)
-        await runtime.start()
+        parts = node_dirs.parts(InMemoryClaimSource(), gpus="l4:2")
+        parts = dataclasses.replace(parts, health_listeners=[heard.append])
+        runtime = await start_plugin(parts)
         try:
             assert isinstance(runtime.backend, FakeGpuBackend)
             runtime.backend.inject_xid(1, 95)
