@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from dra_driver.allocator.allocate import AllocatorState
 from dra_driver.allocator.simulate import claim_object, device_class, order_batch
 from dra_driver.app.agent import run_agent
-from dra_driver.app.plugin import PluginConfig, PluginRuntime
+from dra_driver.app.plugin import Plugin, PluginConfig, PluginParts, start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.base.quantity import format_bytes
 from dra_driver.core.model import Inventory
@@ -305,11 +305,10 @@ def _published_taints(inventory: Inventory, settings: NodeSettings, monitor: Hea
 
 
 async def _show_health(
-    runtime: PluginRuntime, backend: FakeGpuBackend, plugin: RegisteredPlugin, out: TextIO
+    runtime: Plugin, backend: FakeGpuBackend, plugin: RegisteredPlugin, out: TextIO
 ) -> bool:
     """An XID on a fake GPU: the taint, the health stream, then the reset and the recovery."""
     monitor = runtime.health_monitor
-    assert monitor is not None
     inventory = await backend.inventory()
     index = min(HEALTH_DEMO_GPU, len(inventory.gpus) - 1)
     gpu = inventory.gpus[index]
@@ -404,9 +403,8 @@ async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) ->
     registry, cdi_root = config.registry_dir, config.cdi_root
     claims = example_claims(NODE, DEFAULT_DRIVER_NAME)
     backend = FakeGpuBackend(fake_gpus, NODE)
-    runtime = PluginRuntime(config, backend, InMemoryClaimSource(claims))
     kubelet = FakeKubelet(registry)
-    await runtime.start()
+    runtime = await start_plugin(PluginParts(config, backend, InMemoryClaimSource(claims)))
     try:
         inventory = await runtime.backend.inventory()
         print(f"node {NODE}: fake GPUs {fake_gpus}", file=out)
@@ -424,7 +422,6 @@ async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) ->
 
         refs = [claim_ref(c) for c in claims]
         results = await plugin.prepare(refs)
-        assert runtime.driver is not None
         recorded = runtime.driver.checkpoints.load().claims
         print(
             f"\nNodePrepareResources ({len(refs)} claims in one call); one CDI spec per "

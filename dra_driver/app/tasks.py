@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from dra_driver.base.errors import DriverError
 
-__all__ = ["BackgroundTaskFailed", "Work", "first_of", "supervise"]
+__all__ = ["BackgroundFate", "BackgroundTaskFailed", "Work", "first_of", "supervise"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,21 @@ class BackgroundTaskFailed(DriverError):
         self.task_name = name
         self.cause = cause
         self.component = component
+
+
+class BackgroundFate:
+    """Whether a process's supervised background tasks still run, and why they stopped."""
+
+    def __init__(self) -> None:
+        self.failure: BackgroundTaskFailed | None = None
+        """Why they stopped (one failed or ended); None while they run."""
+        self.failed = asyncio.Event()
+        """Set when :attr:`failure` is."""
+
+    def stopped(self, failure: BackgroundTaskFailed) -> None:
+        """The first task to fail or end cancelled the others (``supervise``'s callback)."""
+        self.failure = failure
+        self.failed.set()
 
 
 async def supervise(

@@ -24,12 +24,9 @@ from dra_driver.gpu.dmem import DEFAULT_CGROUP_ROOT
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 
 if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every subcommand
-    from collections.abc import Callable
-
-    from dra_driver.app.plugin import GuardMaker
+    from dra_driver.app.plugin_daemon import GuardSettings
     from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.claim_reporting import ClaimReporter
-    from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
 
 
 def _health_flags(parser: argparse.ArgumentParser) -> None:
@@ -200,7 +197,8 @@ def plugin_parser(sub: Any) -> None:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
-    from dra_driver.app.plugin import ClusterOptions, PluginConfig, run_plugin
+    from dra_driver.app.plugin import PluginConfig
+    from dra_driver.app.plugin_daemon import ClusterOptions, run_plugin
     from dra_driver.core.health import HealthSettings, TaintEffect, parse_xid_list
     from dra_driver.core.slices import parse_names
     from dra_driver.observability.metrics_server import metrics_port
@@ -246,7 +244,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
             extended_resource_names=parse_names(args.extended_resource_names),
         ),
         reporting=functools.partial(claim_reporting, args),
-        disruption_guard=functools.partial(disruption_guard, args),
+        disruption_guard=disruption_guard(args),
     )
     return 0
 
@@ -286,7 +284,7 @@ def claim_reporting(
 ) -> ClaimReporter:
     """The plugin's claim status writer and Event recorder, from its flags;
     ``activity``: the plugin's calls in flight (status writes wait for a lull)."""
-    from dra_driver.app.plugin import claim_reporter
+    from dra_driver.app.plugin_daemon import claim_reporter
 
     return claim_reporter(
         api_client,
@@ -298,32 +296,12 @@ def claim_reporting(
     )
 
 
-def disruption_guard(
-    args: argparse.Namespace,
-    api_client: Any,
-    driver_name: str,
-    node_name: str,
-    reporting: ClaimReporter,
-) -> GuardMaker | None:
-    """What makes the plugin's disruption guard from its flags; None when
-    ``--disruption-guard=off``."""
-    from dra_driver.app.plugin import make_disruption_guard
+def disruption_guard(args: argparse.Namespace) -> GuardSettings | None:
+    """The plugin's disruption guard from its flags; None when ``--disruption-guard=off``."""
+    from dra_driver.app.plugin_daemon import GuardSettings
 
     mode = GuardMode(args.disruption_guard)
     if mode is GuardMode.OFF:
         return None
     interval_s = parse_seconds(args.disruption_guard_interval, "--disruption-guard-interval")
-
-    def make(prepared: PreparedClaims, on_count: Callable[[int], None] | None) -> DisruptionGuard:
-        return make_disruption_guard(
-            api_client,
-            driver_name,
-            node_name,
-            reporting,
-            mode=mode,
-            interval_s=interval_s,
-            prepared=prepared,
-            on_count=on_count,
-        )
-
-    return make
+    return GuardSettings(mode, interval_s)

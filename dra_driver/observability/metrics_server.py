@@ -24,6 +24,10 @@ PREFIX = "fractional_gpu_dra_"
 """Every metric of ours starts with this (``process_*`` are the library's standard ones)."""
 MAX_PORT = 65535
 
+MetricsRegistry = CollectorRegistry
+"""One process's metrics (what :func:`serve_metrics` serves), named here for the
+modules that build with one and may not import ``prometheus_client``."""
+
 
 def new_registry(component: str) -> CollectorRegistry:
     """A registry for one process: ``process_*`` metrics and ``fractional_gpu_dra_build_info``."""

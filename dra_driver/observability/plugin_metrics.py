@@ -12,8 +12,8 @@ Three kinds, each from the source that is right for it:
   it and a restarted plugin reports them at once. Scrapes run on the metrics
   server's thread; the checkpoint file is replaced atomically, so reading it
   there needs no lock.
-* Device health, as last given to :meth:`PluginMetrics.set_device_health` (or
-  followed with :meth:`PluginMetrics.follow_health`).
+* Device health, as last given to :meth:`PluginMetrics.set_device_health` (the
+  health monitor calls it with every device on each change).
 * Pods guarded against disruption by node autoscalers, as last counted by the
   disruption guard (:meth:`PluginMetrics.set_guarded_pods`).
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,16 +73,6 @@ class CheckpointReader(Protocol):
     def load(self) -> Checkpoint: ...
 
 
-class DriverState(Protocol):
-    """What the gauges read from the engine; :class:`~dra_driver.plugin.driver.Driver` is one."""
-
-    @property
-    def checkpoints(self) -> CheckpointReader: ...
-
-    @property
-    def inventory(self) -> Inventory: ...
-
-
 class HealthReading(Protocol):
     """One device's health as the health model reports it."""
 
@@ -101,12 +91,6 @@ class HealthReading(Protocol):
     def reason(self) -> str | None:
         """Why it is not healthy (e.g. an XID), empty or None when it is."""
         ...
-
-
-class HealthView(Protocol):
-    """Every device's health now (``plugin.health_monitor.HealthMonitor`` is one)."""
-
-    def devices(self) -> Sequence[HealthReading]: ...
 
 
 @dataclass(frozen=True)
@@ -183,8 +167,11 @@ def health_metrics(devices: Iterable[_Health]) -> list[Metric]:
 class _StateCollector(Collector):
     """Gauges computed at scrape time (on the metrics server's thread)."""
 
-    def __init__(self) -> None:
-        self.driver: DriverState | None = None
+    def __init__(
+        self, checkpoints: CheckpointReader | None, inventory: Callable[[], Inventory] | None
+    ) -> None:
+        self.checkpoints = checkpoints
+        self.inventory = inventory
         self.health: tuple[_Health, ...] | None = None
         """None until the health model first reports; replaced whole, never mutated."""
 
@@ -198,27 +185,36 @@ class _StateCollector(Collector):
         health = self.health
         if health is not None:
             yield from health_metrics(health)
-        driver = self.driver
-        if driver is None:
+        if self.checkpoints is None:
             return
         try:
-            checkpoint = driver.checkpoints.load()
+            checkpoint = self.checkpoints.load()
         except DriverError as err:
             # The prepares fail for the same reason and count it by reason.
             log.warning("metrics: claim gauges left out of this scrape: %s", err)
             return
-        yield from held_metrics(checkpoint, driver.inventory)
+        yield from held_metrics(checkpoint, self.inventory() if self.inventory else None)
 
 
 class PluginMetrics:
     """The kubelet plugin's metrics, in a registry of their own (:attr:`registry`).
 
-    Hand it to the engine as an observer and :meth:`bind` it to that engine (see
-    :func:`dra_driver.observability.plugin_observers.plugin_observers`), then serve
-    :attr:`registry` with :func:`~dra_driver.observability.metrics_server.serve_metrics`.
+    Hand it to the engine as an observer, to the health monitor as a listener of
+    every device (:meth:`set_device_health`) and to the disruption guard
+    (:meth:`set_guarded_pods`); serve :attr:`registry` with
+    :func:`~dra_driver.observability.metrics_server.serve_metrics`.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        checkpoints: CheckpointReader | None = None,
+        inventory: Callable[[], Inventory] | None = None,
+    ) -> None:
+        """``checkpoints``: the engine's checkpoint, read at each scrape for the claim
+        and share gauges (None: those are not reported); ``inventory``: the node's
+        GPUs now (each MPS-capable GPU's share series, at 0 when it holds none)."""
         self.registry = registry if registry is not None else new_registry("kubelet-plugin")
         self._operations = Counter(
             PREFIX + "claim_operations",
@@ -251,12 +247,8 @@ class PluginMetrics:
             "of theirs asked for the disruption guard (as last counted by the plugin).",
             registry=self.registry,
         )
-        self._state = _StateCollector()
+        self._state = _StateCollector(checkpoints, inventory)
         self.registry.register(self._state)
-
-    def bind(self, driver: DriverState) -> None:
-        """Compute the claim and share gauges from ``driver``'s checkpoint and GPUs."""
-        self._state.driver = driver
 
     def claim_done(self, op: ClaimOperation) -> None:
         self._operations.labels(op.operation, outcome(op)).inc()
@@ -282,13 +274,3 @@ class PluginMetrics:
                 _Health(device.device_name, device.gpu_uuid, status, device.reason or "")
             )
         self._state.health = tuple(sorted(snapshot, key=lambda h: (h.device, h.gpu_uuid)))
-
-    def follow_health(self, health: HealthView) -> Callable[[object], None]:
-        """Report ``health``'s devices now, and return the listener that reports them again
-        (all of them) whenever it says some changed."""
-
-        def changed(_devices: object) -> None:
-            self.set_device_health(health.devices())
-
-        changed(None)
-        return changed

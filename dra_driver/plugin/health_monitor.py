@@ -11,7 +11,8 @@ this module feeds it and spreads the result. Inputs:
 On every change the monitor updates the kubelet's health streams (the full
 list), asks slice publishing to republish when the device taints changed
 (which bumps the pool generation), and calls each of :attr:`HealthMonitor.listeners`
-with the devices that changed. Every ``interval`` it also re-sends the full
+with the devices that changed (each of :attr:`HealthMonitor.snapshot_listeners`
+with all of them). Every ``interval`` it also re-sends the full
 list unchanged: the kubelet marks a device Unknown when its last report is
 older than ``health_check_timeout_seconds``, which is set to three intervals.
 Every status read from the mps-agent also goes to each of
@@ -90,16 +91,15 @@ class HealthMonitor:
         probe_interval: float = DEFAULT_INTERVAL_S,
         mps: MpsAgentPort | None = None,
         clock: Callable[[], float] = time.time,
-        listeners: list[HealthListener] | None = None,
+        listeners: Sequence[HealthListener] = (),
+        snapshot_listeners: Sequence[HealthListener] = (),
         mps_listeners: Sequence[MpsStatusListener] = (),
         republish: Callable[[], None] | None = None,
     ) -> None:
         """``probe_interval`` 0 turns the probe off; checks and reports then run every 30 s.
 
-        ``listeners``: a list to use as :attr:`listeners` (the runtime's, so that
-        listeners added before the monitor exists are called too);
-        ``mps_listeners``: see :attr:`mps_listeners`; ``republish``: see
-        :attr:`republish`.
+        ``listeners``, ``snapshot_listeners``, ``mps_listeners``, ``republish``: see
+        the attributes of those names.
         """
         self.backend = backend
         self.driver_name = driver_name
@@ -113,8 +113,11 @@ class HealthMonitor:
         self.model = HealthModel(settings, inventory, clock())
         self.hub = HealthHub(self._states())
         """The kubelet's health streams read this."""
-        self.listeners: list[HealthListener] = listeners if listeners is not None else []
+        self.listeners: list[HealthListener] = list(listeners)
         """Called with the devices whose health changed; add yours."""
+        self.snapshot_listeners: list[HealthListener] = list(snapshot_listeners)
+        """Called with every device's health (all of them) on each change: those that
+        replace what they report whole (the metrics)."""
         self.mps_listeners: list[MpsStatusListener] = list(mps_listeners)
         """Awaited with every status read from the mps-agent; add yours."""
         self.republish = republish
@@ -270,9 +273,12 @@ class HealthMonitor:
             await self.hub.update(self._states())
             if self.republish is not None and self.taints() != before:
                 self.republish()
-            for listener in list(self.listeners):
+            devices = self.model.devices()
+            told = [(lis, changed) for lis in self.listeners]
+            told += [(lis, devices) for lis in self.snapshot_listeners]
+            for listener, what in told:
                 try:
-                    listener(changed)
+                    listener(what)
                 except Exception:
                     log.exception("device health listener %r failed", listener)
 

@@ -49,7 +49,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from dra_driver.app.plugin import PluginConfig, PluginRuntime, SliceOptions
+from dra_driver.app.plugin import Plugin, PluginConfig, PluginParts, SliceOptions, start_plugin
 from dra_driver.core.settings import NodeSettings
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -183,14 +183,12 @@ async def bench_node(label: str, gpus: str, rounds: int, warmup: int, via_file: 
             health_probe_interval=3600,  # the rounds probe by hand
         )
         probe = functools.partial(probe_capabilities, client, DRIVER, NODE)
-        runtime = PluginRuntime(
-            config, backend, InMemoryClaimSource(), SliceOptions(publisher, probe)
-        )
+        parts = PluginParts(config, backend, InMemoryClaimSource(), SliceOptions(publisher, probe))
         stop = threading.Event()
         kubelet = FakeKubelet(dirs["reg"])
         stream, taints = Timeline(loop), Timeline(loop)
         follower: asyncio.Task[None] | None = None
-        await runtime.start()
+        runtime = await start_plugin(parts)
         try:
             plugin = await kubelet.wait_for_plugin(DRIVER)
             follower = asyncio.create_task(follow_stream(plugin.watch_health("v1"), stream))
@@ -223,7 +221,7 @@ async def bench_node(label: str, gpus: str, rounds: int, warmup: int, via_file: 
 
 @dataclasses.dataclass
 class Rounds:
-    runtime: PluginRuntime
+    runtime: Plugin
     backend: FakeGpuBackend
     stream: Timeline
     taints: Timeline
@@ -233,7 +231,6 @@ class Rounds:
     async def one(self, i: int) -> tuple[float, float, float, float]:
         """XID then reset on GPU ``i`` (modulo their number): the four latencies, ms."""
         monitor = self.runtime.health_monitor
-        assert monitor is not None
         gpus = (await self.backend.inventory()).gpus
         index = i % len(gpus)
         gpu = gpus[index]

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -299,7 +300,7 @@ def free_port() -> int:
 
 def serve_engine(root: str, count: int) -> None:
     """The earlier benchmark's plugin: in-memory claims, time-sliced shares."""
-    from dra_driver.app.plugin import PluginConfig, PluginRuntime, run_until_signalled
+    from dra_driver.app.plugin import PluginConfig, PluginParts, run_until_signalled, start_plugin
     from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
     from dra_driver.fakes.claims import InMemoryClaimSource
     from dra_driver.fakes.gpu import FakeGpuBackend
@@ -314,7 +315,8 @@ def serve_engine(root: str, count: int) -> None:
         settings=NodeSettings(default=GpuSettings(Sharing.TIMESLICING)),
     )
     source = InMemoryClaimSource(engine_claims(count))
-    asyncio.run(run_until_signalled(PluginRuntime(config, FakeGpuBackend(FAKE_GPUS, NODE), source)))
+    parts = PluginParts(config, FakeGpuBackend(FAKE_GPUS, NODE), source)
+    asyncio.run(run_until_signalled(functools.partial(start_plugin, parts)))
 
 
 def engine_claims(count: int) -> list[dict[str, Any]]:

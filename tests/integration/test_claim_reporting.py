@@ -7,12 +7,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import Plugin, PluginConfig, PluginParts, start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.claim_writes import check_entry
 from dra_driver.core.health import DeviceHealth, Status
@@ -30,6 +31,7 @@ from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from tests.support.clock import Clock
 from tests.support.fakekube import FakeKubeApi
+from tests.support.mps import agent_config, agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 pytestmark = pytest.mark.chart(())
@@ -96,54 +98,51 @@ async def _no_sleep(_: float) -> None:
 @contextlib.asynccontextmanager
 async def plugin_with(
     dirs: NodeDirs, api: KubeClient, observer: ClaimReporter
-) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin]]:
-    """A plugin on MPS-shared fake GPUs reading claims from the fake API, ``observer`` told.
-
-    No enforcer: MPS shares get their limits planned and reported, without an
-    mps-agent (tests/integration/test_enforcement.py runs one).
-    """
-    config = dataclasses.replace(
-        dirs.config(), settings=NodeSettings(default=GpuSettings(Sharing.MPS))
-    )
+) -> AsyncIterator[tuple[Plugin, RegisteredPlugin]]:
+    """A plugin on MPS-shared fake GPUs reading claims from the fake API, ``observer`` told,
+    with its mps-agent (the fake MPS control daemon)."""
     claims = KubernetesClaimSource(api, request_timeout_s=5)
-    runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:2", NODE), claims)
-    await runtime.start()
-    assert runtime.driver is not None
-    runtime.driver.enforcer = None
-    runtime.driver.observers.append(observer)
-    kubelet = FakeKubelet(dirs.registry, KUBELET_DRA_SERVICES)
-    try:
-        yield runtime, await kubelet.wait_for_plugin(DRIVER)
-    finally:
-        await kubelet.close()
-        await runtime.stop()
-        await observer.close()
-        claims.close()
+    parts = PluginParts(_mps_config(dirs), FakeGpuBackend("h100-80gb:2", NODE), claims)
+    async with agent_running(agent_config(dirs)):
+        runtime = await start_plugin(dataclasses.replace(parts, observers=[observer]))
+        kubelet = FakeKubelet(dirs.registry, KUBELET_DRA_SERVICES)
+        try:
+            yield runtime, await kubelet.wait_for_plugin(DRIVER)
+        finally:
+            await kubelet.close()
+            await runtime.stop()
+            await observer.close()
+            claims.close()
 
 
 @contextlib.asynccontextmanager
 async def plugin_reporting_to(
     dirs: NodeDirs, api: KubeClient, reporting: ClaimReporter
-) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin]]:
+) -> AsyncIterator[tuple[Plugin, RegisteredPlugin]]:
     """A plugin wired as ``dra-driver kubelet-plugin`` wires it: ``reporting`` given to
-    the runtime, so it hears the health monitor as well as the driver."""
-    config = dataclasses.replace(
-        dirs.config(), settings=NodeSettings(default=GpuSettings(Sharing.MPS))
-    )
+    the plugin, so it hears the health monitor as well as the driver."""
     claims = KubernetesClaimSource(api, request_timeout_s=5)
-    runtime = PluginRuntime(
-        config, FakeGpuBackend("h100-80gb:2", NODE), claims, reporting=reporting
+    parts = PluginParts(
+        _mps_config(dirs), FakeGpuBackend("h100-80gb:2", NODE), claims, reporting=reporting
     )
-    await runtime.start()
-    assert runtime.driver is not None
-    runtime.driver.enforcer = None
-    kubelet = FakeKubelet(dirs.registry, KUBELET_DRA_SERVICES)
-    try:
-        yield runtime, await kubelet.wait_for_plugin(DRIVER)
-    finally:
-        await kubelet.close()
-        await runtime.stop()  # closes the reporter too
-        claims.close()
+    async with agent_running(agent_config(dirs)):
+        runtime = await start_plugin(parts)
+        kubelet = FakeKubelet(dirs.registry, KUBELET_DRA_SERVICES)
+        try:
+            yield runtime, await kubelet.wait_for_plugin(DRIVER)
+        finally:
+            await kubelet.close()
+            await runtime.stop()  # closes the reporter too
+            claims.close()
+
+
+def _mps_config(dirs: NodeDirs) -> PluginConfig:
+    """MPS-shared GPUs whose shares go to the agent of :func:`agent_config`."""
+    return dataclasses.replace(
+        dirs.config(),
+        settings=NodeSettings(default=GpuSettings(Sharing.MPS)),
+        mps_agent_socket=os.path.join(dirs.plugin, "mps-agent.sock"),
+    )
 
 
 def devices_of(fake: FakeKubeApi, name: str) -> list[dict[str, Any]]:

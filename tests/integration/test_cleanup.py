@@ -6,7 +6,7 @@ import dataclasses
 import os
 import sys
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.cli import main
 from dra_driver.core.cdi import cdi_kind_for_driver
 from dra_driver.core.settings import NodeSettings
@@ -50,8 +50,9 @@ def test_cleanup_undoes_mig_mps_cdi_and_slices(node_dirs: NodeDirs) -> None:
             api.create(node_object(NODE))
             publisher = SlicePublisher(plugin_client(api), driver_name=DRIVER, node_name=NODE)
             async with agent_running(agent):
-                runtime = PluginRuntime(config, backend, InMemoryClaimSource(claims))
-                await runtime.start()
+                runtime = await start_plugin(
+                    PluginParts(config, backend, InMemoryClaimSource(claims))
+                )
                 kubelet = FakeKubelet(node_dirs.registry)
                 try:
                     plugin = await kubelet.wait_for_plugin(DRIVER)

@@ -1,41 +1,36 @@
-"""The kubelet plugin's disruption-guard flags and the guard they build."""
+"""The kubelet plugin's disruption-guard flags and the guard they make."""
 
 from __future__ import annotations
 
 import pytest
 
+from dra_driver.app.plugin import GuardOptions
+from dra_driver.app.plugin_daemon import guard_options
 from dra_driver.base.errors import ConfigError
-from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.cli import build_parser, claim_reporting
 from dra_driver.cli.plugin import disruption_guard
 from dra_driver.core.claim_writes import GuardMode
 from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.official import Configuration
-from dra_driver.plugin.disruption_guard import DisruptionGuard
+from dra_driver.k8s.pods import PodApi
 from tests.support.node import DRIVER, NODE
 
 
-def _guard(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> DisruptionGuard | None:
+def _guard(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> GuardOptions | None:
+    """The guard ``dra-driver kubelet-plugin`` makes from ``argv`` and ``env``."""
     for name in ("DISRUPTION_GUARD", "DISRUPTION_GUARD_INTERVAL"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args(["kubelet-plugin", *argv])
-    api = KubeClient(Configuration())
-    make = disruption_guard(args, api, DRIVER, NODE, claim_reporting(args, api, DRIVER, NODE))
-    if make is None:
+    settings = disruption_guard(args)
+    if settings is None:
         return None
-    guard = make(_prepared, _count)
-    assert guard.prepared is _prepared and guard.on_count is _count
+    api = KubeClient(Configuration())
+    reporter = claim_reporting(args, api, DRIVER, NODE)
+    guard = guard_options(api, NODE, settings, reporter)
+    assert guard.events is reporter.events  # its warnings are the plugin's Events
     return guard
-
-
-def _prepared() -> dict[ClaimUID, ClaimRef]:
-    return {}
-
-
-def _count(pods: int) -> None:
-    pass
 
 
 def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,7 +40,8 @@ def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_flags_and_env_twins(monkeypatch: pytest.MonkeyPatch) -> None:
     guard = _guard(monkeypatch, DISRUPTION_GUARD="all", DISRUPTION_GUARD_INTERVAL="5")
     assert guard is not None
-    assert (guard.mode, guard.interval_s, guard.node_name) == (GuardMode.ALL, 5.0, NODE)
+    assert (guard.mode, guard.interval_s) == (GuardMode.ALL, 5.0)
+    assert isinstance(guard.pods, PodApi) and guard.pods.node_name == NODE
     assert guard.events is not None
     guard = _guard(monkeypatch, "--disruption-guard", "annotated")
     assert guard is not None and guard.mode is GuardMode.ANNOTATED

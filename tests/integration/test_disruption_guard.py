@@ -4,14 +4,13 @@ claims and pods read from and patched in the fake API server over HTTP."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import GuardOptions, Plugin, PluginParts, start_plugin
 from dra_driver.core.claim_writes import (
     CA_SAFE_TO_EVICT,
     KARPENTER_DO_NOT_DISRUPT,
@@ -27,9 +26,9 @@ from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.pods import PodApi
-from dra_driver.observability.plugin_metrics import PluginMetrics
+from dra_driver.observability.metrics_server import MetricsRegistry, new_registry
 from dra_driver.plugin.claim_reporting import COMPONENT
-from dra_driver.plugin.disruption_guard import DisruptionGuard, PreparedClaims
+from dra_driver.plugin.disruption_guard import DisruptionGuard
 from tests.support.chart import GUARD_VALUES
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
@@ -106,36 +105,24 @@ async def plugin_guarding(
     api: KubeClient,
     mode: GuardMode = GuardMode.ANNOTATED,
     *,
-    metrics: PluginMetrics | None = None,
+    metrics: MetricsRegistry | None = None,
     interval_s: float = 0,
-) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin, DisruptionGuard]]:
+) -> AsyncIterator[tuple[Plugin, RegisteredPlugin, DisruptionGuard]]:
     events = EventRecorder(api, component=COMPONENT, instance=NODE, interval_s=60)
-
-    def make_guard(
-        prepared: PreparedClaims, on_count: Callable[[int], None] | None
-    ) -> DisruptionGuard:
-        return DisruptionGuard(
-            PodApi(api, NODE),
-            driver_name=DRIVER,
-            node_name=NODE,
-            mode=mode,
-            events=events,
-            interval_s=interval_s,
-            on_count=on_count,
-            prepared=prepared,
-        )
-
     claims = KubernetesClaimSource(api, request_timeout_s=5)
-    runtime = PluginRuntime(
-        dataclasses.replace(dirs.config()),
-        FakeGpuBackend("h100-80gb:2", NODE),
-        claims,
-        metrics=metrics,
-        disruption_guard=make_guard,
+    runtime = await start_plugin(
+        PluginParts(
+            dirs.config(),
+            FakeGpuBackend("h100-80gb:2", NODE),
+            claims,
+            metrics=metrics,
+            disruption_guard=GuardOptions(
+                PodApi(api, NODE), mode=mode, interval_s=interval_s, events=events
+            ),
+        )
     )
     guard = runtime.disruption_guard
     assert guard is not None
-    await runtime.start()
     kubelet = FakeKubelet(dirs.registry, KUBELET_DRA_SERVICES)
     try:
         registered = await kubelet.wait_for_plugin(DRIVER)
@@ -161,7 +148,7 @@ def test_prepare_guards_the_claims_pods_on_this_node_and_unprepare_releases_them
     fake_kube.create(pod("done", claim_name="guarded", phase="Succeeded"))
     fake_kube.create(pod("unrelated", claim_name="plain"))
     fake_kube.create(pod("bare"))
-    metrics = PluginMetrics()
+    metrics = new_registry("kubelet-plugin")
     uid = guarded["metadata"]["uid"]
 
     async def scenario() -> None:
@@ -176,9 +163,7 @@ def test_prepare_guards_the_claims_pods_on_this_node_and_unprepare_releases_them
             for name in ("elsewhere", "done", "unrelated", "bare"):
                 assert guard_keys_of(fake_kube, name) == {}, name
             assert guard.guarded_pods == 3
-            assert (
-                metrics.registry.get_sample_value("fractional_gpu_dra_disruption_guarded_pods") == 3
-            )
+            assert metrics.get_sample_value("fractional_gpu_dra_disruption_guarded_pods") == 3
 
             # Pods are written only by merge patches of their annotations.
             writes = [
@@ -193,9 +178,7 @@ def test_prepare_guards_the_claims_pods_on_this_node_and_unprepare_releases_them
             for name in ("direct", "templated", "extended", "unrelated"):
                 assert guard_keys_of(fake_kube, name) == {}, name
             assert guard.guarded_pods == 0
-            assert (
-                metrics.registry.get_sample_value("fractional_gpu_dra_disruption_guarded_pods") == 0
-            )
+            assert metrics.get_sample_value("fractional_gpu_dra_disruption_guarded_pods") == 0
 
     run_checked(scenario())
 

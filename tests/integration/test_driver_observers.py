@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
+from dra_driver.app.plugin import start_plugin
 from dra_driver.base.errors import (
     ApiUnavailableError,
     ClaimNotFoundError,
@@ -26,8 +28,7 @@ from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
 from dra_driver.plugin.activity import CallActivity
-from dra_driver.plugin.driver import Driver
-from tests.support.mps import agent_config, agent_running, mps_runtime
+from tests.support.mps import agent_config, agent_running, mps_parts
 from tests.support.node import DRIVER, NodeDirs, run_checked
 
 
@@ -48,16 +49,19 @@ class Broken:
 async def observed_plugin(
     node_dirs: NodeDirs,
     source: InMemoryClaimSource,
-    observers: Callable[[Driver], list[DriverObserver]],
+    observers: Sequence[DriverObserver],
+    activity: CallActivity | None = None,
 ) -> AsyncIterator[RegisteredPlugin]:
-    """The plugin with its agent, its engine's observers replaced, as the kubelet sees it."""
+    """The plugin with its agent, ``observers`` told of every claim after its own, as the
+    kubelet sees it; ``activity``: its calls in flight (None: its own)."""
+    parts = mps_parts(node_dirs, source)
+    parts = dataclasses.replace(
+        parts, observers=observers, activity=activity if activity is not None else parts.activity
+    )
     async with agent_running(agent_config(node_dirs)):
-        runtime = mps_runtime(node_dirs, source)
-        await runtime.start()
+        runtime = await start_plugin(parts)
         kubelet = FakeKubelet(node_dirs.registry)
         try:
-            assert runtime.driver is not None
-            runtime.driver.observers[:] = observers(runtime.driver)
             yield await kubelet.wait_for_plugin(DRIVER)
         finally:
             await kubelet.close()
@@ -73,7 +77,7 @@ def test_prepare_repeat_error_and_unprepare_are_reported(node_dirs: NodeDirs) ->
 
     async def scenario() -> None:
         # A failing observer must not fail the claims or starve the others.
-        async with observed_plugin(node_dirs, source, lambda _: [Broken(), recorder]) as plugin:
+        async with observed_plugin(node_dirs, source, [Broken(), recorder]) as plugin:
             first = await plugin.prepare([claim_ref(ok)])
             assert not first[claim_ref(ok).uid].error
             await plugin.prepare([claim_ref(ok)])  # repeated
@@ -118,15 +122,12 @@ class GatedSource(InMemoryClaimSource):
 
 
 class CallsInFlight:
-    """Records, for each claim it is told of, how many kubelet calls were in flight."""
+    """Records, for each claim it is told of, how many kubelet calls were in flight
+    (:attr:`activity`: give it to the plugin)."""
 
     def __init__(self) -> None:
         self.activity = CallActivity()
         self.seen: list[tuple[str, str, int]] = []
-
-    def watching(self, driver: Driver) -> list[DriverObserver]:
-        self.activity = driver.activity
-        return [self]
 
     def claim_done(self, op: ClaimOperation) -> None:
         self.seen.append((op.operation, op.ref.name, self.activity.calls))
@@ -139,7 +140,7 @@ def test_a_wave_is_answered_before_its_observers_are_told(node_dirs: NodeDirs) -
 
     async def scenario() -> list[tuple[str, str, int]]:
         calls = CallsInFlight()
-        async with observed_plugin(node_dirs, source, calls.watching) as plugin:
+        async with observed_plugin(node_dirs, source, [calls], calls.activity) as plugin:
             told = calls.seen
             answers = await asyncio.gather(*(plugin.prepare([claim_ref(c)]) for c in wave))
             assert not any(r.error for a in answers for r in a.values()), answers

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
@@ -17,7 +17,7 @@ from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
-from tests.support.mps import agent_config, agent_running, mps_runtime
+from tests.support.mps import agent_config, agent_running, mps_parts
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 
@@ -43,8 +43,7 @@ def test_mps_shares_of_two_claims_on_one_gpu(node_dirs: NodeDirs) -> None:
 
     async def scenario() -> None:
         async with agent_running(agent):
-            runtime = mps_runtime(node_dirs, source)
-            await runtime.start()
+            runtime = await start_plugin(mps_parts(node_dirs, source))
             kubelet = FakeKubelet(node_dirs.registry)
             try:
                 plugin = await kubelet.wait_for_plugin(DRIVER)
@@ -78,8 +77,7 @@ def test_mps_shares_of_two_claims_on_one_gpu(node_dirs: NodeDirs) -> None:
                 memory_limit_bytes=2**30,
                 active_thread_percentage=10,
             )
-            runtime = mps_runtime(node_dirs, source)
-            await runtime.start()
+            runtime = await start_plugin(mps_parts(node_dirs, source))
             try:
                 assert {s.claim_uid for s in await client.list_shares()} == {
                     refs[0].uid,
@@ -112,8 +110,7 @@ def test_a_claims_two_shares_of_one_gpu_are_one_namespace(node_dirs: NodeDirs) -
 
     async def scenario() -> None:
         async with agent_running(agent):
-            runtime = mps_runtime(node_dirs, InMemoryClaimSource([claim]))
-            await runtime.start()
+            runtime = await start_plugin(mps_parts(node_dirs, InMemoryClaimSource([claim])))
             kubelet = FakeKubelet(node_dirs.registry)
             try:
                 plugin = await kubelet.wait_for_plugin(DRIVER)
@@ -144,8 +141,9 @@ def test_mig_device_created_at_prepare_and_destroyed_at_unprepare(node_dirs: Nod
     claim = resource_claim("ns", "mig", devices=[Allocated("gpu-0-mig-1g10gb-19-3")])
 
     async def scenario() -> None:
-        runtime = PluginRuntime(node_dirs.config(), backend, InMemoryClaimSource([claim]))
-        await runtime.start()
+        runtime = await start_plugin(
+            PluginParts(node_dirs.config(), backend, InMemoryClaimSource([claim]))
+        )
         kubelet = FakeKubelet(node_dirs.registry)
         try:
             plugin = await kubelet.wait_for_plugin(DRIVER)
@@ -199,8 +197,9 @@ def test_instance_of_a_prepare_that_died_is_destroyed_at_start(node_dirs: NodeDi
         )
         store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-1")
         store.save(store.load().with_claim(half_done))
-        runtime = PluginRuntime(node_dirs.config(), backend, InMemoryClaimSource())
-        await runtime.start()
+        runtime = await start_plugin(
+            PluginParts(node_dirs.config(), backend, InMemoryClaimSource())
+        )
         await runtime.stop()
         assert runtime.reconcile_report is not None
         assert runtime.reconcile_report.rolled_back == (uid,)

@@ -12,6 +12,7 @@ the fake API too, in-process and in the real plugin process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.core.slices import EVENT_REASON
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
@@ -121,8 +122,8 @@ def cdi_by_request(result: PrepareResult) -> dict[str, list[str]]:
     return out
 
 
-def runtime(dirs: NodeDirs, source: KubernetesClaimSource, gpus: str) -> PluginRuntime:
-    return PluginRuntime(dirs.config(), FakeGpuBackend(gpus, NODE), source)
+def plugin_parts(dirs: NodeDirs, source: KubernetesClaimSource, gpus: str) -> PluginParts:
+    return PluginParts(dirs.config(), FakeGpuBackend(gpus, NODE), source)
 
 
 def spec_devices(dirs: NodeDirs, uid: str) -> list[str]:
@@ -154,10 +155,10 @@ def test_each_container_gets_the_gpus_of_its_own_requests(
     reporting = ClaimReporter(driver_name=DRIVER, node_name=NODE, status=writer, events=None)
 
     async def scenario() -> None:
-        rt = runtime(node_dirs, source, "h100-80gb:4")
-        await rt.start()
-        assert rt.driver is not None
-        rt.driver.observers.append(reporting)
+        parts = dataclasses.replace(
+            plugin_parts(node_dirs, source, "h100-80gb:4"), observers=[reporting]
+        )
+        rt = await start_plugin(parts)
         kubelet = FakeKubelet(node_dirs.registry)
         try:
             plugin = await kubelet.wait_for_plugin(DRIVER)
@@ -232,8 +233,7 @@ def test_a_pod_mixing_extended_resources_and_a_normal_claim(
     source = KubernetesClaimSource(api)
 
     async def scenario() -> None:
-        rt = runtime(node_dirs, source, "h100-80gb:2,h100-80gb:1:mig")
-        await rt.start()
+        rt = await start_plugin(plugin_parts(node_dirs, source, "h100-80gb:2,h100-80gb:1:mig"))
         kubelet = FakeKubelet(node_dirs.registry)
         try:
             plugin = await kubelet.wait_for_plugin(DRIVER)

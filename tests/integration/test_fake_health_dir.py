@@ -7,7 +7,7 @@ import dataclasses
 import os
 import time
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
@@ -38,8 +38,7 @@ def test_a_dropped_xid_file_makes_the_device_unhealthy_and_a_reset_file_heals_it
     async def scenario() -> None:
         backend = FakeGpuBackend("h100-80gb:2,h100-80gb:1:mig", NODE, health_dir=health_dir)
         config = dataclasses.replace(node_dirs.config(), health_probe_interval=0.05)
-        runtime = PluginRuntime(config, backend, InMemoryClaimSource())
-        await runtime.start()
+        runtime = await start_plugin(PluginParts(config, backend, InMemoryClaimSource()))
         kubelet = FakeKubelet(node_dirs.registry)
         try:
             plugin = await kubelet.wait_for_plugin(DRIVER)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime, SliceOptions
+from dra_driver.app.plugin import PluginParts, SliceOptions, start_plugin
 from dra_driver.core.health import (
     DeviceHealth,
     HealthSettings,
@@ -131,6 +131,25 @@ def test_a_failing_listener_does_not_stop_the_others() -> None:
         monitor.listeners += [broken, heard.append]
         await monitor.handle_event(backend.inject_xid(1, 79))
         assert [d.device_name for d in heard[0]] == ["gpu-1"]
+        await backend.close()
+
+    run_checked(scenario())
+
+
+def test_snapshot_listeners_hear_every_device_on_each_change() -> None:
+    async def scenario() -> None:
+        backend, monitor, _ = await fake_monitor("h100-80gb:2")
+        changed: list[Sequence[DeviceHealth]] = []
+        every: list[Sequence[DeviceHealth]] = []
+        monitor.listeners.append(changed.append)
+        monitor.snapshot_listeners.append(every.append)
+        await monitor.handle_event(backend.inject_xid(1, 79))
+        assert [[d.device_name for d in batch] for batch in changed] == [["gpu-1"]]
+        assert [[(d.device_name, d.status) for d in batch] for batch in every] == [
+            [("gpu-0", Status.HEALTHY), ("gpu-1", Status.UNHEALTHY)]
+        ]
+        await monitor.handle_event(backend.inject_xid(1, 79))  # no change: nobody told
+        assert len(every) == 1
         await backend.close()
 
     run_checked(scenario())
@@ -285,15 +304,16 @@ def test_taints_are_published_and_removed_with_generation_bumps(
                 node_dirs.config(), health=HealthSettings(fatal_effect=TaintEffect.NO_EXECUTE)
             )
             backend = FakeGpuBackend("h100-80gb:2", NODE)
-            runtime = PluginRuntime(
-                config,
-                backend,
-                InMemoryClaimSource(),
-                SliceOptions(
-                    publisher, functools.partial(probe_capabilities, client, DRIVER, NODE)
-                ),
+            runtime = await start_plugin(
+                PluginParts(
+                    config,
+                    backend,
+                    InMemoryClaimSource(),
+                    SliceOptions(
+                        publisher, functools.partial(probe_capabilities, client, DRIVER, NODE)
+                    ),
+                )
             )
-            await runtime.start()
             try:
                 publishing, monitor = runtime.publishing, runtime.health_monitor
                 assert publishing is not None and monitor is not None
@@ -377,12 +397,12 @@ def test_server_set_taint_times_are_no_difference_and_are_kept() -> None:
     run_checked(scenario())
 
 
-def test_runtime_listeners_added_before_start_hear_changes(node_dirs: NodeDirs) -> None:
+def test_the_plugins_health_listeners_hear_changes(node_dirs: NodeDirs) -> None:
     async def scenario() -> None:
-        runtime = node_dirs.runtime(InMemoryClaimSource(), gpus="l4:2")
         heard: list[Sequence[DeviceHealth]] = []
-        runtime.health_listeners.append(heard.append)
-        await runtime.start()
+        parts = node_dirs.parts(InMemoryClaimSource(), gpus="l4:2")
+        parts = dataclasses.replace(parts, health_listeners=[heard.append])
+        runtime = await start_plugin(parts)
         try:
             assert isinstance(runtime.backend, FakeGpuBackend)
             runtime.backend.inject_xid(1, 95)

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.core.settings import NodeSettings
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -67,10 +67,11 @@ def test_killed_mps_daemon_makes_its_share_device_unhealthy_until_restarted(
 
     async def scenario() -> None:
         async with agent_running(agent):
-            runtime = PluginRuntime(
-                config, FakeGpuBackend("h100-80gb:2", NODE), InMemoryClaimSource([claim])
+            runtime = await start_plugin(
+                PluginParts(
+                    config, FakeGpuBackend("h100-80gb:2", NODE), InMemoryClaimSource([claim])
+                )
             )
-            await runtime.start()
             kubelet = FakeKubelet(node_dirs.registry)
             try:
                 plugin = await kubelet.wait_for_plugin(DRIVER)

@@ -5,21 +5,21 @@ metrics scraped over HTTP from the metrics endpoint."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.observability.claim_log import LOGGER
-from dra_driver.observability.metrics_server import MetricsServer, serve_metrics
-from dra_driver.observability.plugin_metrics import PluginMetrics
+from dra_driver.observability.metrics_server import MetricsServer, new_registry, serve_metrics
 from tests.support.metrics import Scrape, scrape
-from tests.support.mps import agent_config, agent_running, mps_runtime
+from tests.support.mps import agent_config, agent_running, mps_parts
 from tests.support.node import DRIVER, NodeDirs, run_checked
 
 P = "fractional_gpu_dra_"
@@ -35,22 +35,17 @@ class Plugin:
     """A started plugin runtime whose engine reports to fresh metrics served over HTTP."""
 
     def __init__(self, dirs: NodeDirs, source: InMemoryClaimSource) -> None:
-        self.metrics = PluginMetrics()
-        runtime = mps_runtime(dirs, source)
+        self.metrics = new_registry("kubelet-plugin")
         # As dra-driver kubelet-plugin builds it with --metrics-port.
-        self.runtime: PluginRuntime = PluginRuntime(
-            runtime.config, runtime.backend, source, metrics=self.metrics
-        )
+        self.parts = dataclasses.replace(mps_parts(dirs, source), metrics=self.metrics)
         self.kubelet = FakeKubelet(dirs.registry)
         self.server: MetricsServer | None = None
         self.gpu = ""
 
     async def __aenter__(self) -> RegisteredPlugin:
-        await self.runtime.start()
-        driver = self.runtime.driver
-        assert driver is not None
-        self.gpu = driver.inventory.gpus[0].uuid
-        self.server = serve_metrics(0, self.metrics.registry, "127.0.0.1")
+        self.runtime = await start_plugin(self.parts)
+        self.gpu = self.runtime.inventory.gpus[0].uuid
+        self.server = serve_metrics(0, self.metrics, "127.0.0.1")
         return await self.kubelet.wait_for_plugin(DRIVER)
 
     async def __aexit__(self, *exc: object) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
@@ -52,13 +52,13 @@ def _agent(dirs: NodeDirs, compute_mode: FakeComputeMode) -> AgentConfig:
     )
 
 
-def _runtime(dirs: NodeDirs, backend: FakeGpuBackend, source: InMemoryClaimSource) -> PluginRuntime:
+def _runtime(dirs: NodeDirs, backend: FakeGpuBackend, source: InMemoryClaimSource) -> PluginParts:
     config = dataclasses.replace(
         dirs.config(),
         settings=SHARED,
         mps_agent_socket=os.path.join(dirs.plugin, "mps-agent.sock"),
     )
-    return PluginRuntime(config, backend, source)
+    return PluginParts(config, backend, source)
 
 
 def _spec(dirs: NodeDirs, uid: str) -> Any:
@@ -108,8 +108,9 @@ def test_two_claims_share_an_instance_made_on_demand(node_dirs: NodeDirs, togeth
 
     async def scenario() -> None:
         async with agent_running(agent):
-            runtime = _runtime(node_dirs, backend, InMemoryClaimSource([small, big, too_big]))
-            await runtime.start()
+            runtime = await start_plugin(
+                _runtime(node_dirs, backend, InMemoryClaimSource([small, big, too_big]))
+            )
             kubelet = FakeKubelet(node_dirs.registry)
             try:
                 plugin = await kubelet.wait_for_plugin(DRIVER)
@@ -184,8 +185,7 @@ def test_a_pre_existing_instance_is_shared_and_kept(node_dirs: NodeDirs, tmp_pat
     async def scenario() -> None:
         (instance,) = (await backend.inventory()).gpus[0].mig_devices
         async with agent_running(agent):
-            runtime = _runtime(node_dirs, backend, InMemoryClaimSource(claims))
-            await runtime.start()
+            runtime = await start_plugin(_runtime(node_dirs, backend, InMemoryClaimSource(claims)))
             kubelet = FakeKubelet(node_dirs.registry)
             try:
                 plugin = await kubelet.wait_for_plugin(DRIVER)
@@ -233,8 +233,7 @@ def test_a_share_rolled_back_at_start_hands_the_instance_to_the_kept_one(
         store = _checkpoint(node_dirs)
         store.save(store.load().with_claim(half).with_claim(kept))
 
-        runtime = _runtime(node_dirs, backend, InMemoryClaimSource([]))
-        await runtime.start()
+        runtime = await start_plugin(_runtime(node_dirs, backend, InMemoryClaimSource([])))
         try:
             assert (await backend.inventory()).gpus[0].mig_devices == (made,)
             (left,) = store.load().claims.values()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
 from dra_driver.core.prepare import Mode, PlannedDevice
 from dra_driver.core.settings import NodeSettings
@@ -109,8 +109,9 @@ async def mps_plugin(
         health_probe_interval=0.05,
     )
     claims = KubernetesClaimSource(api, request_timeout_s=5)
-    runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:2", NODE), claims, reporting=observer)
-    await runtime.start()
+    runtime = await start_plugin(
+        PluginParts(config, FakeGpuBackend("h100-80gb:2", NODE), claims, reporting=observer)
+    )
     assert runtime.inventory is not None
     kubelet = FakeKubelet(dirs.registry)
     try:

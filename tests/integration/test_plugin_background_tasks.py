@@ -10,9 +10,11 @@ import pytest
 
 from dra_driver.app.plugin import (
     BackgroundTaskFailed,
-    PluginRuntime,
+    Plugin,
+    PluginParts,
     SliceOptions,
     run_until_signalled,
+    start_plugin,
 )
 from dra_driver.cli import main
 from dra_driver.fakes.claims import InMemoryClaimSource
@@ -35,16 +37,29 @@ async def _health_returns(self: HealthMonitor) -> None:
     return None
 
 
-def _runtime(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginRuntime, SlicePublisher]:
+def _parts(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginParts, SlicePublisher]:
     client = plugin_client(api)
     publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
     options = SliceOptions(
         publisher=publisher, probe=functools.partial(probe_capabilities, client, DRIVER, NODE)
     )
-    runtime = PluginRuntime(
+    parts = PluginParts(
         dirs.config(), FakeGpuBackend("h100-80gb:1", NODE), InMemoryClaimSource(), options
     )
-    return runtime, publisher
+    return parts, publisher
+
+
+class Started:
+    """Starts the plugin for :func:`run_until_signalled`, and keeps it to be looked at."""
+
+    def __init__(self, parts: PluginParts) -> None:
+        self.parts = parts
+        self.plugins: list[Plugin] = []
+
+    async def __call__(self) -> Plugin:
+        plugin = await start_plugin(self.parts)
+        self.plugins.append(plugin)
+        return plugin
 
 
 def test_a_failed_slice_publisher_stops_the_plugin(
@@ -53,18 +68,20 @@ def test_a_failed_slice_publisher_stops_the_plugin(
     monkeypatch.setattr(SlicePublishing, "run", _publisher_explodes)
     with chart_api() as api:  # the plugin runs as its ServiceAccount
         api.create(node_object(NODE))
-        runtime, publisher = _runtime(node_dirs, api)
+        parts, publisher = _parts(node_dirs, api)
+        started = Started(parts)
         try:
             with pytest.raises(BackgroundTaskFailed, match="slice-publisher failed") as raised:
-                run_checked(run_until_signalled(runtime))
+                run_checked(run_until_signalled(started))
         finally:
             publisher.close()
     assert isinstance(raised.value.cause, RuntimeError)
-    assert runtime.failure is raised.value
+    (plugin,) = started.plugins
+    assert plugin.failure is raised.value
     # Stopped: the other tasks cancelled (run_checked: none leaked), the sockets gone.
-    assert runtime.server is None and runtime.driver is None
-    assert not os.path.exists(runtime.sockets.dra)
-    assert runtime.readiness().ready is False
+    assert not os.path.exists(plugin.sockets.dra)
+    assert not os.path.exists(plugin.sockets.registration)
+    assert plugin.readiness().ready is False
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any("background task slice-publisher failed" in m for m in errors), errors
     assert any("the plugin stops" in m for m in errors), errors
@@ -74,10 +91,11 @@ def test_a_task_that_ends_stops_the_plugin(
     node_dirs: NodeDirs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(HealthMonitor, "run", _health_returns)
-    runtime = node_dirs.runtime(InMemoryClaimSource(), gpus="l4:1")
+    started = Started(node_dirs.parts(InMemoryClaimSource(), gpus="l4:1"))
     with pytest.raises(BackgroundTaskFailed, match="device-health ended"):
-        run_checked(run_until_signalled(runtime))
-    assert runtime.server is None
+        run_checked(run_until_signalled(started))
+    (plugin,) = started.plugins
+    assert not os.path.exists(plugin.sockets.dra)
 
 
 def test_the_kubelet_plugin_command_exits_with_an_error(

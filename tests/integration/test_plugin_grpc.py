@@ -17,6 +17,7 @@ from dra_driver._gen.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._gen.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._gen.pluginregistration.v1 import api_pb2 as reg_pb2
 from dra_driver._gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from dra_driver.app.plugin import start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.kubelet import FakeKubelet, RegistrationFailed
@@ -34,8 +35,7 @@ def checkpoint_of(dirs: NodeDirs) -> CheckpointStore:
 
 def test_registration_handshake(node_dirs: NodeDirs) -> None:
     async def scenario() -> None:
-        runtime = node_dirs.runtime(InMemoryClaimSource())
-        await runtime.start()
+        runtime = await start_plugin(node_dirs.parts(InMemoryClaimSource()))
         try:
             reg_socket = os.path.join(node_dirs.registry, f"{DRIVER}-reg.sock")
             dra_socket = os.path.join(node_dirs.plugin, "dra.sock")
@@ -70,8 +70,7 @@ def test_rejected_registration_is_surfaced(
     node_dirs: NodeDirs, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario() -> None:
-        runtime = node_dirs.runtime(InMemoryClaimSource())
-        await runtime.start()
+        runtime = await start_plugin(node_dirs.parts(InMemoryClaimSource()))
         try:
             # A kubelet that knows no DRAPlugin version we offer rejects us.
             kubelet = FakeKubelet(node_dirs.registry, known_services=["v9.DRAPlugin"])
@@ -102,8 +101,7 @@ def test_dra_socket_is_up_before_registration_socket(node_dirs: NodeDirs) -> Non
             seen.append(os.path.exists(dra_socket))
 
         watcher = asyncio.create_task(watch())
-        runtime = node_dirs.runtime(InMemoryClaimSource())
-        await runtime.start()
+        runtime = await start_plugin(node_dirs.parts(InMemoryClaimSource()))
         await asyncio.wait_for(watcher, 5)
         await runtime.stop()
         assert seen == [True]
@@ -119,8 +117,7 @@ def test_stale_sockets_removed_and_rolling_update_names(node_dirs: NodeDirs) -> 
     sock.close()
 
     async def scenario() -> None:
-        runtime = node_dirs.runtime(InMemoryClaimSource(), rolling_update_uid=uid)
-        await runtime.start()
+        runtime = await start_plugin(node_dirs.parts(InMemoryClaimSource(), rolling_update_uid=uid))
         try:
             assert runtime.sockets.registration == os.path.join(
                 node_dirs.registry, f"{DRIVER}-{uid}-reg.sock"

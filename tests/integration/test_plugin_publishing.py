@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime, SliceOptions
+from dra_driver.app.plugin import PluginParts, SliceOptions, start_plugin
 from dra_driver.core.model import Inventory
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -35,20 +35,20 @@ def api(request: pytest.FixtureRequest) -> Iterator[FakeKubeApi]:
         yield fake
 
 
-def runtime_with_slices(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginRuntime, SlicePublisher]:
+def parts_with_slices(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginParts, SlicePublisher]:
     client = plugin_client(api)
     publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
     options = SliceOptions(
         publisher=publisher,
         probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
     )
-    runtime = PluginRuntime(
+    parts = PluginParts(
         dirs.config(),
         FakeGpuBackend("h100-80gb:2,h100-80gb:1:mig", NODE),
         InMemoryClaimSource(),
         options,
     )
-    return runtime, publisher
+    return parts, publisher
 
 
 def ours(api: FakeKubeApi) -> list[dict[str, Any]]:
@@ -69,8 +69,8 @@ def test_publishes_at_start_and_again_after_each_registration(
     )  # fmt: skip
 
     async def scenario() -> None:
-        runtime, publisher = runtime_with_slices(node_dirs, api)
-        await runtime.start()
+        parts, publisher = parts_with_slices(node_dirs, api)
+        runtime = await start_plugin(parts)
         try:
             assert runtime.publishing is not None
             publishing = runtime.publishing
@@ -129,16 +129,17 @@ def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) 
         client = plugin_client(api)
         publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
         backend = ResettableGpus()
-        runtime = PluginRuntime(
-            dataclasses.replace(node_dirs.config(), inventory_interval=0.05),
-            backend,
-            InMemoryClaimSource(),
-            SliceOptions(
-                publisher=publisher,
-                probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
-            ),
+        runtime = await start_plugin(
+            PluginParts(
+                dataclasses.replace(node_dirs.config(), inventory_interval=0.05),
+                backend,
+                InMemoryClaimSource(),
+                SliceOptions(
+                    publisher=publisher,
+                    probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
+                ),
+            )
         )
-        await runtime.start()
         try:
             assert runtime.publishing is not None
             publishing = runtime.publishing
@@ -172,16 +173,17 @@ def test_mig_instances_we_create_do_not_change_the_pool(node_dirs: NodeDirs) -> 
             client = plugin_client(api)
             publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
             backend = FakeGpuBackend("h100-80gb:1:mig", NODE)
-            runtime = PluginRuntime(
-                dataclasses.replace(node_dirs.config(), inventory_interval=0.05),
-                backend,
-                InMemoryClaimSource([claim]),
-                SliceOptions(
-                    publisher=publisher,
-                    probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
-                ),
+            runtime = await start_plugin(
+                PluginParts(
+                    dataclasses.replace(node_dirs.config(), inventory_interval=0.05),
+                    backend,
+                    InMemoryClaimSource([claim]),
+                    SliceOptions(
+                        publisher=publisher,
+                        probe=functools.partial(probe_capabilities, client, DRIVER, NODE),
+                    ),
+                )
             )
-            await runtime.start()
             kubelet = FakeKubelet(node_dirs.registry)
             try:
                 assert runtime.publishing is not None

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime, SliceOptions
+from dra_driver.app.plugin import PluginParts, SliceOptions, start_plugin
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
@@ -103,7 +103,7 @@ def test_unready_until_registered_and_published_and_while_publishes_fail(
             max_attempts=1,
         )
         config = dataclasses.replace(node_dirs.config(), readiness_port=0)
-        runtime = PluginRuntime(
+        parts = PluginParts(
             config,
             FakeGpuBackend("h100-80gb:1", NODE),
             InMemoryClaimSource(),
@@ -111,7 +111,7 @@ def test_unready_until_registered_and_published_and_while_publishes_fail(
         )
 
         async def scenario() -> None:
-            await runtime.start()
+            runtime = await start_plugin(parts)
             kubelet = FakeKubelet(node_dirs.registry)
             try:
                 assert runtime.readiness_server is not None
@@ -151,10 +151,10 @@ def test_unready_until_registered_and_published_and_while_publishes_fail(
 
 def test_only_readyz_is_served(node_dirs: NodeDirs) -> None:
     config = dataclasses.replace(node_dirs.config(), readiness_port=0)
-    runtime = PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), InMemoryClaimSource())
+    parts = PluginParts(config, FakeGpuBackend("h100-80gb:1", NODE), InMemoryClaimSource())
 
     async def scenario() -> None:
-        await runtime.start()
+        runtime = await start_plugin(parts)
         try:
             assert runtime.readiness_server is not None
             port = runtime.readiness_server.port

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import Plugin, PluginParts, start_plugin
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -64,7 +64,7 @@ def slow_agent(dirs: NodeDirs) -> AgentConfig:
 @contextlib.asynccontextmanager
 async def serving(
     dirs: NodeDirs, claims: list[dict[str, Any]], gpus: int, settings: NodeSettings
-) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin, AgentConfig]]:
+) -> AsyncIterator[tuple[Plugin, RegisteredPlugin, AgentConfig]]:
     """The slow agent, and the plugin on ``gpus`` fake H100s serving ``claims`` over
     its real socket, registered with a kubelet-like client."""
     agent = slow_agent(dirs)
@@ -73,8 +73,7 @@ async def serving(
     )
     async with agent_running(agent):
         backend = FakeGpuBackend(f"h100-80gb:{gpus}", NODE)
-        runtime = PluginRuntime(config, backend, InMemoryClaimSource(claims))
-        await runtime.start()
+        runtime = await start_plugin(PluginParts(config, backend, InMemoryClaimSource(claims)))
         kubelet = FakeKubelet(dirs.registry)
         try:
             yield runtime, await kubelet.wait_for_plugin(DRIVER), agent

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from dra_driver.app.plugin import start_plugin
 from dra_driver.base.errors import CheckpointCorruptError
 from dra_driver.base.ids import ClaimRef
 from dra_driver.fakes.claims import InMemoryClaimSource
@@ -34,8 +35,7 @@ def test_reboot_drops_prepared_claims_and_their_specs(node_dirs: NodeDirs) -> No
         await prepare_via_plugin(node_dirs, source, [claim_ref(claim)])
         assert len(node_dirs.cdi_files()) == 1
         node_dirs.set_boot_id("boot-2")  # the node rebooted; /var/run/cdi survived here
-        runtime = node_dirs.runtime(source)
-        await runtime.start()
+        runtime = await start_plugin(node_dirs.parts(source))
         await runtime.stop()
         assert runtime.reconcile_report is not None
         assert len(runtime.reconcile_report.orphans_removed) == 1
@@ -57,8 +57,7 @@ def test_missing_spec_is_rewritten_on_start(node_dirs: NodeDirs) -> None:
         with open(path, "rb") as handle:
             before = handle.read()
         os.unlink(path)
-        runtime = node_dirs.runtime(source)
-        await runtime.start()
+        runtime = await start_plugin(node_dirs.parts(source))
         await runtime.stop()
         assert runtime.reconcile_report is not None
         assert runtime.reconcile_report.rewritten == (claim_ref(claim).uid,)
@@ -87,8 +86,7 @@ def test_half_prepared_claim_is_rolled_back_and_orphans_removed(node_dirs: NodeD
             with open(path, "w", encoding="utf-8") as handle:
                 handle.write("{}")
 
-        runtime = node_dirs.runtime(source)
-        await runtime.start()
+        runtime = await start_plugin(node_dirs.parts(source))
         await runtime.stop()
         report = runtime.reconcile_report
         assert report is not None
@@ -107,10 +105,10 @@ def test_two_instances_share_the_plugin_dir(node_dirs: NodeDirs) -> None:
     source = InMemoryClaimSource(claims)
 
     async def scenario() -> None:
-        old = node_dirs.runtime(source, rolling_update_uid="old-pod-uid")
-        new = node_dirs.runtime(source, rolling_update_uid="new-pod-uid")
-        await old.start()
-        await new.start()
+        old_parts = node_dirs.parts(source, rolling_update_uid="old-pod-uid")
+        new_parts = node_dirs.parts(source, rolling_update_uid="new-pod-uid")
+        old = await start_plugin(old_parts)
+        new = await start_plugin(new_parts)
         kubelet = FakeKubelet(node_dirs.registry)
         try:
             first = await kubelet.register_socket(old.sockets.registration)
@@ -168,10 +166,15 @@ def test_corrupt_checkpoint_stops_the_plugin_with_a_clear_error(node_dirs: NodeD
         handle.write('{"kind": "FractionalGpuDraCheckpoint", "version": 1, "checksum": "x", ')
 
     async def scenario() -> None:
-        runtime = node_dirs.runtime(InMemoryClaimSource())
+        parts = node_dirs.parts(InMemoryClaimSource())
         with pytest.raises(CheckpointCorruptError, match=f"move {checkpoint} aside"):
-            await runtime.start()
-        await runtime.stop()
+            await start_plugin(parts)  # closes what it had made (run_checked: nothing leaks)
+
+        # The backend too: its health events end at once.
+        async def events() -> list[object]:
+            return [e async for e in parts.backend.health_events()]
+
+        assert await asyncio.wait_for(events(), 5) == []
         assert os.listdir(node_dirs.registry) == [], "no socket before the state is sound"
 
     run_checked(scenario())

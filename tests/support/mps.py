@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.app.agent import run_agent
-from dra_driver.app.plugin import PluginRuntime
+from dra_driver.app.plugin import PluginParts
 from dra_driver.core.settings import NodeSettings
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -136,11 +136,11 @@ def agent_config(dirs: NodeDirs) -> AgentConfig:
     return fake_agent_config(dirs.plugin, dirs.root)
 
 
-def mps_runtime(dirs: NodeDirs, source: InMemoryClaimSource) -> PluginRuntime:
-    """A plugin runtime on one fake H100 whose shares go to the agent of :func:`agent_config`."""
+def mps_parts(dirs: NodeDirs, source: InMemoryClaimSource) -> PluginParts:
+    """A plugin on one fake H100 whose shares go to the agent of :func:`agent_config`."""
     config = dataclasses.replace(
         dirs.config(),
         settings=NodeSettings(),
         mps_agent_socket=os.path.join(dirs.plugin, "mps-agent.sock"),
     )
-    return PluginRuntime(config, FakeGpuBackend("h100-80gb:1", NODE), source)
+    return PluginParts(config, FakeGpuBackend("h100-80gb:1", NODE), source)

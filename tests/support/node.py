@@ -1,4 +1,4 @@
-"""One simulated node for integration tests: its directories and plugin runtime."""
+"""One simulated node for integration tests: its directories and kubelet plugin."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from dra_driver.app.plugin import PluginConfig, PluginRuntime
+from dra_driver.app.plugin import Plugin, PluginConfig, PluginParts, start_plugin
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -70,13 +70,14 @@ class NodeDirs:
             settings=NodeSettings(default=GpuSettings(Sharing.TIMESLICING)),
         )
 
-    def runtime(
+    def parts(
         self,
         claims: InMemoryClaimSource,
         gpus: str = "h100-80gb:4",
         rolling_update_uid: str | None = None,
-    ) -> PluginRuntime:
-        return PluginRuntime(self.config(rolling_update_uid), FakeGpuBackend(gpus, NODE), claims)
+    ) -> PluginParts:
+        """A plugin on fake GPUs ``gpus`` serving ``claims`` from these directories."""
+        return PluginParts(self.config(rolling_update_uid), FakeGpuBackend(gpus, NODE), claims)
 
     def cdi_files(self) -> list[str]:
         return sorted(os.listdir(self.cdi)) if os.path.isdir(self.cdi) else []
@@ -89,10 +90,9 @@ async def serving(
     *,
     gpus: str = "h100-80gb:4",
     known_services: Sequence[str] = KUBELET_DRA_SERVICES,
-) -> AsyncIterator[tuple[PluginRuntime, RegisteredPlugin]]:
+) -> AsyncIterator[tuple[Plugin, RegisteredPlugin]]:
     """A started plugin, registered with a kubelet-like client; both closed after."""
-    runtime = dirs.runtime(claims, gpus=gpus)
-    await runtime.start()
+    runtime = await start_plugin(dirs.parts(claims, gpus=gpus))
     kubelet = FakeKubelet(dirs.registry, known_services)
     try:
         yield runtime, await kubelet.wait_for_plugin(DRIVER)

@@ -110,7 +110,7 @@ def entry(name: str, *devices: PlannedDevice, started: bool = False) -> Checkpoi
 
 @dataclass
 class FakeDriver:
-    """Stands in for the engine: its checkpoint store and inventory."""
+    """Stands in for the engine's checkpoint store (:meth:`load`) and the node's GPUs."""
 
     checkpoint: Checkpoint = field(default_factory=lambda: Checkpoint("boot"))
     inventory: Inventory = field(
@@ -118,21 +118,21 @@ class FakeDriver:
     )
     broken: bool = False
 
-    @property
-    def checkpoints(self) -> FakeDriver:
-        return self
-
     def load(self) -> Checkpoint:
         if self.broken:
             raise CheckpointCorruptError("checkpoint /x fails its checksum; move /x aside")
         return self.checkpoint
 
 
+def reading(driver: FakeDriver) -> PluginMetrics:
+    """Metrics whose gauges read ``driver``'s checkpoint and inventory."""
+    return PluginMetrics(checkpoints=driver, inventory=lambda: driver.inventory)
+
+
 def test_gauges_are_read_from_the_checkpoint_at_each_scrape() -> None:
     driver = FakeDriver()
-    metrics = PluginMetrics()
-    assert not scrape(metrics).series(P + "mps_shares")  # not bound yet: nothing known
-    metrics.bind(driver)
+    assert not scrape(PluginMetrics()).series(P + "mps_shares")  # no checkpoint: nothing known
+    metrics = reading(driver)
 
     empty = scrape(metrics)
     assert empty.get(P + "prepared_claims", state="PrepareCompleted") == 0
@@ -174,8 +174,7 @@ def test_a_share_on_a_gpu_gone_from_the_inventory_is_still_reported() -> None:
     driver.checkpoint = Checkpoint(
         "boot", {ref("a").uid: entry("a", device("gpu-7", GPU0, Mode.MPS, GIB, "s"))}
     )
-    metrics = PluginMetrics()
-    metrics.bind(driver)
+    metrics = reading(driver)
     assert (
         scrape(metrics).get(P + "mps_reserved_memory_bytes", gpu_uuid=GPU0, device="gpu-7") == GIB
     )
@@ -184,8 +183,7 @@ def test_a_share_on_a_gpu_gone_from_the_inventory_is_still_reported() -> None:
 def test_an_unreadable_checkpoint_leaves_out_the_gauges_not_the_scrape(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    metrics = PluginMetrics()
-    metrics.bind(FakeDriver(broken=True))
+    metrics = reading(FakeDriver(broken=True))
     metrics.claim_done(op("a"))
     with caplog.at_level(logging.WARNING, logger="dra_driver.observability"):
         got = scrape(metrics)
@@ -245,8 +243,7 @@ def test_an_unknown_health_status_is_refused_and_the_last_report_kept() -> None:
 
 
 def test_every_metric_has_our_prefix_and_help() -> None:
-    metrics = PluginMetrics()
-    metrics.bind(FakeDriver())
+    metrics = reading(FakeDriver())
     metrics.set_device_health([Health("gpu-0", GPU0, "Healthy", "")])
     text = generate_latest(metrics.registry).decode()
     names = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
@@ -254,27 +251,3 @@ def test_every_metric_has_our_prefix_and_help() -> None:
     assert ours and all(n.startswith(P) for n in ours), ours
     helps = [line for line in text.splitlines() if line.startswith("# HELP ")]
     assert all(len(line.split(" ", 3)[3]) > 20 for line in helps)
-
-
-class Monitor:
-    """Stands in for the health monitor: every device's health, listeners told of changes."""
-
-    def __init__(self, *devices: Health) -> None:
-        self.now = list(devices)
-
-    def devices(self) -> list[Health]:
-        return self.now
-
-
-def test_follow_health_reports_at_once_and_on_every_change() -> None:
-    metrics = PluginMetrics()
-    monitor = Monitor(Health("gpu-0", GPU0, "Healthy"), Health("gpu-1", GPU1, "Healthy"))
-    listener = metrics.follow_health(monitor)
-    health = P + "device_health"
-    assert scrape(metrics).get(health, device="gpu-1", gpu_uuid=GPU1, status="Healthy") == 1
-
-    monitor.now[1] = Health("gpu-1", GPU1, "Unhealthy", "xid-79")
-    listener([monitor.now[1]])  # told only of the change; reports them all
-    got = scrape(metrics)
-    assert got.get(health, device="gpu-1", gpu_uuid=GPU1, status="Unhealthy") == 1
-    assert got.get(health, device="gpu-0", gpu_uuid=GPU0, status="Healthy") == 1
