@@ -38,7 +38,7 @@ from dra_driver.core.cdi import (
 )
 from dra_driver.core.model import Inventory
 from dra_driver.core.ports import ClaimSource, GpuBackend
-from dra_driver.core.prepare import DriverObserver, GuardMode, NodeContext
+from dra_driver.core.prepare import DriverObserver, GuardMode, NodeContext, mig_of
 from dra_driver.gpu.driver_files import discover_driver_files, load_toolkit_spec
 from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.k8s.capabilities import probe_capabilities
@@ -377,12 +377,12 @@ class PluginRuntime:
         pending: set[tuple[str, int, int]] = set()
         for claim in checkpoint.claims.values():
             for d in claim.devices:
-                if d.mig is None:
+                if (mig := mig_of(d)) is None:
                     continue
-                if d.mig.created and d.mig.mig_uuid:
-                    hidden.add(d.mig.mig_uuid)
-                elif d.mig.mig_uuid is None and claim.state is ClaimState.PREPARE_STARTED:
-                    pending.add((d.gpu_uuid, d.mig.profile_id, d.mig.placement_start))
+                if mig.created and mig.mig_uuid:
+                    hidden.add(mig.mig_uuid)
+                elif mig.mig_uuid is None and claim.state is ClaimState.PREPARE_STARTED:
+                    pending.add((d.gpu_uuid, mig.profile_id, mig.placement_start))
         if pending and self.inventory is not None:
             hidden.update(
                 m.uuid

@@ -45,7 +45,8 @@ from dra_driver.core.prepare import (
     ClaimOperation,
     HealthSnapshot,
     HealthStatus,
-    Mode,
+    MpsInMig,
+    MpsShare,
     PlannedDevice,
     claim_status_entries,
 )
@@ -125,11 +126,13 @@ def _matches(device: PlannedDevice, device_name: str, gpu_uuid: str) -> bool:
 
 def _mps_on(device: PlannedDevice, gpu_uuid: str) -> bool:
     """An MPS share served by the daemon for ``gpu_uuid``: a GPU's, or a MIG instance's."""
-    if device.mode is not Mode.MPS:
-        return False
-    if device.mig is not None:
-        return device.mig.mig_uuid == gpu_uuid
-    return device.gpu_uuid == gpu_uuid
+    match device:
+        case MpsInMig(mig=mig):
+            return mig.mig_uuid == gpu_uuid
+        case MpsShare():
+            return device.gpu_uuid == gpu_uuid
+        case _:
+            return False
 
 
 class ClaimReporter:

@@ -1,12 +1,14 @@
 """Prepare time (pure): what a claim gets on this node and what is said about it.
 
-``plan`` is the prepare plan, ``mps_namespaces`` the MPS namespaces a plan's
-devices hold at the mps-agent, ``mig_instances`` the MIG instances a half-done
-prepare may have left, ``configs`` the opaque configs that apply to an
-allocation result, ``claim_status`` the ``status.devices`` entries of a
-prepared claim, ``disruption_guard`` the node autoscaler annotations on the
-pods that use a guarded claim, and ``observers`` what the prepare/unprepare
-engine tells the rest of the plugin after each claim.
+``devices`` is the planned device (one variant per mode), ``plan`` the prepare
+plan (with ``mig_planning``, ``node_guards`` and ``dmem_hooks``),
+``mps_namespaces`` the MPS namespaces a plan's devices hold at the mps-agent,
+``mig_instances`` the MIG instances a half-done prepare may have left,
+``configs`` the opaque configs that apply to an allocation result,
+``claim_status`` the ``status.devices`` entries of a prepared claim,
+``disruption_guard`` the node autoscaler annotations on the pods that use a
+guarded claim, and ``observers`` what the prepare/unprepare engine tells the
+rest of the plugin after each claim.
 """
 
 from dra_driver.core.prepare.claim_status import (
@@ -32,6 +34,25 @@ from dra_driver.core.prepare.configs import (
     limits_for,
     trusted_grant,
 )
+from dra_driver.core.prepare.devices import (
+    Admin,
+    Exclusive,
+    HeldDevice,
+    MigInstance,
+    MigInstanceIds,
+    MigPlan,
+    Mode,
+    MpsDevice,
+    MpsInMig,
+    MpsLimits,
+    MpsShare,
+    PlannedDevice,
+    PreparePlan,
+    TimeSliced,
+    limits_of,
+    mig_of,
+    shares_memory,
+)
 from dra_driver.core.prepare.disruption_guard import (
     CA_SAFE_TO_EVICT,
     KARPENTER_DO_NOT_DISRUPT,
@@ -47,6 +68,7 @@ from dra_driver.core.prepare.disruption_guard import (
     pod_finished,
     pod_uses_claim,
 )
+from dra_driver.core.prepare.dmem_hooks import DmemHookSettings, dmem_hook
 from dra_driver.core.prepare.mig_instances import LeftoverMig, leftover_mig_instances
 from dra_driver.core.prepare.mps_namespaces import (
     MpsNamespace,
@@ -56,18 +78,7 @@ from dra_driver.core.prepare.mps_namespaces import (
     owned_shares,
 )
 from dra_driver.core.prepare.observers import ClaimOperation, DriverObserver, error_reason, notify
-from dra_driver.core.prepare.plan import (
-    DeviceUse,
-    DmemHookSettings,
-    MigPlan,
-    Mode,
-    NodeContext,
-    PlannedDevice,
-    PreparePlan,
-    ShareLimits,
-    dmem_hook,
-    plan_prepare,
-)
+from dra_driver.core.prepare.plan import NodeContext, plan_prepare
 
 __all__ = [
     "CA_SAFE_TO_EVICT",
@@ -75,23 +86,31 @@ __all__ = [
     "FROM_CLAIM",
     "FROM_CLASS",
     "KARPENTER_DO_NOT_DISRUPT",
+    "Admin",
     "ClaimOperation",
-    "DeviceUse",
     "DmemHookSettings",
     "DriverObserver",
     "EffectiveConfig",
+    "Exclusive",
     "GuardMode",
     "HealthSnapshot",
     "HealthStatus",
+    "HeldDevice",
     "LeftoverMig",
     "Marker",
+    "MigInstance",
+    "MigInstanceIds",
     "MigPlan",
     "Mode",
+    "MpsDevice",
+    "MpsInMig",
+    "MpsLimits",
     "MpsNamespace",
+    "MpsShare",
     "NodeContext",
     "PlannedDevice",
     "PreparePlan",
-    "ShareLimits",
+    "TimeSliced",
     "annotation_changes",
     "annotations_of",
     "applies_to",
@@ -112,7 +131,9 @@ __all__ = [
     "guarded_claims",
     "leftover_mig_instances",
     "limits_for",
+    "limits_of",
     "marker_key",
+    "mig_of",
     "mps_daemon_conflict",
     "mps_namespaces",
     "namespace_of",
@@ -122,5 +143,6 @@ __all__ = [
     "plan_prepare",
     "pod_finished",
     "pod_uses_claim",
+    "shares_memory",
     "trusted_grant",
 ]
