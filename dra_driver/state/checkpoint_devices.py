@@ -28,6 +28,7 @@ from typing import Any
 from dra_driver.base.ids import DeviceName, GpuUUID, PoolName
 from dra_driver.core.prepare import (
     Admin,
+    CommonFields,
     Exclusive,
     MigInstance,
     MigInstanceIds,
@@ -38,9 +39,6 @@ from dra_driver.core.prepare import (
     PlannedDevice,
     TimeSliced,
 )
-
-Where = tuple[tuple[str, ...], PoolName, DeviceName, str | None, GpuUUID, tuple[str, ...]]
-"""A planned device's common fields, in field order."""
 
 MODE_NAMES: Mapping[type[PlannedDevice], str] = {
     Exclusive: "exclusive",
@@ -174,7 +172,7 @@ def _instance_v1(raw: Mapping[str, Any]) -> MigInstanceIds | None:
 # --- both ---------------------------------------------------------------------------
 
 
-def _where(raw: Mapping[str, Any]) -> Where:
+def _where(raw: Mapping[str, Any]) -> CommonFields:
     return (
         tuple(raw.get("requestNames") or ()),
         PoolName(raw["poolName"]),

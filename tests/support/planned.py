@@ -10,6 +10,7 @@ from __future__ import annotations
 from dra_driver.base.ids import DeviceName, GpuUUID, PoolName
 from dra_driver.core.prepare import (
     Admin,
+    CommonFields,
     Exclusive,
     MigInstance,
     MigInstanceIds,
@@ -24,8 +25,6 @@ GIB = 1 << 30
 POOL = "node-a"
 GPU = "GPU-0"
 
-_Where = tuple[tuple[str, ...], PoolName, DeviceName, str | None, GpuUUID, tuple[str, ...]]
-
 
 def _at(
     name: str,
@@ -35,7 +34,7 @@ def _at(
     requests: tuple[str, ...],
     pool: str,
     cdi: tuple[str, ...],
-) -> _Where:
+) -> CommonFields:
     return requests, PoolName(pool), DeviceName(name), share_id, GpuUUID(gpu), cdi
 
 

@@ -19,6 +19,7 @@ from dra_driver.state.checkpoint import (
     CheckpointStore,
     ClaimState,
     decode,
+    encode,
 )
 from tests.support.checkpoint_files import with_valid_checksum
 from tests.support.planned import (
@@ -176,3 +177,49 @@ def test_a_version_1_device_no_release_wrote_fails_its_file(device: dict[str, An
     with pytest.raises(CheckpointCorruptError, match="malformed entry") as info:
         decode(_v1_with_device(device), "/plugin/checkpoint.json")
     assert "move /plugin/checkpoint.json aside and restart the plugin" in str(info.value)
+
+
+COMMON = {"requestNames", "poolName", "deviceName", "shareID", "gpuUUID", "cdiDeviceIDs", "mode"}
+
+
+@pytest.mark.parametrize(
+    ("device", "mode", "fields"),
+    [
+        (EXPECTED[0].devices[0], "exclusive", set()),
+        (EXPECTED[0].devices[1], "admin", set()),
+        (EXPECTED[8].devices[0], "admin", {"mig"}),
+        (EXPECTED[1].devices[0], "timeSliced", set()),
+        (EXPECTED[1].devices[1], "timeSliced", {"grantShareID"}),
+        (EXPECTED[2].devices[0], "mpsShare", {"limits"}),
+        (EXPECTED[3].devices[0], "mpsShare", {"limits", "grantShareID"}),
+        (EXPECTED[4].devices[0], "migInstance", {"mig"}),
+        (EXPECTED[6].devices[0], "mpsInMig", {"limits", "mig"}),
+    ],
+    ids=[
+        "exclusive", "admin", "admin-of-mig", "time-sliced", "time-sliced-by-grant", "mps",
+        "mps-by-grant", "mig", "mps-in-mig",
+    ],
+)  # fmt: skip
+def test_version_2_writes_each_variants_mode_and_only_its_fields(
+    device: PlannedDevice, mode: str, fields: set[str]
+) -> None:
+    entry = claim(1, DONE, device)
+    doc = json.loads(encode(Checkpoint(BOOT, {entry.ref.uid: entry})))
+    (written,) = doc["data"]["claims"][entry.ref.uid]["devices"]
+    assert written["mode"] == mode
+    assert set(written) == COMMON | fields
+
+
+def test_version_2_writes_a_mig_instance_once_it_exists() -> None:
+    made, planned = EXPECTED[4].devices[1], EXPECTED[5].devices[0]
+    entry = claim(1, DONE, made, planned)
+    doc = json.loads(encode(Checkpoint(BOOT, {entry.ref.uid: entry})))
+    migs = [d["mig"] for d in doc["data"]["claims"][entry.ref.uid]["devices"]]
+    assert migs == [
+        {
+            "profileID": 14, "profileName": "2g.20gb", "placementStart": 2, "placementSize": 2,
+            "created": True, "instance": {"uuid": "MIG-made", "giID": 3, "ciID": 0},
+        },
+        {"profileID": 9, "profileName": "3g.40gb", "placementStart": 4, "placementSize": 4,
+         "created": False},
+    ]  # fmt: skip

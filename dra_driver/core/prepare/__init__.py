@@ -36,6 +36,7 @@ from dra_driver.core.prepare.configs import (
 )
 from dra_driver.core.prepare.devices import (
     Admin,
+    CommonFields,
     Exclusive,
     HeldDevice,
     MigInstance,
@@ -88,6 +89,7 @@ __all__ = [
     "KARPENTER_DO_NOT_DISRUPT",
     "Admin",
     "ClaimOperation",
+    "CommonFields",
     "DmemHookSettings",
     "DriverObserver",
     "EffectiveConfig",

@@ -154,6 +154,10 @@ class Admin(_Planned):
     """The MIG device it watches; None: a whole GPU."""
 
 
+CommonFields = tuple[tuple[str, ...], PoolName, DeviceName, str | None, GpuUUID, tuple[str, ...]]
+"""Every variant's first fields, in order (requests, pool, device, shareID, GPU, CDI ids):
+a builder that knows them before it knows the mode writes ``Variant(*common, ...)``."""
+
 PlannedDevice = Exclusive | TimeSliced | MpsShare | MigInstance | MpsInMig | Admin
 """One device of a claim's plan (and of its checkpoint entry)."""
 

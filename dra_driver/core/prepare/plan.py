@@ -40,7 +40,7 @@ from dra_driver.base.errors import (
     ClaimNotOnNodeError,
     InvalidConfigError,
 )
-from dra_driver.base.ids import DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import DeviceName, PoolName
 from dra_driver.core.cdi import (
     CdiDevice,
     CdiSpec,
@@ -53,6 +53,7 @@ from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClai
 from dra_driver.core.prepare.configs import effective_config, limits_for, trusted_grant
 from dra_driver.core.prepare.devices import (
     Admin,
+    CommonFields,
     Exclusive,
     HeldDevice,
     MigInstance,
@@ -165,7 +166,7 @@ def plan_prepare(
                 "the allocation is stale: delete the claim so it is allocated again",
             )
         name = cdi_device_name(claim.ref.uid, device, share_id)
-        at: _Where = (
+        at: CommonFields = (
             tuple(sorted({r.main_request for r in group})),
             ctx.pool_name,
             device,
@@ -200,12 +201,8 @@ def plan_prepare(
     return PreparePlan(claim_uid=claim.ref.uid, devices=tuple(planned), cdi_spec=spec)
 
 
-_Where = tuple[tuple[str, ...], PoolName, DeviceName, str | None, GpuUUID, tuple[str, ...]]
-"""What every planned device has, in field order: requests, pool, device, shareID, GPU, CDI ids."""
-
-
 def _plan_device(
-    at: _Where,
+    at: CommonFields,
     claim: ResourceClaim,
     *,
     group: Sequence[DeviceResult],
@@ -229,7 +226,7 @@ def _plan_device(
 
 
 def _choose(
-    at: _Where,
+    at: CommonFields,
     claim: ResourceClaim,
     *,
     group: Sequence[DeviceResult],
