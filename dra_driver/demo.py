@@ -29,7 +29,16 @@ from dra_driver.app.plugin import Plugin, PluginConfig, PluginParts, start_plugi
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.base.quantity import format_bytes
 from dra_driver.core.model import Inventory
-from dra_driver.core.prepare import Mode, PlannedDevice
+from dra_driver.core.prepare import (
+    Admin,
+    Exclusive,
+    MigInstance,
+    MpsInMig,
+    MpsShare,
+    PlannedDevice,
+    TimeSliced,
+    mig_of,
+)
 from dra_driver.core.published import device_names
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import DesiredSlice, build_slices, validate_pool
@@ -219,13 +228,19 @@ def _print_allocator(inventory: Inventory, out: TextIO) -> None:
 
 
 def _enforced(device: PlannedDevice) -> str:
-    if device.mode is Mode.MPS and device.limits is not None:
-        sm = f", {device.limits.compute_percent}% SMs" if device.limits.compute_percent else ""
-        inside = f" in MIG {device.mig.profile_name}" if device.mig is not None else ""
-        return f"MPS {format_bytes(device.limits.memory_bytes)}{sm}{inside}"
-    if device.mode is Mode.MIG and device.mig is not None:
-        return f"MIG {device.mig.profile_name}" + (" (created)" if device.mig.created else "")
-    return {Mode.EXCLUSIVE: "whole GPU", Mode.SHARED: "time-sliced"}.get(device.mode, device.mode)
+    match device:
+        case MpsShare(limits=limits) | MpsInMig(limits=limits):
+            sm = f", {limits.compute_percent}% SMs" if limits.compute_percent else ""
+            inside = f" in MIG {device.mig.profile_name}" if isinstance(device, MpsInMig) else ""
+            return f"MPS {format_bytes(limits.memory_bytes)}{sm}{inside}"
+        case MigInstance(mig=mig):
+            return f"MIG {mig.profile_name}" + (" (created)" if mig.created else "")
+        case Exclusive():
+            return "whole GPU"
+        case TimeSliced():
+            return "time-sliced"
+        case Admin():
+            return device.mode.value
 
 
 def _print_mig_daemons(
@@ -239,7 +254,7 @@ def _print_mig_daemons(
             d.device_name
             for claim in recorded.values()
             for d in claim.devices
-            if d.mig is not None and d.mig.mig_uuid == daemon.gpu_uuid
+            if (mig := mig_of(d)) is not None and mig.mig_uuid == daemon.gpu_uuid
         }
         print(
             f"mps-agent: MPS daemon for MIG instance {daemon.gpu_uuid} "

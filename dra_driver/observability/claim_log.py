@@ -22,7 +22,7 @@ import logging
 from typing import Any, Literal
 
 from dra_driver.base.quantity import format_bytes
-from dra_driver.core.prepare import ClaimOperation, PlannedDevice
+from dra_driver.core.prepare import ClaimOperation, PlannedDevice, limits_of, mig_of
 
 LOGGER = "dra_driver.claims"
 
@@ -45,14 +45,14 @@ def device_fields(device: PlannedDevice) -> dict[str, Any]:
     }
     if device.share_id:
         fields["share_id"] = device.share_id
-    if device.limits is not None:
-        fields["memory_bytes"] = device.limits.memory_bytes
-        if device.limits.compute_percent:
-            fields["compute_percent"] = device.limits.compute_percent
-    if device.mig is not None:
-        fields["mig_profile"] = device.mig.profile_name
-        if device.mig.mig_uuid:
-            fields["mig_uuid"] = device.mig.mig_uuid
+    if (limits := limits_of(device)) is not None:
+        fields["memory_bytes"] = limits.memory_bytes
+        if limits.compute_percent:
+            fields["compute_percent"] = limits.compute_percent
+    if (mig := mig_of(device)) is not None:
+        fields["mig_profile"] = mig.profile_name
+        if mig.mig_uuid:
+            fields["mig_uuid"] = mig.mig_uuid
     return fields
 
 
@@ -73,12 +73,12 @@ def claim_fields(op: ClaimOperation) -> dict[str, Any]:
 
 def _describe(device: PlannedDevice) -> str:
     details = [device.mode.value]
-    if device.mig is not None:
-        details.append(device.mig.profile_name)
-    if device.limits is not None:
-        details.append(format_bytes(device.limits.memory_bytes))
-        if device.limits.compute_percent:
-            details.append(f"{device.limits.compute_percent}% SMs")
+    if (mig := mig_of(device)) is not None:
+        details.append(mig.profile_name)
+    if (limits := limits_of(device)) is not None:
+        details.append(format_bytes(limits.memory_bytes))
+        if limits.compute_percent:
+            details.append(f"{limits.compute_percent}% SMs")
     return f"{device.device_name} ({', '.join(details)})"
 
 

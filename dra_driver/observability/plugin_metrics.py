@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 
 from dra_driver.base.errors import DriverError
 from dra_driver.core.model import Inventory
-from dra_driver.core.prepare import ClaimOperation, Mode
+from dra_driver.core.prepare import ClaimOperation, MpsInMig, MpsShare
 from dra_driver.observability.claim_log import outcome
 from dra_driver.observability.metrics_server import PREFIX, new_registry
 from dra_driver.state.checkpoint import Checkpoint, ClaimState
@@ -123,10 +123,10 @@ def held_metrics(checkpoint: Checkpoint, inventory: Inventory | None) -> list[Me
             per_gpu[(gpu.uuid, gpu.device_name)] = [0, 0]
     for claim in checkpoint.claims.values():
         for device in claim.devices:
-            if device.mode is Mode.MPS:
+            if isinstance(device, MpsShare | MpsInMig):
                 held = per_gpu.setdefault((device.gpu_uuid, device.device_name), [0, 0])
                 held[0] += 1
-                held[1] += device.limits.memory_bytes if device.limits is not None else 0
+                held[1] += device.limits.memory_bytes
     shares = GaugeMetricFamily(
         PREFIX + "mps_shares",
         "MPS shares of prepared claims on this GPU (as recorded in the checkpoint).",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import Inventory
+from dra_driver.core.prepare import mig_of
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim, CheckpointStore, ClaimState
 
 __all__ = ["CheckpointReads", "completed_claims", "created_mig_devices", "prepared_refs"]
@@ -44,8 +45,7 @@ def created_mig_devices(checkpoint: Checkpoint, inventory: Inventory) -> set[str
     pending: set[tuple[str, int, int]] = set()
     for claim in checkpoint.claims.values():
         for device in claim.devices:
-            mig = device.mig
-            if mig is None:
+            if (mig := mig_of(device)) is None:
                 continue
             if mig.created and mig.mig_uuid:
                 made.add(mig.mig_uuid)

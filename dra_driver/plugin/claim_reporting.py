@@ -42,7 +42,7 @@ from typing import Protocol
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.claim_writes import HealthSnapshot, HealthStatus, claim_status_entries
-from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice
+from dra_driver.core.prepare import ClaimOperation, MpsInMig, MpsShare, PlannedDevice
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter
 from dra_driver.k8s.events import NORMAL, WARNING, EventRecorder, InvolvedObject, now_rfc3339
 from dra_driver.k8s.rest import JsonObj
@@ -108,11 +108,13 @@ def _matches(device: PlannedDevice, device_name: str, gpu_uuid: str) -> bool:
 
 def _mps_on(device: PlannedDevice, gpu_uuid: str) -> bool:
     """An MPS share served by the daemon for ``gpu_uuid``: a GPU's, or a MIG instance's."""
-    if device.mode is not Mode.MPS:
-        return False
-    if device.mig is not None:
-        return device.mig.mig_uuid == gpu_uuid
-    return device.gpu_uuid == gpu_uuid
+    match device:
+        case MpsInMig(mig=mig):
+            return mig.mig_uuid == gpu_uuid
+        case MpsShare():
+            return device.gpu_uuid == gpu_uuid
+        case _:
+            return False
 
 
 class ClaimReporter:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from dra_driver.base.errors import DriverError
 from dra_driver.core.ports import GpuBackend
-from dra_driver.core.prepare import owned_shares
+from dra_driver.core.prepare import mig_of, owned_shares
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.plugin.cdi_store import CdiStore
@@ -65,14 +65,15 @@ async def _destroy_mig_devices(
         report.problems.append(f"GPU discovery: {err}")
         return
     for device in (d for claim in claims for d in claim.devices):
-        mig = device.mig
-        if mig is None or not mig.created or mig.gi_id is None or mig.mig_uuid not in existing:
+        mig = mig_of(device)
+        ids = mig.instance if mig is not None and mig.created else None
+        if ids is None or ids.uuid not in existing:
             continue  # not ours, or already gone
         try:
-            await backend.destroy_mig_device(device.gpu_uuid, mig.gi_id)
-            report.mig_destroyed.append(mig.mig_uuid)
+            await backend.destroy_mig_device(device.gpu_uuid, ids.gi_id)
+            report.mig_destroyed.append(ids.uuid)
         except DriverError as err:
-            report.problems.append(f"MIG device {mig.mig_uuid}: {err}")
+            report.problems.append(f"MIG device {ids.uuid}: {err}")
 
 
 async def _release_shares(

@@ -48,10 +48,13 @@ from dra_driver.core.ports import ClaimSource
 from dra_driver.core.prepare import (
     ClaimOperation,
     DriverObserver,
-    Mode,
+    MigInstance,
+    MpsInMig,
+    MpsShare,
     NodeContext,
     PlannedDevice,
     error_reason,
+    mig_of,
     notify,
     owned_shares,
     plan_prepare,
@@ -147,7 +150,7 @@ def _settle(
 
 
 def _needs_effects(entry: CheckpointClaim) -> bool:
-    return any(d.mode in (Mode.MPS, Mode.MIG) for d in entry.devices)
+    return any(isinstance(d, MpsShare | MpsInMig | MigInstance) for d in entry.devices)
 
 
 def _unique(refs: Sequence[ClaimRef]) -> list[ClaimRef]:
@@ -488,7 +491,7 @@ class Driver:
 
         MPS shares need none here: the mps-agent serialises each GPU's daemon. An MPS
         share inside a MIG instance may create the instance, so it takes its GPU's."""
-        gpus = sorted({d.gpu_uuid for d in devices if d.mode is Mode.MIG or d.mig is not None})
+        gpus = sorted({d.gpu_uuid for d in devices if mig_of(d) is not None})
         async with contextlib.AsyncExitStack() as stack:
             for gpu in gpus:
                 await stack.enter_async_context(self._gpu_lock.setdefault(gpu, asyncio.Lock()))

@@ -59,8 +59,12 @@ from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement
 from dra_driver.core.ports import GpuBackend
 from dra_driver.core.prepare import (
     DmemHookSettings,
-    Mode,
+    MigInstance,
+    MigInstanceIds,
+    MigPlan,
+    MpsInMig,
     MpsNamespace,
+    MpsShare,
     PlannedDevice,
     leftover_mig_instances,
     mps_daemon_conflict,
@@ -143,24 +147,29 @@ class Enforcer:
         if conflict is not None:
             raise AllocationError(claim, conflict)
         shares: dict[MpsNamespace, ContainerEdits] = {}
-        instances: dict[str, tuple[PlannedDevice, ContainerEdits]] = {}
+        instances: dict[str, tuple[MpsInMig, ContainerEdits]] = {}
         try:
             for i, device in enumerate(devices):
+                applied: PlannedDevice
                 extra: ContainerEdits | None
-                if device.mode is Mode.MPS and device.mig is not None:
-                    namespace = namespace_of(namespaces, device)
-                    applied, extra = await self._mig_share(claim, device, namespace, instances)
-                elif device.mode is Mode.MPS:
-                    # All of a claim's shares of one GPU are one MPS namespace:
-                    # a container sees one pipe directory.
-                    namespace = namespace_of(namespaces, device)
-                    if namespace not in shares:
-                        shares[namespace] = await self._ensure_share(
-                            claim, namespace, namespace.gpu_uuid
-                        )
-                    applied, extra = device, shares[namespace]
-                else:
-                    applied, extra = await self._apply_one(device)
+                match device:
+                    case MpsInMig():
+                        namespace = namespace_of(namespaces, device)
+                        applied, extra = await self._mig_share(claim, device, namespace, instances)
+                    case MpsShare():
+                        # All of a claim's shares of one GPU are one MPS namespace:
+                        # a container sees one pipe directory.
+                        namespace = namespace_of(namespaces, device)
+                        if namespace not in shares:
+                            shares[namespace] = await self._ensure_share(
+                                claim, namespace, namespace.gpu_uuid
+                            )
+                        applied, extra = device, shares[namespace]
+                    case MigInstance():
+                        plan, _, extra = await self._instance(device.gpu_uuid, device.mig)
+                        applied = dataclasses.replace(device, mig=plan)
+                    case _:
+                        applied, extra = device, None  # the plan's edits are all it needs
                 done.append(applied)
                 if extra is not None:
                     # Ours first: its explicit numbers win over the plan's node.
@@ -180,17 +189,21 @@ class Enforcer:
         destroyed: set[tuple[str, int]] = set()
         for device in devices:
             try:
-                if device.mode is Mode.MPS and device.mig is not None:
-                    namespace = namespace_of(namespaces, device)
-                    await self._release_mig_share(device, namespace, released, destroyed)
-                elif device.mode is Mode.MPS:
-                    namespace = namespace_of(namespaces, device)
-                    if self.mps is not None and device.gpu_uuid not in released:
-                        released.add(device.gpu_uuid)
-                        if namespace.key is not None:
-                            await self.mps.release_share(device.gpu_uuid, namespace.key)
-                else:
-                    await self._release_one(device)
+                match device:
+                    case MpsInMig():
+                        namespace = namespace_of(namespaces, device)
+                        await self._release_mig_share(device, namespace, released, destroyed)
+                    case MpsShare():
+                        namespace = namespace_of(namespaces, device)
+                        if self.mps is not None and device.gpu_uuid not in released:
+                            released.add(device.gpu_uuid)
+                            if namespace.key is not None:
+                                await self.mps.release_share(device.gpu_uuid, namespace.key)
+                    case MigInstance(mig=MigPlan(created=True, instance=MigInstanceIds() as ids)):
+                        await self.backend.destroy_mig_device(device.gpu_uuid, ids.gi_id)
+                        log.info("destroyed MIG device %s on %s", ids.uuid, device.gpu_uuid)
+                    case _:
+                        pass  # nothing to undo: no side effect was ours
             except DriverError as err:
                 failures.append(str(err))
                 log.error("claim %s: releasing %s failed: %s", claim, device.device_name, err)
@@ -213,13 +226,6 @@ class Enforcer:
                     share.claim_uid,
                 )
         return released
-
-    async def _apply_one(
-        self, device: PlannedDevice
-    ) -> tuple[PlannedDevice, ContainerEdits | None]:
-        if device.mode is Mode.MIG:
-            return await self._mig(device)
-        return device, None
 
     # --- MPS -------------------------------------------------------------------
 
@@ -256,29 +262,27 @@ class Enforcer:
     async def _mig_share(
         self,
         claim: ClaimRef,
-        device: PlannedDevice,
+        device: MpsInMig,
         namespace: MpsNamespace,
-        instances: dict[str, tuple[PlannedDevice, ContainerEdits]],
-    ) -> tuple[PlannedDevice, ContainerEdits]:
+        instances: dict[str, tuple[MpsInMig, ContainerEdits]],
+    ) -> tuple[MpsInMig, ContainerEdits]:
         """A share inside a MIG instance: the instance (made if it does not exist yet),
         then the claim's namespace at the daemon for that instance (one per claim and
         instance, selected by the instance's UUID); the container gets both edits."""
         seen = instances.get(device.device_name)
         if seen is None:
-            applied, mig_edits = await self._mig(device)
-            assert applied.mig is not None and applied.mig.mig_uuid is not None
-            share_edits = await self._ensure_share(claim, namespace, applied.mig.mig_uuid)
-            seen = applied, merge_edits(share_edits, mig_edits)
+            plan, ids, mig_edits = await self._instance(device.gpu_uuid, device.mig)
+            share_edits = await self._ensure_share(claim, namespace, ids.uuid)
+            seen = dataclasses.replace(device, mig=plan), merge_edits(share_edits, mig_edits)
             instances[device.device_name] = seen
             return seen
         # A second share of the same instance in this claim: same instance and namespace.
         first, edits = seen
-        assert first.mig is not None
         return dataclasses.replace(device, mig=dataclasses.replace(first.mig, created=False)), edits
 
     async def _release_mig_share(
         self,
-        device: PlannedDevice,
+        device: MpsInMig,
         namespace: MpsNamespace,
         released: set[str],
         destroyed: set[tuple[str, int]],
@@ -288,18 +292,20 @@ class Enforcer:
         one to (``created``: it made the instance, or inherited it, and no other
         prepared claim holds a share of it; see :mod:`dra_driver.state.mig_shares`)."""
         mig = device.mig
-        assert mig is not None
-        if self.mps is not None and mig.mig_uuid is not None and mig.mig_uuid not in released:
-            released.add(mig.mig_uuid)
+        ids = mig.instance
+        if ids is None:
+            return  # never made: nothing to release or destroy
+        if self.mps is not None and ids.uuid not in released:
+            released.add(ids.uuid)
             if namespace.key is not None:
-                await self.mps.release_share(mig.mig_uuid, namespace.key)
-        instance = (device.gpu_uuid, mig.gi_id) if mig.gi_id is not None else None
-        if mig.created and instance is not None and instance not in destroyed:
+                await self.mps.release_share(ids.uuid, namespace.key)
+        instance = (device.gpu_uuid, ids.gi_id)
+        if mig.created and instance not in destroyed:
             destroyed.add(instance)
-            await self.backend.destroy_mig_device(device.gpu_uuid, instance[1])
+            await self.backend.destroy_mig_device(device.gpu_uuid, ids.gi_id)
             log.info(
                 "destroyed MIG device %s on %s after its last MPS share",
-                mig.mig_uuid,
+                ids.uuid,
                 device.gpu_uuid,
             )
 
@@ -311,45 +317,35 @@ class Enforcer:
                 return gpu
         raise InventoryError(f"GPU {uuid} is no longer on this node")
 
-    async def _mig(self, device: PlannedDevice) -> tuple[PlannedDevice, ContainerEdits]:
-        plan = device.mig
-        assert plan is not None
-        gpu = self._gpu(device.gpu_uuid)
-        if plan.mig_uuid is None:
+    async def _instance(
+        self, gpu_uuid: GpuUUID, plan: MigPlan
+    ) -> tuple[MigPlan, MigInstanceIds, ContainerEdits]:
+        """The MIG instance ``plan`` names (made now if it does not exist yet): the plan
+        as it is then, the instance's ids, and the container edits that reach it."""
+        gpu = self._gpu(gpu_uuid)
+        ids = plan.instance
+        if ids is None:
             placement = MigPlacement(plan.placement_start, plan.placement_size)
             created = await self.backend.create_mig_device(gpu.uuid, plan.profile_id, placement)
-            plan = dataclasses.replace(
-                plan,
-                mig_uuid=created.uuid,
-                gi_id=created.gi_id,
-                ci_id=created.ci_id,
-                created=True,
-            )
-            device = dataclasses.replace(device, mig=plan)
+            ids = MigInstanceIds(created.uuid, created.gi_id, created.ci_id)
+            plan = dataclasses.replace(plan, instance=ids, created=True)
             log.info("created MIG device %s (%s) on %s", created.uuid, plan.profile_name, gpu.uuid)
-        assert plan.gi_id is not None and plan.ci_id is not None and plan.mig_uuid is not None
         mig = MigDevice(
-            uuid=MigUUID(plan.mig_uuid),
-            gi_id=plan.gi_id,
-            ci_id=plan.ci_id,
+            uuid=MigUUID(ids.uuid),
+            gi_id=ids.gi_id,
+            ci_id=ids.ci_id,
             profile_id=plan.profile_id,
             profile_name=plan.profile_name,
             placement=MigPlacement(plan.placement_start, plan.placement_size),
             memory_mib=0,
         )
-        return device, mig_device_edits(gpu, mig, self._caps(gpu, plan.gi_id, plan.ci_id))
+        return plan, ids, mig_device_edits(gpu, mig, self._caps(gpu, ids.gi_id, ids.ci_id))
 
     def _caps(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> tuple[CapNode, CapNode]:
         if self.mig_caps is not None:
             return self.mig_caps.cap_nodes(gpu.minor, gi_id, ci_id)
         # Fake backend: stand-ins with /dev/null's numbers at distinct paths.
         return fake_cap_nodes(gpu.minor, gi_id, ci_id)
-
-    async def _release_one(self, device: PlannedDevice) -> None:
-        if device.mode is Mode.MIG and device.mig is not None and device.mig.created:
-            assert device.mig.gi_id is not None
-            await self.backend.destroy_mig_device(device.gpu_uuid, device.mig.gi_id)
-            log.info("destroyed MIG device %s on %s", device.mig.mig_uuid, device.gpu_uuid)
 
     async def destroy_leftover(self, devices: Sequence[PlannedDevice]) -> None:
         """After a crash: destroy instances a half-done prepare may have created.

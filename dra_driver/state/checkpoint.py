@@ -3,7 +3,7 @@
 Our own versioned schema (never upstream types, whose new fields would change
 the checksum). The file is::
 
-    {"kind": "FractionalGpuDraCheckpoint", "version": 1,
+    {"kind": "FractionalGpuDraCheckpoint", "version": 2,
      "checksum": "sha256:<hex of the canonical JSON of data>",
      "data": {"bootId": "...", "claims": {"<uid>": {...}}}}
 
@@ -17,8 +17,10 @@ checkpoint from another boot is read as empty.
 Decoding is lenient about unknown fields (a newer driver may add some and a
 downgrade must still read the file) and strict about the checksum and about
 the values it interprets: a new ``state`` or ``mode`` value is a schema change,
-so a release that adds one bumps ``VERSION`` and converts older files forward;
-an older driver then says which release wrote the file instead of guessing.
+so a release that adds one bumps ``VERSION`` and converts older files forward
+(:data:`DEVICE_READERS`: version 1 files are read as the device variants of
+version 2); an older driver then says which release wrote the file instead of
+guessing.
 """
 
 from __future__ import annotations
@@ -28,19 +30,29 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_driver.base.errors import CheckpointCorruptError, CheckpointError
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.prepare import DeviceUse, MigPlan, Mode, PlannedDevice, ShareLimits
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName
+from dra_driver.core.prepare import HeldDevice, PlannedDevice
+from dra_driver.state.checkpoint_devices import device_from_json, device_from_v1, device_to_json
 from dra_driver.state.files import atomic_write
 
 log = logging.getLogger(__name__)
 
 KIND = "FractionalGpuDraCheckpoint"
-VERSION = 1
+VERSION = 2
+"""The format this driver writes. 2: each device's ``mode`` names its variant
+(:mod:`dra_driver.state.checkpoint_devices`); 1: one record for every mode."""
+
+DEVICE_READERS: Mapping[int, Callable[[Mapping[str, Any]], PlannedDevice]] = {
+    1: device_from_v1,
+    2: device_from_json,
+}
+"""The formats this driver reads, each with its device reader: version 1 files (of
+earlier releases) are read forward, and written as version 2 by the next save."""
 
 
 class ClaimState(enum.StrEnum):
@@ -70,69 +82,16 @@ class Checkpoint:
     def without(self, *uids: ClaimUID) -> Checkpoint:
         return replace(self, claims={u: c for u, c in self.claims.items() if u not in uids})
 
-    def device_uses(self) -> dict[DeviceName, list[DeviceUse]]:
-        """Devices held by recorded claims, for the plan's double-use check."""
-        uses: dict[DeviceName, list[DeviceUse]] = {}
+    def device_uses(self) -> dict[DeviceName, list[HeldDevice]]:
+        """Devices held by recorded claims, for the plan's guards."""
+        uses: dict[DeviceName, list[HeldDevice]] = {}
         for claim in self.claims.values():
             for device in claim.devices:
-                uses.setdefault(device.device_name, []).append(
-                    DeviceUse(
-                        claim_uid=claim.ref.uid,
-                        mode=device.mode,
-                        memory_bytes=device.limits.memory_bytes if device.limits else 0,
-                        mig=device.mig if device.mode is Mode.MPS else None,
-                    )
-                )
+                uses.setdefault(device.device_name, []).append(HeldDevice(claim.ref.uid, device))
         return uses
 
 
 # --- encoding -----------------------------------------------------------------
-
-
-def _device_to_json(d: PlannedDevice) -> dict[str, Any]:
-    extra = {"grantShareID": d.grant_share_id} if d.grant_share_id else {}
-    return {
-        **extra,
-        "requestNames": list(d.request_names),
-        "poolName": d.pool_name,
-        "deviceName": d.device_name,
-        "shareID": d.share_id,
-        "gpuUUID": d.gpu_uuid,
-        "mode": d.mode.value,
-        "cdiDeviceIDs": list(d.cdi_device_ids),
-        "limits": (
-            {"memoryBytes": d.limits.memory_bytes, "computePercent": d.limits.compute_percent}
-            if d.limits is not None
-            else None
-        ),
-        "mig": _mig_to_json(d.mig) if d.mig is not None else None,
-    }
-
-
-def _mig_to_json(m: MigPlan) -> dict[str, Any]:
-    return {
-        "profileID": m.profile_id,
-        "profileName": m.profile_name,
-        "placementStart": m.placement_start,
-        "placementSize": m.placement_size,
-        "migUUID": m.mig_uuid,
-        "giID": m.gi_id,
-        "ciID": m.ci_id,
-        "created": m.created,
-    }
-
-
-def _mig_from_json(raw: Mapping[str, Any]) -> MigPlan:
-    return MigPlan(
-        profile_id=int(raw["profileID"]),
-        profile_name=str(raw["profileName"]),
-        placement_start=int(raw["placementStart"]),
-        placement_size=int(raw["placementSize"]),
-        mig_uuid=raw.get("migUUID"),
-        gi_id=raw.get("giID"),
-        ci_id=raw.get("ciID"),
-        created=bool(raw.get("created", False)),
-    )
 
 
 def _claim_to_json(c: CheckpointClaim) -> dict[str, Any]:
@@ -141,7 +100,7 @@ def _claim_to_json(c: CheckpointClaim) -> dict[str, Any]:
         "name": c.ref.name,
         "uid": c.ref.uid,
         "state": c.state.value,
-        "devices": [_device_to_json(d) for d in c.devices],
+        "devices": [device_to_json(d) for d in c.devices],
         "cdiSpecFile": c.cdi_spec_file,
         "cdiSpec": c.cdi_spec,
     }
@@ -186,30 +145,13 @@ def encode(checkpoint: Checkpoint, fragments: Fragments | None = None) -> bytes:
     return head + data + tail
 
 
-def _device_from_json(raw: Mapping[str, Any]) -> PlannedDevice:
-    return PlannedDevice(
-        request_names=tuple(raw.get("requestNames") or ()),
-        pool_name=PoolName(raw["poolName"]),
-        device_name=DeviceName(raw["deviceName"]),
-        share_id=raw.get("shareID"),
-        gpu_uuid=GpuUUID(raw.get("gpuUUID") or ""),
-        mode=Mode(raw.get("mode", Mode.EXCLUSIVE.value)),
-        cdi_device_ids=tuple(raw.get("cdiDeviceIDs") or ()),
-        limits=(
-            ShareLimits(int(limits["memoryBytes"]), int(limits["computePercent"]))
-            if (limits := raw.get("limits"))
-            else None
-        ),
-        mig=_mig_from_json(mig) if (mig := raw.get("mig")) else None,
-        grant_share_id=raw.get("grantShareID"),
-    )
-
-
-def _claim_from_json(raw: Mapping[str, Any]) -> CheckpointClaim:
+def _claim_from_json(
+    raw: Mapping[str, Any], device_from_json: Callable[[Mapping[str, Any]], PlannedDevice]
+) -> CheckpointClaim:
     return CheckpointClaim(
         ref=ClaimRef(raw["namespace"], raw["name"], ClaimUID(raw["uid"])),
         state=ClaimState(raw["state"]),
-        devices=tuple(_device_from_json(d) for d in raw.get("devices") or ()),
+        devices=tuple(device_from_json(d) for d in raw.get("devices") or ()),
         cdi_spec_file=raw.get("cdiSpecFile"),
         cdi_spec=raw.get("cdiSpec"),
     )
@@ -227,10 +169,15 @@ def decode(blob: bytes, where: str) -> Checkpoint:
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise CheckpointCorruptError(f"checkpoint {where} is not a {KIND} document; {fix}")
     version = doc.get("version")
-    if version != VERSION:
+    devices = DEVICE_READERS.get(version) if isinstance(version, int) else None
+    if devices is None:
+        later = isinstance(version, int) and version > VERSION
         raise CheckpointError(
-            f"checkpoint {where} has version {version!r}; this driver reads version {VERSION}. "
-            "It was written by a different driver release: roll back to it, or " + fix
+            f"checkpoint {where} has version {version!r}; this driver reads versions "
+            f"{', '.join(map(str, sorted(DEVICE_READERS)))}. It was written by "
+            + ("a later driver release: run that release again" if later else "another driver")
+            + ", or "
+            + fix
         )
     data = doc.get("data")
     if not isinstance(data, dict):
@@ -243,7 +190,8 @@ def decode(blob: bytes, where: str) -> Checkpoint:
         )
     try:
         claims = {
-            ClaimUID(uid): _claim_from_json(raw) for uid, raw in (data.get("claims") or {}).items()
+            ClaimUID(uid): _claim_from_json(raw, devices)
+            for uid, raw in (data.get("claims") or {}).items()
         }
         return Checkpoint(boot_id=str(data.get("bootId", "")), claims=claims)
     except (AttributeError, KeyError, TypeError, ValueError) as err:

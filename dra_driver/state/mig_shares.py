@@ -25,15 +25,17 @@ from __future__ import annotations
 import dataclasses
 
 from dra_driver.base.ids import DeviceName, GpuUUID
-from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
+from dra_driver.core.prepare import MigPlan, MpsInMig, PlannedDevice
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim
 
 
 def _instance_key(device: PlannedDevice) -> tuple[GpuUUID, DeviceName] | None:
     """(GPU, MIG device name) of an MPS share inside a MIG instance; None otherwise."""
-    if device.mode is not Mode.MPS or device.mig is None:
-        return None
-    return device.gpu_uuid, device.device_name
+    match device:
+        case MpsInMig():
+            return device.gpu_uuid, device.device_name
+        case _:
+            return None
 
 
 def hand_over(leaving: CheckpointClaim, rest: Checkpoint) -> tuple[CheckpointClaim, Checkpoint]:
@@ -48,41 +50,39 @@ def hand_over(leaving: CheckpointClaim, rest: Checkpoint) -> tuple[CheckpointCla
     devices = list(leaving.devices)
     claims = dict(rest.claims)
     for i, device in enumerate(devices):
-        key = _instance_key(device)
-        if key is None or device.mig is None:
+        if not isinstance(device, MpsInMig):
             continue
+        key = _instance_key(device)
         holders = [
-            (uid, j)
+            (uid, j, other)
             for uid, claim in sorted(claims.items())
             for j, other in enumerate(claim.devices)
-            if _instance_key(other) == key
+            if isinstance(other, MpsInMig) and _instance_key(other) == key
         ]
         if not holders:
             continue  # the last one: it destroys the instance if it (or a predecessor) made it
-        known = next(
-            (m for uid, j in holders if (m := claims[uid].devices[j].mig) and m.mig_uuid), None
-        )
+        known = next((o.mig for _, _, o in holders if o.mig.instance is not None), None)
         if device.mig.created:
-            for uid, j in holders:
-                claims[uid] = _with_mig(claims[uid], j, _inherit(claims[uid].devices[j], device))
+            for uid, j, other in holders:
+                inherited = dataclasses.replace(other, mig=_inherit(other, device))
+                claims[uid] = _with_device(claims[uid], j, inherited)
         mine = device.mig
-        if mine.mig_uuid is None and known is not None:
+        if mine.instance is None and known is not None:
             mine = dataclasses.replace(known, created=False)
         devices[i] = dataclasses.replace(device, mig=dataclasses.replace(mine, created=False))
     handed = dataclasses.replace(leaving, devices=tuple(devices))
     return handed, dataclasses.replace(rest, claims=claims)
 
 
-def _inherit(holder: PlannedDevice, leaving: PlannedDevice) -> MigPlan:
+def _inherit(holder: MpsInMig, leaving: MpsInMig) -> MigPlan:
     """The holder's instance, now marked as ours to destroy."""
-    assert holder.mig is not None and leaving.mig is not None
-    mig = holder.mig if holder.mig.mig_uuid is not None else leaving.mig
+    mig = holder.mig if holder.mig.instance is not None else leaving.mig
     return dataclasses.replace(mig, created=True)
 
 
-def _with_mig(claim: CheckpointClaim, index: int, mig: MigPlan) -> CheckpointClaim:
+def _with_device(claim: CheckpointClaim, index: int, device: PlannedDevice) -> CheckpointClaim:
     devices = list(claim.devices)
-    devices[index] = dataclasses.replace(devices[index], mig=mig)
+    devices[index] = device
     return dataclasses.replace(claim, devices=tuple(devices))
 
 
@@ -94,15 +94,13 @@ def keep_handed_over(new: CheckpointClaim, current: CheckpointClaim | None) -> C
     inherited = {
         (d.device_name, d.share_id)
         for d in current.devices
-        if _instance_key(d) is not None and d.mig is not None and d.mig.created
+        if isinstance(d, MpsInMig) and d.mig.created
     }
     if not inherited:
         return new
     devices = tuple(
         dataclasses.replace(d, mig=dataclasses.replace(d.mig, created=True))
-        if d.mig is not None
-        and _instance_key(d) is not None
-        and (d.device_name, d.share_id) in inherited
+        if isinstance(d, MpsInMig) and (d.device_name, d.share_id) in inherited
         else d
         for d in new.devices
     )

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from dra_driver.app.plugin import Plugin, PluginConfig, PluginParts, start_plugin
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID
 from dra_driver.core.claim_writes import check_entry
 from dra_driver.core.health import DeviceHealth, Status
 from dra_driver.core.model import HealthEvent
-from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice
+from dra_driver.core.prepare import ClaimOperation, PlannedDevice
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
@@ -33,6 +33,7 @@ from tests.support.clock import Clock
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_config, agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+from tests.support.planned import exclusive
 
 pytestmark = pytest.mark.chart(())
 """The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
@@ -50,15 +51,7 @@ class HealthChange:
 
 
 OTHER = "net.example.com"
-GPU_0 = PlannedDevice(
-    request_names=("gpu",),
-    pool_name=PoolName(NODE),
-    device_name=DeviceName("gpu-0"),
-    share_id=None,
-    gpu_uuid=GpuUUID("GPU-0"),
-    mode=Mode.EXCLUSIVE,
-    cdi_device_ids=(),
-)
+GPU_0 = exclusive("gpu-0", pool=NODE, gpu="GPU-0")
 """gpu-0 of the node, whole, as a plan puts it."""
 
 

@@ -22,7 +22,13 @@ from dra_driver.base.errors import (
 )
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import ResourceClaim
-from dra_driver.core.prepare import ClaimOperation, DriverObserver, error_reason, notify
+from dra_driver.core.prepare import (
+    ClaimOperation,
+    DriverObserver,
+    MpsShare,
+    error_reason,
+    notify,
+)
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
@@ -97,7 +103,7 @@ def test_prepare_repeat_error_and_unprepare_are_reported(node_dirs: NodeDirs) ->
     first = recorder.ops[0]
     assert first.claim is not None and first.claim.ref == claim_ref(ok)
     assert [d.device_name for d in first.devices] == ["gpu-0"]
-    assert first.devices[0].limits is not None
+    assert isinstance(first.devices[0], MpsShare)
     assert first.devices[0].limits.memory_bytes == 60 * 2**30
     assert all(o.seconds >= 0 for o in recorder.ops)
     big = next(o for o in recorder.ops if o.ref.name == "big")

@@ -8,9 +8,9 @@ import os
 from typing import Any
 
 from dra_driver.app.plugin import PluginParts, start_plugin
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import MigPlacement
-from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
+from dra_driver.core.prepare import MigInstance
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
@@ -19,6 +19,7 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
 from tests.support.mps import agent_config, agent_running, mps_parts
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+from tests.support.planned import mig_instance, mig_plan
 
 
 def spec_of(dirs: NodeDirs, uid: str) -> Any:
@@ -153,7 +154,7 @@ def test_mig_device_created_at_prepare_and_destroyed_at_unprepare(node_dirs: Nod
             assert (created.profile_id, created.placement) == (19, MigPlacement(3, 1))
             store = CheckpointStore(os.path.join(node_dirs.plugin, "checkpoint.json"), "boot-1")
             (device,) = store.load().claims[ref.uid].devices
-            assert device.mig is not None and device.mig.created
+            assert isinstance(device, MigInstance) and device.mig.created
             assert device.mig.mig_uuid == created.uuid
             (cdi_device,) = spec_of(node_dirs, ref.uid)["devices"]
             paths = [n["path"] for n in cdi_device["containerEdits"]["deviceNodes"]]
@@ -183,15 +184,11 @@ def test_instance_of_a_prepare_that_died_is_destroyed_at_start(node_dirs: NodeDi
             ref=ClaimRef("ns", "crashed", uid),
             state=ClaimState.PREPARE_STARTED,
             devices=(
-                PlannedDevice(
-                    request_names=("gpu",),
-                    pool_name=PoolName(NODE),
-                    device_name=DeviceName("gpu-0-mig-1g10gb-19-3"),
-                    share_id=None,
-                    gpu_uuid=GpuUUID(gpu.uuid),
-                    mode=Mode.MIG,
-                    cdi_device_ids=(),
-                    mig=MigPlan(19, "1g.10gb", 3, 1),
+                mig_instance(
+                    "gpu-0-mig-1g10gb-19-3",
+                    pool=NODE,
+                    gpu=gpu.uuid,
+                    mig=mig_plan(19, "1g.10gb", 3, 1),
                 ),
             ),
         )

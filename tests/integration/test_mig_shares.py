@@ -22,7 +22,7 @@ import pytest
 from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import MigPlacement
-from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
+from dra_driver.core.prepare import MpsInMig, mig_of
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -35,6 +35,7 @@ from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
 from tests.support.mps import agent_running, gpu_dir
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+from tests.support.planned import mig_plan, mps_in_mig
 
 GIB = 2**30
 PARTITION = "gpu-0-mig-1g10gb-19-3"  # a free placement: made by the first prepare
@@ -143,9 +144,9 @@ def test_two_claims_share_an_instance_made_on_demand(node_dirs: NodeDirs, togeth
                     _assert_instance_and_namespace(node_dirs, ref.uid, shares[ref.uid].pipe_dir)
                 store = _checkpoint(node_dirs)
                 created = {
-                    uid: claim.devices[0].mig.created
+                    uid: mig.created
                     for uid, claim in store.load().claims.items()
-                    if claim.devices[0].mig is not None
+                    if (mig := mig_of(claim.devices[0])) is not None
                 }
                 assert created == {refs[0].uid: True, refs[1].uid: together}
 
@@ -155,7 +156,7 @@ def test_two_claims_share_an_instance_made_on_demand(node_dirs: NodeDirs, togeth
                 assert (await backend.inventory()).gpus[0].mig_devices == (instance,)
                 assert [s.claim_uid for s in await client.list_shares()] == [refs[1].uid]
                 (left,) = store.load().claims.values()
-                assert left.devices[0].mig is not None and left.devices[0].mig.created
+                assert isinstance(left.devices[0], MpsInMig) and left.devices[0].mig.created
                 assert (await plugin.unprepare(refs[1:2]))[refs[1].uid] == ""
                 assert (await backend.inventory()).gpus[0].mig_devices == ()
                 assert await client.list_shares() == []
@@ -213,17 +214,16 @@ def test_a_share_rolled_back_at_start_hands_the_instance_to_the_kept_one(
     async def scenario() -> None:
         gpu = (await backend.inventory()).gpus[0]
         made = await backend.create_mig_device(gpu.uuid, 19, MigPlacement(3, 1))
-        mig = MigPlan(19, "1g.10gb", 3, 1, made.uuid, made.gi_id, made.ci_id, created=True)
+        mig = mig_plan(
+            19, "1g.10gb", 3, 1, uuid=made.uuid, gi_id=made.gi_id, ci_id=made.ci_id, created=True
+        )
 
         def entry(uid: str, state: ClaimState, created: bool) -> CheckpointClaim:
-            device = PlannedDevice(
-                request_names=("gpu",),
-                pool_name=NODE,  # type: ignore[arg-type]
-                device_name=PARTITION,  # type: ignore[arg-type]
+            device = mps_in_mig(
+                PARTITION,
+                pool=NODE,
+                gpu=gpu.uuid,
                 share_id=f"share-{uid[-4:]}",
-                gpu_uuid=gpu.uuid,
-                mode=Mode.MPS,
-                cdi_device_ids=(),
                 mig=dataclasses.replace(mig, created=created),
             )
             return CheckpointClaim(ClaimRef("ns", uid[-4:], ClaimUID(uid)), state, (device,))
@@ -238,7 +238,7 @@ def test_a_share_rolled_back_at_start_hands_the_instance_to_the_kept_one(
             assert (await backend.inventory()).gpus[0].mig_devices == (made,)
             (left,) = store.load().claims.values()
             assert left.ref.uid == kept.ref.uid
-            assert left.devices[0].mig is not None and left.devices[0].mig.created
+            assert isinstance(left.devices[0], MpsInMig) and left.devices[0].mig.created
         finally:
             await runtime.stop()
 

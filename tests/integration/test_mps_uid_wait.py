@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from dra_driver.app.plugin import PluginParts, start_plugin
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.prepare import Mode, PlannedDevice
+from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.core.prepare import PlannedDevice
 from dra_driver.core.settings import NodeSettings
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
@@ -44,6 +44,7 @@ from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import agent_running, gpu_dir
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+from tests.support.planned import exclusive, mps_share
 
 pytestmark = pytest.mark.chart(())
 """The plugin runs as its ServiceAccount under the chart's RBAC and admission policies."""
@@ -215,18 +216,6 @@ def test_a_uid_wait_is_a_warning_on_node_and_claims_until_it_clears(
 GPU = "GPU-0"
 
 
-def planned(device: str, gpu: str, mode: Mode = Mode.MPS) -> PlannedDevice:
-    return PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName(NODE),
-        device_name=DeviceName(device),
-        share_id="s" if mode is Mode.MPS else None,
-        gpu_uuid=GpuUUID(gpu),
-        mode=mode,
-        cdi_device_ids=(),
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     ref: ClaimRef
@@ -292,10 +281,10 @@ def test_only_claims_whose_share_waits_are_told_when_the_uids_are_known(
     observer = reporter(api, Clock())
     observer.remember(
         [
-            Prepared(refs["a"], (planned("gpu-0", GPU),)),
-            Prepared(refs["b"], (planned("gpu-0", GPU),)),
-            Prepared(refs["c"], (planned("gpu-1", "GPU-1"),)),
-            Prepared(refs["d"], (planned("gpu-0", GPU, Mode.EXCLUSIVE),)),
+            Prepared(refs["a"], (mps_share("gpu-0", gpu=GPU, pool=NODE),)),
+            Prepared(refs["b"], (mps_share("gpu-0", gpu=GPU, pool=NODE),)),
+            Prepared(refs["c"], (mps_share("gpu-1", gpu="GPU-1", pool=NODE),)),
+            Prepared(refs["d"], (exclusive("gpu-0", gpu=GPU, pool=NODE),)),
         ]
     )
     source = Shares([share_info("uid-a", 0), share_info("uid-b", 1000)])

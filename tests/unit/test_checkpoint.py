@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -16,16 +15,8 @@ from typing import Any
 import pytest
 
 from dra_driver.base.errors import CheckpointCorruptError, CheckpointError
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.prepare import (
-    DeviceUse,
-    MigPlan,
-    Mode,
-    PlannedDevice,
-    ShareLimits,
-    mps_namespaces,
-    owned_shares,
-)
+from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName
+from dra_driver.core.prepare import HeldDevice, mps_namespaces, owned_shares
 from dra_driver.state.checkpoint import (
     Checkpoint,
     CheckpointClaim,
@@ -36,48 +27,37 @@ from dra_driver.state.checkpoint import (
 )
 from dra_driver.state.files import atomic_write, remove_if_exists, temp_name_for
 from dra_driver.state.locks import LockTimeoutError, NodeLock
+from tests.support.checkpoint_files import canonical_checksum, with_valid_checksum
+from tests.support.planned import admin, exclusive, mig_instance, mig_plan, mps_share, time_sliced
 
 BOOT = "8c1a5f3e-2b4d-4e6f-9a0b-1c2d3e4f5a6b"
 UID_A = ClaimUID("aaaaaaaa-0000-4000-8000-000000000001")
 UID_B = ClaimUID("bbbbbbbb-0000-4000-8000-000000000002")
 
 
-def device(name: str, mode: Mode = Mode.EXCLUSIVE, share_id: str | None = None) -> PlannedDevice:
-    return PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName("node-a"),
-        device_name=DeviceName(name),
-        share_id=share_id,
-        gpu_uuid=GpuUUID(f"GPU-{name}"),
-        mode=mode,
-        cdi_device_ids=(f"k8s.gpu.fractional.dev/claim={name}",),
-    )
+def cdi(name: str) -> tuple[str, ...]:
+    return (f"k8s.gpu.fractional.dev/claim={name}",)
 
 
 CLAIM_A = CheckpointClaim(
     ref=ClaimRef("ns", "a", UID_A),
     state=ClaimState.PREPARE_COMPLETED,
-    devices=(device("gpu-0"), device("gpu-1", Mode.SHARED, "s1")),
+    devices=(
+        exclusive("gpu-0", gpu="GPU-gpu-0", cdi=cdi("gpu-0")),
+        time_sliced("gpu-1", gpu="GPU-gpu-1", share_id="s1", cdi=cdi("gpu-1")),
+    ),
     cdi_spec_file=f"/var/run/cdi/k8s.gpu.fractional.dev-claim_{UID_A}.json",
     cdi_spec={"cdiVersion": "0.3.0", "kind": "k8s.gpu.fractional.dev/claim", "devices": []},
 )
 CLAIM_B = CheckpointClaim(
     ref=ClaimRef("ns", "b", UID_B),
     state=ClaimState.PREPARE_STARTED,
-    devices=(device("gpu-1", Mode.SHARED, "s2"), device("gpu-2", Mode.ADMIN)),
+    devices=(
+        time_sliced("gpu-1", gpu="GPU-gpu-1", share_id="s2", cdi=cdi("gpu-1")),
+        admin("gpu-2", gpu="GPU-gpu-2", cdi=cdi("gpu-2")),
+    ),
 )
 CHECKPOINT = Checkpoint(boot_id=BOOT).with_claim(CLAIM_A).with_claim(CLAIM_B)
-
-
-def canonical_checksum(data: dict[str, Any]) -> str:
-    """The checksum as the module docstring documents it, computed independently."""
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
-
-
-def with_valid_checksum(doc: dict[str, Any]) -> bytes:
-    doc["checksum"] = canonical_checksum(doc["data"])
-    return json.dumps(doc).encode()
 
 
 # --- encode / decode ----------------------------------------------------------------
@@ -97,7 +77,7 @@ def test_round_trip(checkpoint: Checkpoint) -> None:
 def test_encoding_is_the_documented_format() -> None:
     doc = json.loads(encode(CHECKPOINT))
     assert doc["kind"] == "FractionalGpuDraCheckpoint"
-    assert doc["version"] == 1
+    assert doc["version"] == 2
     assert doc["data"]["bootId"] == BOOT
     assert set(doc["data"]["claims"]) == {UID_A, UID_B}
     assert doc["checksum"] == canonical_checksum(doc["data"])
@@ -215,16 +195,30 @@ def test_schema_errors_are_corrupt_errors(data: dict[str, Any]) -> None:
         decode(blob, "cp.json")
 
 
-def test_unknown_version() -> None:
+def test_a_version_from_a_later_release_is_refused() -> None:
     doc = json.loads(encode(CHECKPOINT))
-    doc["version"] = 2
+    doc["version"] = 3
     with pytest.raises(CheckpointError) as info:
         decode(with_valid_checksum(doc), "/plugin/checkpoint.json")
-    # Not corruption: a different release wrote it, and the message says so.
+    # Not corruption: a later release wrote it, and the message says so and what to do.
     assert not isinstance(info.value, CheckpointCorruptError)
-    assert "version 2" in str(info.value)
-    assert "/plugin/checkpoint.json" in str(info.value)
-    assert "roll back" in str(info.value)
+    message = str(info.value)
+    assert "version 3" in message
+    assert "reads versions 1, 2" in message
+    assert "/plugin/checkpoint.json" in message
+    assert "a later driver release: run that release again" in message
+    assert "move /plugin/checkpoint.json aside and restart the plugin" in message
+
+
+@pytest.mark.parametrize("version", [0, "2", None], ids=["zero", "a-string", "none"])
+def test_a_version_no_release_wrote_is_refused(version: object) -> None:
+    doc = json.loads(encode(CHECKPOINT))
+    doc["version"] = version
+    with pytest.raises(CheckpointError) as info:
+        decode(with_valid_checksum(doc), "/plugin/checkpoint.json")
+    assert f"version {version!r}" in str(info.value)
+    assert "later driver release" not in str(info.value)
+    assert "move /plugin/checkpoint.json aside" in str(info.value)
 
 
 # --- the store ------------------------------------------------------------------------
@@ -292,9 +286,12 @@ def test_unreadable_path_is_checkpoint_error(tmp_path: Path) -> None:
 
 def test_device_uses() -> None:
     assert CHECKPOINT.device_uses() == {
-        DeviceName("gpu-0"): [DeviceUse(UID_A, Mode.EXCLUSIVE)],
-        DeviceName("gpu-1"): [DeviceUse(UID_A, Mode.SHARED), DeviceUse(UID_B, Mode.SHARED)],
-        DeviceName("gpu-2"): [DeviceUse(UID_B, Mode.ADMIN)],
+        DeviceName("gpu-0"): [HeldDevice(UID_A, CLAIM_A.devices[0])],
+        DeviceName("gpu-1"): [
+            HeldDevice(UID_A, CLAIM_A.devices[1]),
+            HeldDevice(UID_B, CLAIM_B.devices[0]),
+        ],
+        DeviceName("gpu-2"): [HeldDevice(UID_B, CLAIM_B.devices[1])],
     }
     assert Checkpoint(boot_id=BOOT).device_uses() == {}
 
@@ -457,24 +454,14 @@ def test_lock_timeout(tmp_path: Path) -> None:
 
 
 def test_limits_and_mig_plans_round_trip() -> None:
-    mps = PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName("node-a"),
-        device_name=DeviceName("gpu-0"),
-        share_id="4f2a",
-        gpu_uuid=GpuUUID("GPU-1"),
-        mode=Mode.MPS,
-        cdi_device_ids=("k/claim=x",),
-        limits=ShareLimits(memory_bytes=10 * 2**30, compute_percent=25),
-    )
-    mig = dataclasses.replace(
-        mps,
-        device_name=DeviceName("gpu-1-mig-1g10gb-19-3"),
-        share_id=None,
-        mode=Mode.MIG,
-        limits=None,
-        mig=MigPlan(19, "1g.10gb", 3, 1, "MIG-abc", 2, 0),
-    )
+    mps = mps_share(
+        "gpu-0", gpu="GPU-1", share_id="4f2a", memory_bytes=10 * 2**30, compute_percent=25,
+        cdi=("k/claim=x",),
+    )  # fmt: skip
+    mig = mig_instance(
+        "gpu-1-mig-1g10gb-19-3", gpu="GPU-1", cdi=("k/claim=x",),
+        mig=mig_plan(19, "1g.10gb", 3, 1, uuid="MIG-abc", gi_id=2, ci_id=0),
+    )  # fmt: skip
     checkpoint = Checkpoint(
         boot_id=BOOT,
         claims={UID_A: CheckpointClaim(ref=ClaimRef("n", "a", UID_A),
@@ -482,7 +469,7 @@ def test_limits_and_mig_plans_round_trip() -> None:
     )  # fmt: skip
     assert decode(encode(checkpoint), "cp.json") == checkpoint
     uses = checkpoint.device_uses()
-    assert uses[DeviceName("gpu-0")] == [DeviceUse(UID_A, Mode.MPS, 10 * 2**30)]
+    assert uses[DeviceName("gpu-0")] == [HeldDevice(UID_A, mps)]
 
 
 # A checkpoint as written before the MPS namespaces moved into core/prepare

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, MigUUID, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID, GpuUUID, MigUUID
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement
-from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
+from dra_driver.core.prepare import PlannedDevice
 from dra_driver.plugin.checkpoint_reads import (
     CheckpointReads,
     completed_claims,
@@ -16,6 +16,7 @@ from dra_driver.plugin.checkpoint_reads import (
     prepared_refs,
 )
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim, CheckpointStore, ClaimState
+from tests.support.planned import mig_instance, mig_plan
 
 GPU = GpuUUID("GPU-0")
 DONE, STARTED = ClaimState.PREPARE_COMPLETED, ClaimState.PREPARE_STARTED
@@ -29,15 +30,10 @@ def mig_device(
     start: int, *, uuid: str | None = None, created: bool = False, profile: int = 19
 ) -> PlannedDevice:
     """A 1g.10gb instance at placement ``start`` (``uuid`` None: still to be made)."""
-    return PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName("node-a"),
-        device_name=DeviceName(f"gpu-0-mig-1g10gb-{profile}-{start}"),
-        share_id=None,
-        gpu_uuid=GPU,
-        mode=Mode.EXCLUSIVE,
-        cdi_device_ids=(),
-        mig=MigPlan(profile, "1g.10gb", start, 1, mig_uuid=uuid, created=created),
+    return mig_instance(
+        f"gpu-0-mig-1g10gb-{profile}-{start}",
+        gpu=GPU,
+        mig=mig_plan(profile, "1g.10gb", start, 1, uuid=uuid, created=created),
     )
 
 

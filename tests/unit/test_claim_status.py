@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from dra_driver.base.ids import DeviceName, GpuUUID, PoolName
 from dra_driver.core.claim_writes import (
     DATA_LIMIT_BYTES,
     HealthSnapshot,
@@ -21,7 +20,16 @@ from dra_driver.core.claim_writes import (
     device_status_entry,
     entry_key,
 )
-from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice, ShareLimits
+from dra_driver.core.prepare import PlannedDevice
+from tests.support.planned import (
+    admin,
+    exclusive,
+    mig_instance,
+    mig_plan,
+    mps_in_mig,
+    mps_share,
+    time_sliced,
+)
 
 DRIVER = "gpu.fractional.dev"
 T0 = "2026-01-02T03:04:05Z"
@@ -29,27 +37,9 @@ T1 = "2026-01-02T04:00:00Z"
 GIB = 1 << 30
 
 
-def planned(
-    device: str = "gpu-0",
-    mode: Mode = Mode.EXCLUSIVE,
-    *,
-    share_id: str | None = None,
-    limits: ShareLimits | None = None,
-    mig: MigPlan | None = None,
-    requests: tuple[str, ...] = ("gpu",),
-    cdi: tuple[str, ...] = ("k8s.gpu.fractional.dev/claim=uid-gpu-0",),
-) -> PlannedDevice:
-    return PlannedDevice(
-        request_names=requests,
-        pool_name=PoolName("node-a"),
-        device_name=DeviceName(device),
-        share_id=share_id,
-        gpu_uuid=GpuUUID("GPU-0"),
-        mode=mode,
-        cdi_device_ids=cdi,
-        limits=limits,
-        mig=mig,
-    )
+CDI = ("k8s.gpu.fractional.dev/claim=uid-gpu-0",)
+WHOLE = exclusive(cdi=CDI)
+"""gpu-0, whole."""
 
 
 def conditions(entry: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -57,10 +47,11 @@ def conditions(entry: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_mps_share_entry_field_by_field() -> None:
-    device = planned(
-        mode=Mode.MPS,
+    device = mps_share(
         share_id="3f1c0d4e-1111-4222-8333-944455556666",
-        limits=ShareLimits(10 * GIB, 25),
+        memory_bytes=10 * GIB,
+        compute_percent=25,
+        cdi=CDI,
     )
     entry = device_status_entry(device, driver_name=DRIVER, ready_since=T0)
     assert list(entry) == ["driver", "pool", "device", "shareID", "conditions", "data"]
@@ -96,7 +87,7 @@ def test_mps_share_entry_field_by_field() -> None:
 
 
 def test_whole_gpu_has_no_share_id_and_no_limits() -> None:
-    entry = device_status_entry(planned(), driver_name=DRIVER, ready_since=T0)
+    entry = device_status_entry(WHOLE, driver_name=DRIVER, ready_since=T0)
     assert "shareID" not in entry
     assert entry_key(entry) == (DRIVER, "node-a", "gpu-0", "")
     assert entry["data"]["mode"] == "exclusive"
@@ -105,16 +96,9 @@ def test_whole_gpu_has_no_share_id_and_no_limits() -> None:
 
 
 def test_mig_device_names_its_uuid_profile_and_placement() -> None:
-    mig = MigPlan(
-        profile_id=19,
-        profile_name="1g.10gb",
-        placement_start=3,
-        placement_size=1,
-        mig_uuid="MIG-aaaa",
-        created=True,
-    )
+    mig = mig_plan(19, "1g.10gb", 3, 1, uuid="MIG-aaaa", created=True)
     entry = device_status_entry(
-        planned("gpu-0-mig-1g10gb-3", Mode.MIG, mig=mig), driver_name=DRIVER, ready_since=T0
+        mig_instance("gpu-0-mig-1g10gb-3", mig=mig, cdi=CDI), driver_name=DRIVER, ready_since=T0
     )
     assert entry["data"]["mig"] == {
         "profile": "1g.10gb",
@@ -127,22 +111,23 @@ def test_mig_device_names_its_uuid_profile_and_placement() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "words"),
+    ("device", "words", "mode"),
     [
-        (Mode.SHARED, "time-sliced share"),
-        (Mode.ADMIN, "admin access"),
-        (Mode.EXCLUSIVE, "whole GPU"),
+        (time_sliced(cdi=CDI), "time-sliced share", "shared"),
+        (admin(cdi=CDI), "admin access", "admin"),
+        (WHOLE, "whole GPU", "exclusive"),
     ],
     ids=["shared", "admin", "exclusive"],
 )
-def test_ready_message_says_the_mode(mode: Mode, words: str) -> None:
-    entry = device_status_entry(planned(mode=mode), driver_name=DRIVER, ready_since=T0)
+def test_ready_message_says_the_mode(device: PlannedDevice, words: str, mode: str) -> None:
+    """``data.mode`` is an API: a time-sliced share is still "shared" there."""
+    entry = device_status_entry(device, driver_name=DRIVER, ready_since=T0)
     assert words in conditions(entry)["Ready"]["message"]
-    assert entry["data"]["mode"] == mode.value
+    assert entry["data"]["mode"] == mode
 
 
 def test_mps_without_sm_cap_says_so() -> None:
-    device = planned(mode=Mode.MPS, share_id="s", limits=ShareLimits(GIB, 0))
+    device = mps_share(share_id="s", memory_bytes=GIB, cdi=CDI)
     entry = device_status_entry(device, driver_name=DRIVER, ready_since=T0)
     assert conditions(entry)["Ready"]["message"].endswith("memory limit 1Gi, no SM cap")
 
@@ -158,7 +143,7 @@ def test_mps_without_sm_cap_says_so() -> None:
     ids=["healthy", "unhealthy", "unknown-no-time", "reason-made-valid"],
 )
 def test_health_condition(health: HealthSnapshot, status: str, reason: str, since: str) -> None:
-    entry = device_status_entry(planned(), driver_name=DRIVER, ready_since=T0, health=health)
+    entry = device_status_entry(WHOLE, driver_name=DRIVER, ready_since=T0, health=health)
     cond = conditions(entry)["DeviceHealthy"]
     assert (cond["status"], cond["reason"], cond["lastTransitionTime"]) == (status, reason, since)
     assert cond["message"]
@@ -166,8 +151,8 @@ def test_health_condition(health: HealthSnapshot, status: str, reason: str, sinc
 
 
 def test_two_shares_of_one_gpu_are_two_entries_and_duplicates_are_dropped() -> None:
-    a = planned(mode=Mode.MPS, share_id="share-a", limits=ShareLimits(GIB, 0))
-    b = planned(mode=Mode.MPS, share_id="share-b", limits=ShareLimits(2 * GIB, 0))
+    a = mps_share(share_id="share-a", memory_bytes=GIB, cdi=CDI)
+    b = mps_share(share_id="share-b", memory_bytes=2 * GIB, cdi=CDI)
     entries = claim_status_entries([a, b, a], driver_name=DRIVER, ready_since=T0)
     assert [entry_key(e) for e in entries] == [
         (DRIVER, "node-a", "gpu-0", "share-a"),
@@ -179,7 +164,7 @@ def test_two_shares_of_one_gpu_are_two_entries_and_duplicates_are_dropped() -> N
 def test_health_is_looked_up_per_device() -> None:
     sick = HealthSnapshot(HealthStatus.UNHEALTHY, "XidError", "XID 48", T1)
     entries = claim_status_entries(
-        [planned("gpu-0"), planned("gpu-1")],
+        [exclusive("gpu-0", cdi=CDI), exclusive("gpu-1", cdi=CDI)],
         driver_name=DRIVER,
         ready_since=T0,
         health=lambda d: sick if d.device_name == "gpu-1" else None,
@@ -188,11 +173,9 @@ def test_health_is_looked_up_per_device() -> None:
 
 
 def test_observed_generation_is_optional() -> None:
-    plain = device_status_entry(planned(), driver_name=DRIVER, ready_since=T0)
+    plain = device_status_entry(WHOLE, driver_name=DRIVER, ready_since=T0)
     assert "observedGeneration" not in conditions(plain)["Ready"]
-    with_gen = device_status_entry(
-        planned(), driver_name=DRIVER, ready_since=T0, observed_generation=3
-    )
+    with_gen = device_status_entry(WHOLE, driver_name=DRIVER, ready_since=T0, observed_generation=3)
     assert conditions(with_gen)["Ready"]["observedGeneration"] == 3
     assert check_entry(with_gen) == []
 
@@ -200,11 +183,11 @@ def test_observed_generation_is_optional() -> None:
 def test_data_stays_within_the_limit_when_lists_are_huge() -> None:
     requests = tuple(f"request-{i:02d}-" + "x" * 50 for i in range(32))
     cdi = tuple(f"k8s.gpu.fractional.dev/claim={'u' * 200}-{i}" for i in range(40))
-    data = device_data(planned(requests=requests, cdi=cdi), DRIVER)
+    data = device_data(exclusive(requests=requests, cdi=cdi), DRIVER)
     assert len(json.dumps(data).encode()) <= DATA_LIMIT_BYTES
     assert "requests" not in data and "cdiDeviceIDs" not in data
     assert data["mode"] == "exclusive"
-    small = device_data(planned(), DRIVER)
+    small = device_data(WHOLE, DRIVER)
     assert small["requests"] == ["gpu"]
 
 
@@ -236,14 +219,14 @@ def test_condition_reason(text: str, default: str, expected: str) -> None:
     ],
 )
 def test_check_condition_catches_what_the_api_refuses(change: dict[str, Any], problem: str) -> None:
-    good = device_status_entry(planned(), driver_name=DRIVER, ready_since=T0)["conditions"][0]
+    good = device_status_entry(WHOLE, driver_name=DRIVER, ready_since=T0)["conditions"][0]
     assert check_condition(good) == []
     problems = check_condition({**good, **change})
     assert problems and problem in problems[0]
 
 
 def test_check_entry_catches_what_the_api_refuses() -> None:
-    good = device_status_entry(planned(), driver_name=DRIVER, ready_since=T0)
+    good = device_status_entry(WHOLE, driver_name=DRIVER, ready_since=T0)
     assert check_entry(good) == []
     assert "device" in check_entry({**good, "device": "GPU_0"})[0]
     assert check_entry({**good, "conditions": good["conditions"] * 5})  # 10 > 8, duplicates
@@ -258,10 +241,11 @@ def test_health_status_parse() -> None:
 
 
 def test_mps_share_inside_mig_names_the_instance_and_its_limits() -> None:
-    mig = MigPlan(19, "1g.10gb", 3, 1, mig_uuid="MIG-bbbb", gi_id=1, ci_id=0)
-    device = planned(
-        "gpu-0-mig-1g10gb-19-3", Mode.MPS, share_id="s", limits=ShareLimits(2 * GIB, 30), mig=mig
-    )
+    mig = mig_plan(19, "1g.10gb", 3, 1, uuid="MIG-bbbb", gi_id=1, ci_id=0)
+    device = mps_in_mig(
+        "gpu-0-mig-1g10gb-19-3", share_id="s", memory_bytes=2 * GIB, compute_percent=30, mig=mig,
+        cdi=CDI,
+    )  # fmt: skip
     entry = device_status_entry(device, driver_name=DRIVER, ready_since=T0)
     message = conditions(entry)["Ready"]["message"]
     assert "an MPS share of MIG device MIG-bbbb, profile 1g.10gb" in message

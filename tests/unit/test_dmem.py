@@ -24,6 +24,7 @@ from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.prepare import (
     DmemHookSettings,
     Mode,
+    MpsShare,
     NodeContext,
     PreparePlan,
     dmem_hook,
@@ -366,7 +367,7 @@ def test_a_soft_limit_without_a_dmem_region_has_no_effect() -> None:
         plan = plan_prepare(rc, GPUS, context)
         assert hook_args(plan) == []
         (device,) = plan.devices
-        assert device.limits is not None and device.limits.memory_bytes == 10 * GIB
+        assert isinstance(device, MpsShare) and device.limits.memory_bytes == 10 * GIB
 
 
 def test_a_soft_limit_above_the_hard_limit_fails_the_claim() -> None:

@@ -25,7 +25,7 @@ from dra_driver.allocator.model import Device, gather_pools
 from dra_driver.base.ids import PoolName
 from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import ResourceClaim
-from dra_driver.core.prepare import Mode, NodeContext, plan_prepare
+from dra_driver.core.prepare import Exclusive, NodeContext, plan_prepare
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 from dra_driver.core.slices import advertised, build_slices, conflict_message, parse_names
 from dra_driver.fakes.gpu import build_inventory, load_spec
@@ -241,7 +241,7 @@ def test_a_request_without_capacity_on_a_shareable_gpu_is_the_whole_gpu() -> Non
         resource_claim("ns", "c", uid="u1", devices=[share("gpu-0", memory=memory)])
     )
     (planned,) = plan_prepare(claim, inventory, ctx).devices
-    assert planned.mode is Mode.EXCLUSIVE and planned.limits is None
+    assert isinstance(planned, Exclusive)
     assert planned.share_id  # still the share the scheduler recorded (status.devices key)
 
 

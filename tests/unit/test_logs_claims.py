@@ -9,33 +9,22 @@ from typing import Any
 
 import pytest
 
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.prepare import ClaimOperation, MigPlan, Mode, PlannedDevice, ShareLimits
+from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.core.prepare import ClaimOperation
 from dra_driver.observability.claim_log import LOGGER, ClaimLog
 from dra_driver.observability.logs import JsonFormatter, configure_logging
+from tests.support.planned import mig_instance, mig_plan, mps_share
 
 GIB = 1 << 30
 REF = ClaimRef("team-a", "train", ClaimUID("0b7e6c2a-1111-2222-3333-444455556666"))
-MPS = PlannedDevice(
-    request_names=("gpu",),
-    pool_name=PoolName("node-a"),
-    device_name=DeviceName("gpu-0"),
-    share_id="share-1",
-    gpu_uuid=GpuUUID("GPU-aaaa"),
-    mode=Mode.MPS,
-    cdi_device_ids=("k8s.gpu.fractional.dev/claim=x",),
-    limits=ShareLimits(memory_bytes=10 * GIB, compute_percent=25),
-)
-MIG = PlannedDevice(
-    request_names=("mig",),
-    pool_name=PoolName("node-a"),
-    device_name=DeviceName("gpu-1-mig-1g10gb-0"),
-    share_id=None,
-    gpu_uuid=GpuUUID("GPU-bbbb"),
-    mode=Mode.MIG,
-    cdi_device_ids=(),
-    mig=MigPlan(19, "1g.10gb", 0, 1, mig_uuid="MIG-cccc"),
-)
+MPS = mps_share(
+    share_id="share-1", gpu="GPU-aaaa", memory_bytes=10 * GIB, compute_percent=25,
+    cdi=("k8s.gpu.fractional.dev/claim=x",),
+)  # fmt: skip
+MIG = mig_instance(
+    "gpu-1-mig-1g10gb-0", gpu="GPU-bbbb", requests=("mig",),
+    mig=mig_plan(19, "1g.10gb", 0, 1, uuid="MIG-cccc"),
+)  # fmt: skip
 
 
 def logged(op: ClaimOperation, caplog: pytest.LogCaptureFixture) -> logging.LogRecord:

@@ -11,12 +11,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from dra_driver.base.errors import CheckpointCorruptError
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
+from dra_driver.base.ids import ClaimRef, ClaimUID, GpuUUID
 from dra_driver.core.model import GpuInfo, Inventory
-from dra_driver.core.prepare import ClaimOperation, Mode, PlannedDevice, ShareLimits
+from dra_driver.core.prepare import ClaimOperation, PlannedDevice
 from dra_driver.observability.plugin_metrics import PluginMetrics
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim, ClaimState
 from tests.support.metrics import Scrape
+from tests.support.planned import exclusive, mig_instance, mps_share
 
 P = "fractional_gpu_dra_"
 GIB = 1 << 30
@@ -88,21 +89,6 @@ def gpu(index: int, uuid: GpuUUID, *, mig: bool = False) -> GpuInfo:
     return GpuInfo(index, uuid, "H100", 80 * GIB, index, mig_capable=mig, mig_enabled=mig)
 
 
-def device(
-    name: str, uuid: GpuUUID, mode: Mode, memory: int = 0, share: str | None = None
-) -> PlannedDevice:
-    return PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName("node-a"),
-        device_name=DeviceName(name),
-        share_id=share,
-        gpu_uuid=uuid,
-        mode=mode,
-        cdi_device_ids=(),
-        limits=ShareLimits(memory, 0) if mode is Mode.MPS else None,
-    )
-
-
 def entry(name: str, *devices: PlannedDevice, started: bool = False) -> CheckpointClaim:
     state = ClaimState.PREPARE_STARTED if started else ClaimState.PREPARE_COMPLETED
     return CheckpointClaim(ref(name), state, devices)
@@ -144,15 +130,17 @@ def test_gauges_are_read_from_the_checkpoint_at_each_scrape() -> None:
     ]
     assert empty.get(P + "mps_reserved_memory_bytes", gpu_uuid=GPU0, device="gpu-0") == 0
 
+    share_a = mps_share(share_id="s-a", gpu=GPU0, memory_bytes=10 * GIB)
+    share_b = mps_share(share_id="s-b", gpu=GPU0, memory_bytes=20 * GIB)
     driver.checkpoint = Checkpoint(
         "boot",
         {
             ref(n).uid: e
             for n, e in [
-                ("a", entry("a", device("gpu-0", GPU0, Mode.MPS, 10 * GIB, "s-a"))),
-                ("b", entry("b", device("gpu-0", GPU0, Mode.MPS, 20 * GIB, "s-b"), started=True)),
-                ("c", entry("c", device("gpu-1", GPU1, Mode.EXCLUSIVE))),
-                ("d", entry("d", device("gpu-2-mig-1g.10gb-0", GPU2, Mode.MIG))),
+                ("a", entry("a", share_a)),
+                ("b", entry("b", share_b, started=True)),
+                ("c", entry("c", exclusive("gpu-1", gpu=GPU1))),
+                ("d", entry("d", mig_instance("gpu-2-mig-1g.10gb-0", gpu=GPU2))),
             ]
         },
     )
@@ -172,7 +160,8 @@ def test_gauges_are_read_from_the_checkpoint_at_each_scrape() -> None:
 def test_a_share_on_a_gpu_gone_from_the_inventory_is_still_reported() -> None:
     driver = FakeDriver(inventory=Inventory(()))
     driver.checkpoint = Checkpoint(
-        "boot", {ref("a").uid: entry("a", device("gpu-7", GPU0, Mode.MPS, GIB, "s"))}
+        "boot",
+        {ref("a").uid: entry("a", mps_share("gpu-7", gpu=GPU0, share_id="s", memory_bytes=GIB))},
     )
     metrics = reading(driver)
     assert (

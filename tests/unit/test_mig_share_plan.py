@@ -18,17 +18,21 @@ from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
 from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import Inventory
 from dra_driver.core.prepare import (
-    DeviceUse,
-    MigPlan,
-    Mode,
+    HeldDevice,
+    MigInstance,
+    MpsInMig,
     NodeContext,
+    PlannedDevice,
     PreparePlan,
+    limits_of,
+    mig_of,
     owned_shares,
     plan_prepare,
 )
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.gpu import build_inventory
 from dra_driver.fakes.objects import Allocated, resource_claim, share
+from tests.support.planned import mig_instance, mig_plan, mps_in_mig
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
@@ -51,7 +55,7 @@ SHARED = NodeSettings(per_gpu={"0": GpuSettings(mig_sharing=Sharing.MPS)})
 def _plan(
     *devices: Allocated,
     settings: NodeSettings = SHARED,
-    in_use: Mapping[DeviceName, Sequence[DeviceUse]] | None = None,
+    in_use: Mapping[DeviceName, Sequence[HeldDevice]] | None = None,
 ) -> PreparePlan:
     ctx = NodeContext(
         driver_name=DRIVER,
@@ -64,71 +68,64 @@ def _plan(
     return plan_prepare(claim_from_dict(raw), INVENTORY, ctx, in_use)
 
 
-MADE = MigPlan(
-    profile_id=19,
-    profile_name="1g.10gb",
-    placement_start=4,
-    placement_size=1,
-    mig_uuid="MIG-made-by-the-other-claim",
-    gi_id=2,
-    ci_id=0,
-    created=True,
-)
+MADE = mig_plan(19, "1g.10gb", 4, 1, uuid="MIG-made-by-the-other-claim", gi_id=2, created=True)
+AT_STATIC = mig_plan(9, "3g.40gb", 0, 4, uuid=EXISTING.uuid, gi_id=EXISTING.gi_id)
 
 
 @pytest.mark.parametrize(
-    ("devices", "in_use", "mode", "limits", "instance"),
+    ("devices", "in_use", "variant", "limits", "instance"),
     [
         pytest.param(
             [share(STATIC, memory="4Gi", compute_percent=25, share_id="s1")],
-            None, Mode.MPS, (4 * GIB, 25), (EXISTING.uuid, False), id="share-of-existing",
+            None, MpsInMig, (4 * GIB, 25), (EXISTING.uuid, False), id="share-of-existing",
         ),
         pytest.param(
             [share(FREE, memory="2Gi", share_id="s1")],
-            None, Mode.MPS, (2 * GIB, 0), (None, False), id="share-of-free-placement-creates",
+            None, MpsInMig, (2 * GIB, 0), (None, False), id="share-of-free-placement-creates",
         ),
         pytest.param(
             [share(FREE, memory="2Gi", share_id="s2")],
-            {DeviceName(FREE): [DeviceUse(OTHER, Mode.MPS, 4 * GIB, mig=MADE)]},
-            Mode.MPS, (2 * GIB, 0), (MADE.mig_uuid, False), id="joins-instance-of-other-share",
+            {DeviceName(FREE): [HeldDevice(OTHER, mps_in_mig(FREE, mig=MADE))]},
+            MpsInMig, (2 * GIB, 0), (MADE.mig_uuid, False), id="joins-instance-of-other-share",
         ),
         pytest.param(
             [share(STATIC, memory=f"{EXISTING.memory_mib}Mi", share_id="s1")],
-            None, Mode.MIG, None, (EXISTING.uuid, False), id="all-of-it-is-the-instance",
+            None, MigInstance, None, (EXISTING.uuid, False), id="all-of-it-is-the-instance",
         ),
         pytest.param(
-            [Allocated(STATIC)], None, Mode.MIG, None, (EXISTING.uuid, False), id="no-share-id",
+            [Allocated(STATIC)], None, MigInstance, None, (EXISTING.uuid, False), id="no-share-id",
         ),
     ],
 )  # fmt: skip
 def test_mig_share_plan(
     devices: list[Allocated],
-    in_use: Mapping[DeviceName, Sequence[DeviceUse]] | None,
-    mode: Mode,
+    in_use: Mapping[DeviceName, Sequence[HeldDevice]] | None,
+    variant: type[PlannedDevice],
     limits: tuple[int, int] | None,
     instance: tuple[str | None, bool],
 ) -> None:
     """``instance``: the MIG UUID the plan names (None: to create) and ``created``."""
     (device,) = _plan(*devices, in_use=in_use).devices
-    assert device.mode is mode
-    got = (
-        None
-        if device.limits is None
-        else (device.limits.memory_bytes, device.limits.compute_percent)
-    )
-    assert got == limits
-    assert device.mig is not None
-    assert (device.mig.mig_uuid, device.mig.created) == instance
+    assert type(device) is variant
+    got = limits_of(device)
+    assert (None if got is None else (got.memory_bytes, got.compute_percent)) == limits
+    mig = mig_of(device)
+    assert mig is not None
+    assert (mig.mig_uuid, mig.created) == instance
     assert device.gpu_uuid == INVENTORY.gpus[0].uuid
 
 
 def test_share_on_a_gpu_that_does_not_share_its_instances_is_the_instance() -> None:
     (device,) = _plan(share(STATIC, memory="4Gi", share_id="s1"), settings=NodeSettings()).devices
-    assert device.mode is Mode.MIG
+    assert isinstance(device, MigInstance)
 
 
 def test_shares_of_one_instance_cannot_overcommit_its_memory() -> None:
-    in_use = {DeviceName(STATIC): [DeviceUse(OTHER, Mode.MPS, 36 * GIB, mig=None)]}
+    in_use = {
+        DeviceName(STATIC): [
+            HeldDevice(OTHER, mps_in_mig(STATIC, memory_bytes=36 * GIB, mig=AT_STATIC))
+        ]
+    }
     with pytest.raises(OvercommitError, match=f"{STATIC} cannot hold this share"):
         _plan(share(STATIC, memory="8Gi", share_id="s1"), in_use=in_use)
     # What fits beside it (the instance holds 40192Mi) is fine.
@@ -136,7 +133,7 @@ def test_shares_of_one_instance_cannot_overcommit_its_memory() -> None:
 
 
 def test_share_of_an_instance_held_exclusively_is_refused() -> None:
-    in_use = {DeviceName(STATIC): [DeviceUse(OTHER, Mode.MIG)]}
+    in_use = {DeviceName(STATIC): [HeldDevice(OTHER, mig_instance(STATIC, mig=AT_STATIC))]}
     with pytest.raises(AllocationError, match="refusing to give it out twice"):
         _plan(share(STATIC, memory="4Gi", share_id="s1"), in_use=in_use)
 
@@ -146,7 +143,7 @@ def test_two_shares_of_one_claim_on_one_instance_are_two_devices() -> None:
         share(STATIC, memory="4Gi", share_id="s1", request="a"),
         share(STATIC, memory="2Gi", share_id="s2", request="b"),
     )
-    assert [(d.share_id, d.mode) for d in plan.devices] == [("s1", Mode.MPS), ("s2", Mode.MPS)]
+    assert [(d.share_id, type(d)) for d in plan.devices] == [("s1", MpsInMig), ("s2", MpsInMig)]
     assert [d.cdi_device_ids for d in plan.devices] == [
         (f"{KIND}={UID}-{STATIC}-s1",),
         (f"{KIND}={UID}-{STATIC}-s2",),

@@ -6,13 +6,14 @@ import dataclasses
 
 import pytest
 
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.core.prepare import MigPlan, Mode, PlannedDevice
+from dra_driver.base.ids import ClaimRef, ClaimUID, GpuUUID
+from dra_driver.core.prepare import MigPlan, PlannedDevice, mig_of
 from dra_driver.state.checkpoint import Checkpoint, CheckpointClaim, ClaimState
 from dra_driver.state.mig_shares import hand_over, keep_handed_over
+from tests.support.planned import mig_instance, mig_plan, mps_in_mig
 
 GPU = GpuUUID("GPU-0")
-INSTANCE = MigPlan(19, "1g.10gb", 3, 1, "MIG-x", gi_id=1, ci_id=0, created=False)
+INSTANCE = mig_plan(19, "1g.10gb", 3, 1, uuid="MIG-x", gi_id=1, ci_id=0)
 
 
 def _claim(
@@ -21,30 +22,31 @@ def _claim(
     created: bool = False,
     known: bool = True,
     device: str = "gpu-0-mig-1g10gb-19-3",
-    mode: Mode = Mode.MPS,
+    share: bool = True,
 ) -> CheckpointClaim:
+    """A claim holding one device of a MIG instance: an MPS share of it, or (``share``
+    false) the whole instance; ``known`` false: a share that never learnt its instance."""
     mig = dataclasses.replace(INSTANCE, created=created)
     if not known:
-        mig = dataclasses.replace(mig, mig_uuid=None, gi_id=None, ci_id=None)
-    planned = PlannedDevice(
-        request_names=("gpu",),
-        pool_name=PoolName("node-a"),
-        device_name=DeviceName(device),
-        share_id=f"s-{uid}",
-        gpu_uuid=GPU,
-        mode=mode,
-        cdi_device_ids=(),
-        mig=mig,
+        mig = dataclasses.replace(mig, instance=None)
+    planned: PlannedDevice = (
+        mps_in_mig(device, gpu=GPU, share_id=f"s-{uid}", mig=mig)
+        if share
+        else mig_instance(device, gpu=GPU, share_id=f"s-{uid}", mig=mig)
     )
     return CheckpointClaim(
         ClaimRef("ns", uid, ClaimUID(uid)), ClaimState.PREPARE_COMPLETED, (planned,)
     )
 
 
-def _created(claim: CheckpointClaim) -> bool:
-    mig = claim.devices[0].mig
+def _mig(claim: CheckpointClaim) -> MigPlan:
+    mig = mig_of(claim.devices[0])
     assert mig is not None
-    return mig.created
+    return mig
+
+
+def _created(claim: CheckpointClaim) -> bool:
+    return _mig(claim).created
 
 
 @pytest.mark.parametrize(
@@ -56,7 +58,7 @@ def _created(claim: CheckpointClaim) -> bool:
         (_claim("a"), [_claim("b", created=True)], False, [True]),
         (_claim("a"), [_claim("b")], False, [False]),  # a pre-existing instance: nobody's
         (_claim("a", created=True), [_claim("b", device="gpu-0-mig-1g10gb-19-4")], True, [False]),
-        (_claim("a", created=True), [_claim("b", mode=Mode.MIG)], True, [False]),
+        (_claim("a", created=True), [_claim("b", share=False)], True, [False]),
     ],
     ids=[
         "last-one", "creator-leaves-first", "two-inherit", "joiner-leaves", "pre-existing",
@@ -73,8 +75,7 @@ def test_hand_over(
     handed, after = hand_over(leaving, rest)
     assert _created(handed) is leaving_destroys
     assert [_created(after.claims[c.ref.uid]) for c in others] == others_created
-    assert handed.devices[0].mig is not None
-    assert handed.devices[0].mig.mig_uuid == INSTANCE.mig_uuid
+    assert _mig(handed).mig_uuid == INSTANCE.mig_uuid
 
 
 def test_a_share_that_never_learnt_its_instance_takes_it_from_the_others() -> None:
@@ -82,9 +83,7 @@ def test_a_share_that_never_learnt_its_instance_takes_it_from_the_others() -> No
     handed, _ = hand_over(_claim("a", created=True, known=False), Checkpoint("boot", {
         ClaimUID("b"): _claim("b")
     }))  # fmt: skip
-    mig = handed.devices[0].mig
-    assert mig is not None
-    assert (mig.mig_uuid, mig.created) == (INSTANCE.mig_uuid, False)
+    assert (_mig(handed).mig_uuid, _mig(handed).created) == (INSTANCE.mig_uuid, False)
 
 
 def test_an_instance_handed_over_while_the_claims_side_effects_ran_is_kept() -> None:

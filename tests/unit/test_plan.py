@@ -18,9 +18,10 @@ from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
 from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.cdi import CdiSpec, DeviceNode
 from dra_driver.core.model import Inventory, ResourceClaim
-from dra_driver.core.prepare import DeviceUse, Mode, NodeContext, PreparePlan, plan_prepare
+from dra_driver.core.prepare import HeldDevice, Mode, NodeContext, PreparePlan, plan_prepare
 from dra_driver.fakes.gpu import build_inventory
 from dra_driver.fakes.objects import Allocated, resource_claim
+from tests.support.planned import admin, exclusive, time_sliced
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
@@ -51,7 +52,7 @@ def claim(*devices: Allocated, node: str | None = NODE, allocated: bool = True) 
 
 
 def plan(
-    rc: ResourceClaim, in_use: Mapping[DeviceName, Sequence[DeviceUse]] | None = None
+    rc: ResourceClaim, in_use: Mapping[DeviceName, Sequence[HeldDevice]] | None = None
 ) -> PreparePlan:
     return plan_prepare(rc, INVENTORY, CTX, in_use)
 
@@ -207,49 +208,52 @@ def test_plan_refuses(rc: ResourceClaim, error: type[ClaimError], fragments: lis
 CONFLICT_CASES = [
     pytest.param(
         Allocated("gpu-1"),
-        [DeviceUse(OTHER_UID, Mode.EXCLUSIVE)],
+        [HeldDevice(OTHER_UID, exclusive("gpu-1"))],
         True,
         id="exclusive-vs-exclusive",
     ),
     pytest.param(
         Allocated("gpu-1", share_id="s1"),
-        [DeviceUse(OTHER_UID, Mode.EXCLUSIVE)],
+        [HeldDevice(OTHER_UID, exclusive("gpu-1"))],
         True,
         id="share-vs-exclusive",
     ),
     pytest.param(
         Allocated("gpu-1"),
-        [DeviceUse(OTHER_UID, Mode.SHARED)],
+        [HeldDevice(OTHER_UID, time_sliced("gpu-1"))],
         True,
         id="exclusive-vs-share",
     ),
     pytest.param(
         Allocated("gpu-1", share_id="s1"),
-        [DeviceUse(OTHER_UID, Mode.SHARED)],
+        [HeldDevice(OTHER_UID, time_sliced("gpu-1"))],
         False,
         id="share-vs-share",
     ),
     pytest.param(
         Allocated("gpu-1", admin_access=True),
-        [DeviceUse(OTHER_UID, Mode.EXCLUSIVE)],
+        [HeldDevice(OTHER_UID, exclusive("gpu-1"))],
         False,
         id="admin-vs-exclusive",
     ),
     pytest.param(
         Allocated("gpu-1"),
-        [DeviceUse(OTHER_UID, Mode.ADMIN)],
+        [HeldDevice(OTHER_UID, admin("gpu-1"))],
         False,
         id="exclusive-vs-admin",
     ),
     pytest.param(
         Allocated("gpu-1"),
-        [DeviceUse(ClaimUID(UID), Mode.EXCLUSIVE)],
+        [HeldDevice(ClaimUID(UID), exclusive("gpu-1"))],
         False,
         id="own-earlier-use",
     ),
     pytest.param(
         Allocated("gpu-1"),
-        [DeviceUse(ClaimUID(UID), Mode.EXCLUSIVE), DeviceUse(OTHER_UID, Mode.SHARED)],
+        [
+            HeldDevice(ClaimUID(UID), exclusive("gpu-1")),
+            HeldDevice(OTHER_UID, time_sliced("gpu-1")),
+        ],
         True,
         id="own-use-does-not-hide-another",
     ),
@@ -257,7 +261,7 @@ CONFLICT_CASES = [
 
 
 @pytest.mark.parametrize(("device", "uses", "conflict"), CONFLICT_CASES)
-def test_conflicts(device: Allocated, uses: list[DeviceUse], conflict: bool) -> None:
+def test_conflicts(device: Allocated, uses: list[HeldDevice], conflict: bool) -> None:
     rc = claim(device)
     in_use = {DeviceName("gpu-1"): uses}
     if conflict:
@@ -271,7 +275,7 @@ def test_conflicts(device: Allocated, uses: list[DeviceUse], conflict: bool) -> 
 
 
 def test_use_of_another_device_is_no_conflict() -> None:
-    in_use = {DeviceName("gpu-0"): [DeviceUse(OTHER_UID, Mode.EXCLUSIVE)]}
+    in_use = {DeviceName("gpu-0"): [HeldDevice(OTHER_UID, exclusive("gpu-0"))]}
     assert [d.device_name for d in plan(claim(Allocated("gpu-1")), in_use).devices] == ["gpu-1"]
 
 

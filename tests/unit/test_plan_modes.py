@@ -13,17 +13,21 @@ from dra_driver.base.ids import ClaimUID, DeviceName, PoolName
 from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import Inventory, ResourceClaim
 from dra_driver.core.prepare import (
-    DeviceUse,
-    MigPlan,
-    Mode,
+    Exclusive,
+    HeldDevice,
+    MigInstance,
+    MpsLimits,
+    MpsShare,
     NodeContext,
+    PlannedDevice,
     PreparePlan,
-    ShareLimits,
+    TimeSliced,
     plan_prepare,
 )
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.fakes.objects import Allocated, resource_claim, share
+from tests.support.planned import mig_instance, mig_plan, mps_share
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
@@ -58,22 +62,23 @@ def plan(
     rc: ResourceClaim,
     context: NodeContext | None = None,
     inventory: Inventory = GPUS,
-    in_use: Mapping[DeviceName, Sequence[DeviceUse]] | None = None,
+    in_use: Mapping[DeviceName, Sequence[HeldDevice]] | None = None,
 ) -> PreparePlan:
     return plan_prepare(rc, inventory, context or ctx(), in_use)
 
 
 def test_mps_share_gets_the_granted_limits() -> None:
     (device,) = plan(claim(share("gpu-0", memory="10Gi", compute_percent=25))).devices
-    assert device.mode is Mode.MPS
-    assert device.limits == ShareLimits(memory_bytes=10 * GI, compute_percent=25)
+    assert isinstance(device, MpsShare)
+    assert device.limits == MpsLimits(memory_bytes=10 * GI, compute_percent=25)
 
 
 def test_claim_config_may_lower_the_limits() -> None:
     rc = claim(share("gpu-0", memory="10Gi", compute_percent=25),
                configs=[gpu_config(memoryLimit="8Gi", computePercent=10)])  # fmt: skip
     (device,) = plan(rc).devices
-    assert device.limits == ShareLimits(memory_bytes=8 * GI, compute_percent=10)
+    assert isinstance(device, MpsShare)
+    assert device.limits == MpsLimits(memory_bytes=8 * GI, compute_percent=10)
 
 
 def test_claim_config_may_not_raise_them() -> None:
@@ -85,7 +90,7 @@ def test_claim_config_may_not_raise_them() -> None:
 
 def test_time_sliced_gpu_gives_a_share_without_limits() -> None:
     (device,) = plan(claim(share("gpu-1")), ctx(default=GpuSettings(Sharing.TIMESLICING))).devices
-    assert (device.mode, device.limits) == (Mode.SHARED, None)
+    assert isinstance(device, TimeSliced)
 
 
 def test_a_share_of_an_exclusive_gpu_is_refused() -> None:
@@ -95,31 +100,30 @@ def test_a_share_of_an_exclusive_gpu_is_refused() -> None:
 
 def test_a_result_without_share_id_holds_the_whole_gpu() -> None:
     (device,) = plan(claim(Allocated("gpu-0"))).devices
-    assert (device.mode, device.limits) == (Mode.EXCLUSIVE, None)
+    assert isinstance(device, Exclusive)
 
 
 @pytest.mark.parametrize(
-    ("memory", "percent", "config", "mode"),
+    ("memory", "percent", "config", "variant"),
     [
         # The request policy's default (a claim naming no amount): all but < 1 step.
-        (H100_USABLE // (256 * 2**20) * 256 * 2**20, 0, None, Mode.EXCLUSIVE),
-        (H100_USABLE, 100, None, Mode.EXCLUSIVE),
-        (H100_USABLE - 256 * 2**20, 0, None, Mode.MPS),  # room for one more share
-        (H100_USABLE, 50, None, Mode.MPS),  # an SM cap: a real MPS limit
-        (H100_USABLE, 0, gpu_config(memoryLimit="40Gi"), Mode.MPS),  # lowered by config
+        (H100_USABLE // (256 * 2**20) * 256 * 2**20, 0, None, Exclusive),
+        (H100_USABLE, 100, None, Exclusive),
+        (H100_USABLE - 256 * 2**20, 0, None, MpsShare),  # room for one more share
+        (H100_USABLE, 50, None, MpsShare),  # an SM cap: a real MPS limit
+        (H100_USABLE, 0, gpu_config(memoryLimit="40Gi"), MpsShare),  # lowered by config
     ],
     ids=["policy-default", "all-and-100-percent", "one-step-left", "sm-cap", "config-lowers"],
 )
 def test_a_share_of_all_the_memory_is_the_whole_gpu(
-    memory: int, percent: int, config: dict[str, Any] | None, mode: Mode
+    memory: int, percent: int, config: dict[str, Any] | None, variant: type[PlannedDevice]
 ) -> None:
     """On 1.36 a claim that names no amount (the whole-gpu example, nvidia.com/gpu) gets a
     share of the default, all the memory: nothing fits beside it, so no MPS client."""
     rc = claim(share("gpu-0", memory=str(memory), compute_percent=percent),
                configs=[config] if config else [])  # fmt: skip
     (device,) = plan(rc).devices
-    assert device.mode is mode
-    assert (device.limits is None) == (mode is Mode.EXCLUSIVE)
+    assert type(device) is variant
     assert device.share_id  # still the share the allocation holds (status.devices key)
 
 
@@ -133,18 +137,18 @@ def test_a_share_of_all_the_memory_is_the_whole_gpu(
     ids=["fits", "overcommit", "bigger-than-usable"],
 )
 def test_overcommit_guard(prepared_gib: int, asked: str, refusal: str | None) -> None:
-    in_use = {DeviceName("gpu-0"): [DeviceUse(OTHER, Mode.MPS, prepared_gib * GI)]}
+    in_use = {DeviceName("gpu-0"): [HeldDevice(OTHER, mps_share(memory_bytes=prepared_gib * GI))]}
     rc = claim(share("gpu-0", memory=asked))
     context = ctx(memory_reserve_bytes=GI)
     if refusal is None:
-        assert plan(rc, context, in_use=in_use).devices[0].limits is not None
+        assert isinstance(plan(rc, context, in_use=in_use).devices[0], MpsShare)
         return
     with pytest.raises(AllocationError, match=re.escape(refusal)):
         plan(rc, context, in_use=in_use)
 
 
 def test_overhead_per_context_counts() -> None:
-    in_use = {DeviceName("gpu-0"): [DeviceUse(OTHER, Mode.MPS, 40 * GI)]}
+    in_use = {DeviceName("gpu-0"): [HeldDevice(OTHER, mps_share(memory_bytes=40 * GI))]}
     rc = claim(share("gpu-0", memory=f"{H100_USABLE // GI - 40}Gi"))
     assert plan(rc, in_use=in_use).devices
     with pytest.raises(AllocationError, match="overhead"):
@@ -160,17 +164,24 @@ MIG_NODE = build_inventory(
 def test_existing_mig_instance() -> None:
     (device,) = plan(claim(Allocated("gpu-0-mig-3g40gb-9-0")), inventory=MIG_NODE).devices
     existing = MIG_NODE.gpus[0].mig_devices[0]
-    assert device.mode is Mode.MIG
-    assert device.mig == MigPlan(9, "3g.40gb", 0, 4, existing.uuid, existing.gi_id, existing.ci_id)
+    assert isinstance(device, MigInstance)
+    assert device.mig == mig_plan(
+        9, "3g.40gb", 0, 4, uuid=existing.uuid, gi_id=existing.gi_id, ci_id=existing.ci_id
+    )
 
 
 def test_free_placement_is_created_at_prepare() -> None:
     (device,) = plan(claim(Allocated("gpu-0-mig-1g10gb-19-5")), inventory=MIG_NODE).devices
-    assert device.mig == MigPlan(19, "1g.10gb", 5, 1)
+    assert isinstance(device, MigInstance)
+    assert device.mig == mig_plan(19, "1g.10gb", 5, 1)
 
 
 def test_a_mig_device_is_held_alone() -> None:
-    in_use = {DeviceName("gpu-0-mig-1g10gb-19-5"): [DeviceUse(OTHER, Mode.MIG)]}
+    in_use = {
+        DeviceName("gpu-0-mig-1g10gb-19-5"): [
+            HeldDevice(OTHER, mig_instance("gpu-0-mig-1g10gb-19-5"))
+        ]
+    }
     with pytest.raises(AllocationError, match="already prepared for claim"):
         plan(claim(Allocated("gpu-0-mig-1g10gb-19-5")), inventory=MIG_NODE, in_use=in_use)
 
@@ -203,5 +214,5 @@ def test_controller_grant_without_share_id_is_an_mps_share() -> None:
         }
     ]
     (device,) = plan(claim_from_dict(raw)).devices
-    assert device.mode is Mode.MPS
-    assert device.limits == ShareLimits(memory_bytes=12 * GI, compute_percent=30)
+    assert isinstance(device, MpsShare)
+    assert device.limits == MpsLimits(memory_bytes=12 * GI, compute_percent=30)

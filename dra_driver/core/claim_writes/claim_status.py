@@ -31,7 +31,18 @@ from typing import Any
 from dra_driver.api.types import API_VERSION
 from dra_driver.base.names import dns_label
 from dra_driver.base.quantity import format_bytes
-from dra_driver.core.prepare import Mode, PlannedDevice
+from dra_driver.core.prepare.devices import (
+    Admin,
+    Exclusive,
+    MigInstance,
+    MpsInMig,
+    MpsLimits,
+    MpsShare,
+    PlannedDevice,
+    TimeSliced,
+    limits_of,
+    mig_of,
+)
 
 READY = "Ready"
 DEVICE_HEALTHY = "DeviceHealthy"
@@ -110,28 +121,29 @@ def condition(
 def ready_message(device: PlannedDevice) -> str:
     """What the claim got on this device, in words."""
     gpu = device.gpu_uuid
-    if device.mode is Mode.MPS and device.limits is not None:
-        sms = (
-            f"{device.limits.compute_percent}% of the SMs"
-            if device.limits.compute_percent
-            else "no SM cap"
-        )
-        limits = f"memory limit {format_bytes(device.limits.memory_bytes)}, {sms}"
-        if device.mig is not None:
-            name = device.mig.mig_uuid or "(created at prepare)"
+    match device:
+        case MpsShare(limits=limits):
+            return f"an MPS share of GPU {gpu}: {_limits_words(limits)}"
+        case MpsInMig(limits=limits, mig=mig):
+            name = mig.mig_uuid or "(created at prepare)"
             return (
-                f"an MPS share of MIG device {name}, profile {device.mig.profile_name}, "
-                f"on GPU {gpu}: {limits}"
+                f"an MPS share of MIG device {name}, profile {mig.profile_name}, "
+                f"on GPU {gpu}: {_limits_words(limits)}"
             )
-        return f"an MPS share of GPU {gpu}: {limits}"
-    if device.mode is Mode.MIG and device.mig is not None:
-        name = device.mig.mig_uuid or "(created at prepare)"
-        return f"MIG device {name}, profile {device.mig.profile_name}, on GPU {gpu}"
-    if device.mode is Mode.SHARED:
-        return f"a time-sliced share of GPU {gpu} (no memory or SM limits)"
-    if device.mode is Mode.ADMIN:
-        return f"admin access to GPU {gpu} (monitoring; holds nothing)"
-    return f"the whole GPU {gpu}, held by this claim alone"
+        case MigInstance(mig=mig):
+            name = mig.mig_uuid or "(created at prepare)"
+            return f"MIG device {name}, profile {mig.profile_name}, on GPU {gpu}"
+        case TimeSliced():
+            return f"a time-sliced share of GPU {gpu} (no memory or SM limits)"
+        case Admin():
+            return f"admin access to GPU {gpu} (monitoring; holds nothing)"
+        case Exclusive():
+            return f"the whole GPU {gpu}, held by this claim alone"
+
+
+def _limits_words(limits: MpsLimits) -> str:
+    sms = f"{limits.compute_percent}% of the SMs" if limits.compute_percent else "no SM cap"
+    return f"memory limit {format_bytes(limits.memory_bytes)}, {sms}"
 
 
 def device_data(device: PlannedDevice, driver_name: str) -> dict[str, Any]:
@@ -144,21 +156,21 @@ def device_data(device: PlannedDevice, driver_name: str) -> dict[str, Any]:
     }
     if device.share_id:
         data["shareID"] = device.share_id
-    if device.limits is not None:
-        data["memoryLimit"] = format_bytes(device.limits.memory_bytes)
-        data["memoryLimitBytes"] = device.limits.memory_bytes
-        data["computePercent"] = device.limits.compute_percent
-    if device.mig is not None:
+    if (limits := limits_of(device)) is not None:
+        data["memoryLimit"] = format_bytes(limits.memory_bytes)
+        data["memoryLimitBytes"] = limits.memory_bytes
+        data["computePercent"] = limits.compute_percent
+    if (plan := mig_of(device)) is not None:
         mig: dict[str, Any] = {
-            "profile": device.mig.profile_name,
-            "profileID": device.mig.profile_id,
+            "profile": plan.profile_name,
+            "profileID": plan.profile_id,
             "placement": {
-                "start": device.mig.placement_start,
-                "size": device.mig.placement_size,
+                "start": plan.placement_start,
+                "size": plan.placement_size,
             },
         }
-        if device.mig.mig_uuid:
-            mig["uuid"] = device.mig.mig_uuid
+        if plan.mig_uuid:
+            mig["uuid"] = plan.mig_uuid
         data["mig"] = mig
     data["requests"] = list(device.request_names)
     data["cdiDeviceIDs"] = list(device.cdi_device_ids)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dra_driver.base.ids import GpuUUID, MigUUID
 from dra_driver.core.model import Inventory
-from dra_driver.core.prepare.plan import Mode, PlannedDevice
+from dra_driver.core.prepare.devices import MigInstance, MpsInMig, PlannedDevice
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,13 @@ def leftover_mig_instances(
     """The instances of ``devices`` (one claim's) to destroy, in device order."""
     out: list[LeftoverMig] = []
     for device in devices:
+        if not isinstance(device, MigInstance | MpsInMig):
+            continue  # (an admin's MIG device is never made for it)
         plan = device.mig
-        if device.mode not in (Mode.MIG, Mode.MPS) or plan is None:
+        if plan.created and plan.instance is not None:
+            out.append(LeftoverMig(device.gpu_uuid, plan.instance.gi_id))
             continue
-        if plan.created and plan.gi_id is not None:
-            out.append(LeftoverMig(device.gpu_uuid, plan.gi_id))
-            continue
-        if plan.mig_uuid is not None:
+        if plan.instance is not None:
             continue  # an instance that existed before: not ours
         for gpu in inventory.gpus:
             for found in gpu.mig_devices if gpu.uuid == device.gpu_uuid else ():

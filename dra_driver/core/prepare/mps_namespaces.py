@@ -5,7 +5,7 @@ container sees one pipe directory), with the sum of their memory limits and of
 their SM caps (none if any share has none). Shares inside one MIG instance are
 one namespace at the daemon for that instance, named by the instance's MIG
 UUID. A namespace's key is its lowest share key (the shareID, or the grant's
-for shares known by their grant; :attr:`PlannedDevice.share_key`).
+for shares known by their grant; :attr:`MpsShare.share_key`).
 
 The engine computes these when it applies a plan and again, from the devices
 the checkpoint records, when it releases one; both give the same namespaces,
@@ -18,7 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dra_driver.base.ids import DeviceName, GpuUUID
-from dra_driver.core.prepare.plan import Mode, PlannedDevice
+from dra_driver.core.prepare.devices import (
+    MpsDevice,
+    MpsInMig,
+    MpsShare,
+    PlannedDevice,
+    shares_memory,
+)
 
 
 @dataclass(frozen=True)
@@ -45,32 +51,33 @@ class MpsNamespace:
         return self.gpu_uuid if self.mig_device is None else self.mig_uuid
 
 
-def _namespace(group: Sequence[PlannedDevice], mig_device: DeviceName | None) -> MpsNamespace:
+def _namespace(group: Sequence[MpsDevice], mig_device: DeviceName | None) -> MpsNamespace:
     first = group[0]
-    percents = [d.limits.compute_percent for d in group if d.limits is not None]
+    percents = [d.limits.compute_percent for d in group]
     return MpsNamespace(
         gpu_uuid=first.gpu_uuid,
         device_name=first.device_name,
         key=min((k for d in group if (k := d.share_key)), default=None),
-        memory_limit_bytes=sum(d.limits.memory_bytes for d in group if d.limits is not None),
+        memory_limit_bytes=shares_memory(group),
         active_thread_percentage=100 if 0 in percents else min(100, sum(percents)),
         mig_device=mig_device,
-        mig_uuid=first.mig.mig_uuid if first.mig is not None else None,
+        mig_uuid=first.mig.mig_uuid if isinstance(first, MpsInMig) else None,
     )
 
 
 def mps_namespaces(devices: Sequence[PlannedDevice]) -> tuple[MpsNamespace, ...]:
     """The namespaces ``devices`` (one claim's) hold: per GPU in UUID order, then per
     MIG instance in device-name order."""
-    gpus: dict[GpuUUID, list[PlannedDevice]] = {}
-    instances: dict[DeviceName, list[PlannedDevice]] = {}
+    gpus: dict[GpuUUID, list[MpsDevice]] = {}
+    instances: dict[DeviceName, list[MpsDevice]] = {}
     for d in devices:
-        if d.mode is not Mode.MPS:
-            continue
-        if d.mig is None:
-            gpus.setdefault(d.gpu_uuid, []).append(d)
-        else:
-            instances.setdefault(d.device_name, []).append(d)
+        match d:
+            case MpsShare():
+                gpus.setdefault(d.gpu_uuid, []).append(d)
+            case MpsInMig():
+                instances.setdefault(d.device_name, []).append(d)
+            case _:
+                pass
     return (
         *(_namespace(gpus[uuid], None) for uuid in sorted(gpus)),
         *(_namespace(instances[name], name) for name in sorted(instances)),
@@ -99,17 +106,20 @@ def mps_daemon_conflict(namespaces: Sequence[MpsNamespace]) -> str | None:
     )
 
 
-def namespace_of(namespaces: Sequence[MpsNamespace], device: PlannedDevice) -> MpsNamespace:
+def namespace_of(namespaces: Sequence[MpsNamespace], device: MpsDevice) -> MpsNamespace:
     """The namespace of ``namespaces`` that MPS share ``device`` is part of.
 
     Raises ValueError when there is none (``device`` is not one of the shares
     ``namespaces`` were computed from).
     """
     for ns in namespaces:
-        if device.mig is None and ns.mig_device is None and ns.gpu_uuid == device.gpu_uuid:
-            return ns
-        if device.mig is not None and ns.mig_device == device.device_name:
-            return ns
+        match device:
+            case MpsShare() if ns.mig_device is None and ns.gpu_uuid == device.gpu_uuid:
+                return ns
+            case MpsInMig() if ns.mig_device == device.device_name:
+                return ns
+            case _:
+                pass
     raise ValueError(f"{device.device_name} is in none of the claim's MPS namespaces")
 
 

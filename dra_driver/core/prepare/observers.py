@@ -32,7 +32,7 @@ from dra_driver.base.errors import (
 )
 from dra_driver.base.ids import ClaimRef
 from dra_driver.core.model import ResourceClaim
-from dra_driver.core.prepare.plan import PlannedDevice
+from dra_driver.core.prepare.devices import PlannedDevice
 
 # The name it logged under before core/ was split into packages: log lines say it, so
 # it stays (a move changes no output).

@@ -5,15 +5,18 @@ kubelet restart, after a partial failure); the same claim, inventory and node
 must always give the same plan, so a repeat writes the same CDI spec and
 returns the same device ids. Nothing here reads clocks, files or the API.
 
-Each allocated device gets a mode: the whole GPU (a result without a
-``shareID``), an MPS share with the memory and SM limits granted by the
-allocation (``consumedCapacity`` on the native path, the controller's
-``GpuShareGrant`` otherwise) and lowered by the claim's ``GpuConfig``, a
-time-sliced share (no limits), a MIG device (an existing instance, or a
-placement to create at prepare), or admin access. The sharing strategy is the
-GPU's node setting, never the claim's. The plan also guards the node: an
-exclusive device already prepared for another claim, or MPS shares whose
-memory would not fit the GPU, fail the claim.
+Each allocated device becomes one variant of :data:`~.devices.PlannedDevice`:
+the whole GPU (:class:`~.devices.Exclusive`, a result without a ``shareID``),
+an MPS share (:class:`~.devices.MpsShare`) with the memory and SM limits
+granted by the allocation (``consumedCapacity`` on the native path, the
+controller's ``GpuShareGrant`` otherwise) and lowered by the claim's
+``GpuConfig``, a time-sliced share (:class:`~.devices.TimeSliced`, no limits), a
+MIG device (:class:`~.devices.MigInstance`: an existing instance, or a placement
+to create at prepare), an MPS share of a MIG instance
+(:class:`~.devices.MpsInMig`), or admin access (:class:`~.devices.Admin`). The
+sharing strategy is the GPU's node setting, never the claim's. The plan also
+guards the node (:mod:`.node_guards`): an exclusive device already prepared for
+another claim, or MPS shares whose memory would not fit the GPU, fail the claim.
 
 The plan's CDI spec holds what every container of the claim needs that the
 plan can know: the GPU's device node and the node's common edits (driver
@@ -28,8 +31,6 @@ it applies the plan.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -38,77 +39,49 @@ from dra_driver.base.errors import (
     ClaimNotAllocatedError,
     ClaimNotOnNodeError,
     InvalidConfigError,
-    OvercommitError,
 )
-from dra_driver.base.ids import ClaimUID, DeviceName, GpuUUID, PoolName
-from dra_driver.base.quantity import format_bytes
+from dra_driver.base.ids import DeviceName, PoolName
 from dra_driver.core.cdi import (
     CdiDevice,
     CdiSpec,
     ContainerEdits,
     DeviceNode,
-    Hook,
     fake_device_node,
     merge_edits,
 )
 from dra_driver.core.model import DeviceResult, GpuInfo, Inventory, ResourceClaim
 from dra_driver.core.prepare.configs import effective_config, limits_for, trusted_grant
+from dra_driver.core.prepare.devices import (
+    Admin,
+    CommonFields,
+    Exclusive,
+    HeldDevice,
+    MigInstance,
+    Mode,
+    MpsInMig,
+    MpsLimits,
+    MpsShare,
+    PlannedDevice,
+    PreparePlan,
+    TimeSliced,
+    limits_of,
+)
+from dra_driver.core.prepare.dmem_hooks import DmemHookSettings, with_dmem_hooks
+from dra_driver.core.prepare.mig_planning import (
+    mig_plan,
+    mig_shared,
+    share_mig_plan,
+    usable_memory,
+)
+from dra_driver.core.prepare.node_guards import check_conflicts, check_fits, check_own_results
 from dra_driver.core.published import MigTarget, mig_targets
 from dra_driver.core.settings import NodeSettings, Sharing
-from dra_driver.core.slices import MIB, mig_share_policy
 
 NVIDIA_MAJOR = 195
 """Character-device major of /dev/nvidia<N> and /dev/nvidiactl (fixed by the driver)."""
 NVIDIACTL_MINOR = 255
 
-
-class Mode(enum.StrEnum):
-    """How a device is handed to a claim."""
-
-    EXCLUSIVE = "exclusive"
-    """The whole GPU, held by this claim alone."""
-    SHARED = "shared"
-    """A time-sliced share: the GPU's nodes, no limits."""
-    MPS = "mps"
-    """An MPS share: memory and SM limits held by the MPS daemon. With ``mig`` set, a
-    share of a MIG instance: a client of the daemon for that instance."""
-    MIG = "mig"
-    """A MIG device: hardware isolation, held by this claim alone."""
-    ADMIN = "admin"
-    """adminAccess: monitoring access that holds nothing."""
-
-
-_MODE_STRENGTH = (Mode.ADMIN, Mode.SHARED, Mode.MPS, Mode.MIG, Mode.EXCLUSIVE)
-_HOLDS_ALONE = (Mode.EXCLUSIVE, Mode.MIG)
-
-
-@dataclass(frozen=True)
-class DmemHookSettings:
-    """Kernel-enforced GPU-memory limits for MPS shares: cgroup v2 ``dmem``.
-
-    Where the node's kernel has the ``dmem`` controller and the GPU's driver
-    registers a region for it, each container of an MPS share gets a CDI
-    ``createContainer`` hook (``dra_driver/dmemhook/dmem-hook.sh``, installed on
-    the host) that sets the share's memory limit as the container's hard limit
-    (``dmem.max``; its cgroup does not exist at prepare time) and, when the
-    claim's config asks for one (``mps.memorySoftLimit``), its soft limit
-    (``dmem.min``), through ``nvidia-smi memory-limits`` where the driver offers
-    it. The limits are per container: two containers of one pod that use one
-    claim may each use them. A GPU without regions gets no hook, and a
-    soft limit asked for a share of it has no effect (silently: the field's
-    documentation says so, and detection logs the node's dmem state once).
-    """
-
-    hook_path: str
-    """The installed script, a path on the host."""
-    regions: Mapping[GpuUUID, tuple[str, ...]]
-    """dmem regions per GPU UUID (detection at start); a GPU absent here gets no hook."""
-    strict: bool = False
-    """A failing hook fails the container's start (``--strict``); otherwise the
-    container starts with the MPS daemon's limit only and the hook logs why."""
-    log_path: str | None = None
-    """Where the hook appends its failures on the host."""
-    timeout_s: int = 10
+_MODE_STRENGTH = (Mode.ADMIN, Mode.TIME_SLICED, Mode.MPS, Mode.MIG, Mode.EXCLUSIVE)
 
 
 @dataclass(frozen=True)
@@ -127,71 +100,6 @@ class NodeContext:
     """Fake backend: GPU nodes are harmless stand-ins (no GPU on the host)."""
     dmem: DmemHookSettings | None = None
     """cgroup v2 dmem limits for MPS shares; None: the node has none (or they are off)."""
-
-
-@dataclass(frozen=True)
-class ShareLimits:
-    memory_bytes: int
-    compute_percent: int
-    """0: no SM cap."""
-
-
-@dataclass(frozen=True)
-class MigPlan:
-    profile_id: int
-    profile_name: str
-    placement_start: int
-    placement_size: int
-    mig_uuid: str | None = None
-    """Set when the instance exists; None: the engine creates it at prepare."""
-    gi_id: int | None = None
-    ci_id: int | None = None
-    created: bool = False
-    """We created the instance at prepare (and destroy it at unprepare)."""
-
-
-@dataclass(frozen=True)
-class PlannedDevice:
-    request_names: tuple[str, ...]
-    pool_name: PoolName
-    device_name: DeviceName
-    share_id: str | None
-    gpu_uuid: GpuUUID
-    mode: Mode
-    cdi_device_ids: tuple[str, ...]
-    limits: ShareLimits | None = None
-    """MPS shares only."""
-    mig: MigPlan | None = None
-    """MIG devices only."""
-    grant_share_id: str | None = None
-    """A share without ``shareID`` (1.34/1.35 API servers drop it): the shareID of
-    the controller's ``GpuShareGrant`` for it, its stable identity on the node."""
-
-    @property
-    def share_key(self) -> str | None:
-        """What names this share on the node (its MPS namespace at the mps-agent):
-        the shareID, else the grant's."""
-        return self.share_id or self.grant_share_id
-
-
-@dataclass(frozen=True)
-class PreparePlan:
-    claim_uid: ClaimUID
-    devices: tuple[PlannedDevice, ...]
-    cdi_spec: CdiSpec
-
-
-@dataclass(frozen=True)
-class DeviceUse:
-    """A device held by an already-prepared claim (from the checkpoint)."""
-
-    claim_uid: ClaimUID
-    mode: Mode
-    memory_bytes: int = 0
-    """An MPS share's memory limit (for the overcommit guard)."""
-    mig: MigPlan | None = None
-    """The MIG instance an MPS share inside MIG is a client of (a later share of an
-    instance made on demand joins it instead of making another)."""
 
 
 def cdi_device_name(claim_uid: str, device: str, share_id: str | None) -> str:
@@ -225,50 +133,11 @@ def _our_results(claim: ResourceClaim, ctx: NodeContext) -> list[DeviceResult]:
     return here
 
 
-def _check_conflicts(
-    claim: ResourceClaim,
-    device: DeviceName,
-    mode: Mode,
-    in_use: Mapping[DeviceName, Sequence[DeviceUse]],
-) -> None:
-    """The node is the last line of defence against a device given out twice."""
-    if mode is Mode.ADMIN:
-        return
-    for use in in_use.get(device, ()):
-        if use.claim_uid == claim.ref.uid or use.mode is Mode.ADMIN:
-            continue
-        if mode in _HOLDS_ALONE or use.mode in _HOLDS_ALONE:
-            raise AllocationError(
-                claim.ref,
-                f"device {device} is already prepared for claim {use.claim_uid} "
-                f"({use.mode.value}); refusing to give it out twice",
-            )
-
-
-def _check_own_results(
-    claim: ResourceClaim, groups: Mapping[tuple[DeviceName, str | None], Sequence[DeviceResult]]
-) -> None:
-    """A device held exclusively cannot also be one of the claim's shares."""
-    uses: dict[DeviceName, int] = {}
-    exclusive: set[DeviceName] = set()
-    for (device, _), group in groups.items():
-        uses[device] = uses.get(device, 0) + 1
-        if any(not r.share_id and not r.admin_access for r in group):
-            exclusive.add(device)
-    for device in sorted(exclusive):
-        if uses[device] > 1:
-            raise AllocationError(
-                claim.ref,
-                f"the allocation holds device {device} both exclusively and as a share; "
-                "delete the claim so it is allocated again",
-            )
-
-
 def plan_prepare(
     claim: ResourceClaim,
     inventory: Inventory,
     ctx: NodeContext,
-    in_use: Mapping[DeviceName, Sequence[DeviceUse]] | None = None,
+    in_use: Mapping[DeviceName, Sequence[HeldDevice]] | None = None,
 ) -> PreparePlan:
     """Compute what ``claim`` gets on this node, or raise a ClaimError saying why not."""
     results = _our_results(claim, ctx)
@@ -278,7 +147,7 @@ def plan_prepare(
     for result in results:
         groups.setdefault((result.device, result.share_id), []).append(result)
 
-    _check_own_results(claim, groups)
+    check_own_results(claim, groups)
 
     planned: list[PlannedDevice] = []
     cdi_devices: list[CdiDevice] = []
@@ -296,50 +165,23 @@ def plan_prepare(
                 f"device {device} is not on this node (devices here: {known}); "
                 "the allocation is stale: delete the claim so it is allocated again",
             )
-        # The strongest use wins when two results name one device.
-        mode = max((_mode(r, gpu, target, ctx, claim) for r in group), key=_MODE_STRENGTH.index)
-        usable = _usable(gpu, target, ctx.settings)
-        limits, soft = _limits(claim, group, usable, ctx) if mode is Mode.MPS else (None, None)
-        if limits is not None and _takes_all(claim, group, limits, usable, ctx):
-            # No other share can fit beside it (the scheduler gives a claim that asks no
-            # amount the request policy's default: all the memory): the whole GPU (or
-            # MIG instance), no MPS client with a limit that changes nothing.
-            mode, limits, soft = (Mode.EXCLUSIVE if target is None else Mode.MIG), None, None
-        _check_conflicts(claim, device, mode, in_use or {})
-        if limits is not None:
-            _check_fits(
-                claim,
-                device=device,
-                usable=usable,
-                limits=limits,
-                settings=ctx.settings,
-                in_use=in_use or {},
-            )
         name = cdi_device_name(claim.ref.uid, device, share_id)
+        at: CommonFields = (
+            tuple(sorted({r.main_request for r in group})),
+            ctx.pool_name,
+            device,
+            share_id,
+            gpu.uuid,
+            (f"{ctx.cdi_kind}={name}",),
+        )
+        planned_device, soft = _plan_device(
+            at, claim, group=group, gpu=gpu, target=target, ctx=ctx, in_use=in_use or {}
+        )
+        planned.append(planned_device)
         soft_limits.append(soft)
         cdi_devices.append(CdiDevice(name=name, edits=_gpu_edits(gpu, ctx.fake_device_nodes)))
-        planned.append(
-            PlannedDevice(
-                request_names=tuple(sorted({r.main_request for r in group})),
-                pool_name=ctx.pool_name,
-                device_name=device,
-                share_id=share_id,
-                gpu_uuid=gpu.uuid,
-                mode=mode,
-                cdi_device_ids=(f"{ctx.cdi_kind}={name}",),
-                limits=limits,
-                mig=_mig_plan(target, device, mode, claim, in_use or {})
-                if target is not None
-                else None,
-                grant_share_id=(
-                    _grant_share_id(claim, group, ctx)
-                    if share_id is None and mode in (Mode.MPS, Mode.SHARED)
-                    else None
-                ),
-            )
-        )
     if ctx.dmem is not None:
-        cdi_devices = _with_dmem_hooks(cdi_devices, planned, soft_limits, ctx.dmem)
+        cdi_devices = with_dmem_hooks(cdi_devices, planned, soft_limits, ctx.dmem)
     spec = CdiSpec(
         kind=ctx.cdi_kind,
         devices=tuple(cdi_devices),
@@ -359,10 +201,72 @@ def plan_prepare(
     return PreparePlan(claim_uid=claim.ref.uid, devices=tuple(planned), cdi_spec=spec)
 
 
+def _plan_device(
+    at: CommonFields,
+    claim: ResourceClaim,
+    *,
+    group: Sequence[DeviceResult],
+    gpu: GpuInfo,
+    target: MigTarget | None,
+    ctx: NodeContext,
+    in_use: Mapping[DeviceName, Sequence[HeldDevice]],
+) -> tuple[PlannedDevice, int | None]:
+    """The device ``group`` (results of one device and shareID) gives, checked against
+    what the node holds; and its soft memory limit (an MPS share's, or None)."""
+    usable = usable_memory(gpu, target, ctx.settings)
+    planned, soft = _choose(
+        at, claim, group=group, gpu=gpu, target=target, usable=usable, ctx=ctx, in_use=in_use
+    )
+    check_conflicts(claim, planned, in_use)
+    if (share := limits_of(planned)) is not None:
+        check_fits(
+            claim, device=at[2], usable=usable, limits=share, settings=ctx.settings, in_use=in_use
+        )
+    return planned, soft
+
+
+def _choose(
+    at: CommonFields,
+    claim: ResourceClaim,
+    *,
+    group: Sequence[DeviceResult],
+    gpu: GpuInfo,
+    target: MigTarget | None,
+    usable: int,
+    ctx: NodeContext,
+    in_use: Mapping[DeviceName, Sequence[HeldDevice]],
+) -> tuple[PlannedDevice, int | None]:
+    """The variant ``group`` gives (and an MPS share's soft memory limit)."""
+    device, share_id = at[2], at[3]
+    # The strongest use wins when two results name one device.
+    mode = max((_mode(r, gpu, target, ctx, claim) for r in group), key=_MODE_STRENGTH.index)
+    if mode is Mode.MPS:
+        limits, soft = _limits(claim, group, usable, ctx)
+        if not _takes_all(claim, group, limits, usable, ctx):
+            if target is not None:
+                mig = share_mig_plan(target, device, claim.ref.uid, in_use)
+                return MpsInMig(*at, limits=limits, mig=mig), soft
+            grant = _grant_share_id(claim, group, ctx) if share_id is None else None
+            return MpsShare(*at, limits=limits, grant_share_id=grant), soft
+        # No other share can fit beside it (the scheduler gives a claim that asks no
+        # amount the request policy's default: all the memory): the whole GPU (or
+        # MIG instance), no MPS client with a limit that changes nothing.
+    match mode:
+        case Mode.ADMIN:
+            return Admin(*at, mig=mig_plan(target) if target is not None else None), None
+        case Mode.TIME_SLICED:
+            grant = _grant_share_id(claim, group, ctx) if share_id is None else None
+            return TimeSliced(*at, grant_share_id=grant), None
+        case _ if target is not None:
+            return MigInstance(*at, mig=mig_plan(target)), None
+        case _:
+            return Exclusive(*at), None
+
+
 def _takes_all(
     claim: ResourceClaim,
     group: Sequence[DeviceResult],
-    limits: ShareLimits,
+    limits: MpsLimits,
     usable: int,
     ctx: NodeContext,
 ) -> bool:
@@ -377,18 +281,6 @@ def _takes_all(
     )
     left = usable - limits.memory_bytes
     return granted and left < ctx.settings.memory_step_bytes and limits.compute_percent in (0, 100)
-
-
-def _usable(gpu: GpuInfo, target: MigTarget | None, settings: NodeSettings) -> int:
-    """What MPS shares of the device divide: a GPU's memory less the reserve, or a MIG
-    instance's own memory (what its slices publish, :func:`mig_share_policy`)."""
-    if target is None:
-        return gpu.memory_bytes - settings.memory_reserve_bytes
-    existing = target.existing
-    if existing is not None and existing.memory_mib:
-        return existing.memory_mib * MIB
-    profile = next((p for p in gpu.mig_profiles if p.id == target.profile_id), None)
-    return profile.memory_mib * MIB if profile is not None else 0
 
 
 def _whole_gpus(inventory: Inventory) -> list[str]:
@@ -407,7 +299,7 @@ def _mode(
     if target is not None:
         # A share of a MIG instance is an MPS client of the instance's daemon when
         # the GPU shares its instances (and the instance can be shared at all).
-        if result.share_id and _mig_shared(gpu, target, ctx.settings):
+        if result.share_id and mig_shared(gpu, target, ctx.settings):
             return Mode.MPS
         return Mode.MIG
     if not result.share_id and not _has_grant(result, claim, ctx):
@@ -416,20 +308,12 @@ def _mode(
     if sharing is Sharing.MPS:
         return Mode.MPS
     if sharing is Sharing.TIMESLICING:
-        return Mode.SHARED
+        return Mode.TIME_SLICED
     raise AllocationError(
         claim.ref,
         f"the allocation holds a share of {gpu.device_name}, but this node does not share "
         f"it (sharing={sharing.value}); delete the claim so it is allocated again",
     )
-
-
-def _mig_shared(gpu: GpuInfo, target: MigTarget, settings: NodeSettings) -> bool:
-    if settings.for_gpu(gpu.index, gpu.uuid).mig_sharing is not Sharing.MPS:
-        return False
-    profile = next((p for p in gpu.mig_profiles if p.id == target.profile_id), None)
-    memory_mib = _usable(gpu, target, settings) // MIB
-    return mig_share_policy(gpu, profile, memory_mib, settings) is not None
 
 
 def _grant_share_id(
@@ -454,11 +338,11 @@ def _has_grant(result: DeviceResult, claim: ResourceClaim, ctx: NodeContext) -> 
 
 def _limits(
     claim: ResourceClaim, group: Sequence[DeviceResult], usable: int, ctx: NodeContext
-) -> tuple[ShareLimits, int | None]:
+) -> tuple[MpsLimits, int | None]:
     """The share's limits: what the allocation granted, lowered by the claim's config;
     and the soft memory limit its config asks for (``mps.memorySoftLimit``), or None.
 
-    The soft limit is kept out of :class:`ShareLimits` (which the checkpoint
+    The soft limit is kept out of :class:`MpsLimits` (which the checkpoint
     records): only the dmem hook uses it, and the hook's arguments are in the
     CDI spec the checkpoint keeps.
     """
@@ -478,159 +362,7 @@ def _limits(
     # Each result's soft limit fits its own hard limit (apply_overrides); two
     # results of one share take the smallest of each, so clip the soft to the hard.
     soft = min([*softs, memory]) if softs else None
-    return ShareLimits(memory_bytes=memory, compute_percent=percent), soft
-
-
-def _check_fits(
-    claim: ResourceClaim,
-    *,
-    device: DeviceName,
-    usable: int,
-    limits: ShareLimits,
-    settings: NodeSettings,
-    in_use: Mapping[DeviceName, Sequence[DeviceUse]],
-) -> None:
-    """MPS shares prepared on one device (a GPU or a MIG instance) must fit its usable
-    memory (overcommit guard)."""
-    others = [
-        u for u in in_use.get(device, ()) if u.mode is Mode.MPS and u.claim_uid != claim.ref.uid
-    ]
-    overhead = settings.mps_context_overhead_bytes
-    prepared = sum(u.memory_bytes + overhead for u in others)
-    if prepared + limits.memory_bytes + overhead > usable:
-        raise OvercommitError(
-            claim.ref,
-            f"{device} cannot hold this share: {len(others)} share(s) already prepared there "
-            f"hold {format_bytes(prepared)} (with {format_bytes(overhead)} overhead each), "
-            f"this one asks {format_bytes(limits.memory_bytes)} + {format_bytes(overhead)}, "
-            f"and {format_bytes(usable)} are usable; nothing was changed",
-        )
-
-
-def mps_memory_on(devices: Sequence[PlannedDevice], gpu_uuid: GpuUUID) -> int:
-    """A claim's MPS memory on one GPU: the sum of its shares there.
-
-    All of a claim's shares of one GPU are one MPS namespace (the engine asks
-    the agent for this sum), and its containers get this as their dmem limit.
-    """
-    return sum(
-        d.limits.memory_bytes
-        for d in devices
-        if d.mode is Mode.MPS and d.gpu_uuid == gpu_uuid and d.limits is not None
-    )
-
-
-def dmem_hook(
-    settings: DmemHookSettings,
-    gpu_uuid: GpuUUID,
-    regions: Sequence[str],
-    memory_bytes: int,
-    soft_memory_bytes: int | None = None,
-) -> Hook:
-    """The ``createContainer`` hook that sets a container's dmem limits on one GPU.
-
-    ``memory_bytes`` is the hard limit (``dmem.max``); ``soft_memory_bytes``,
-    when given, the soft one (``dmem.min``): NVML defines a cgroup's soft limit
-    as the memory "guaranteed before allocations may fail due to memory
-    pressure" (``nvmlSetMemoryLimits_v1_t``). The hook sets both with
-    ``nvidia-smi memory-limits -i <gpu_uuid>`` where the node's driver offers
-    it, else by writing ``regions``' lines into the files (the script's header
-    says why). The plan passes the claim's ``mps.memorySoftLimit``; without
-    one the arguments are those of a hard limit alone.
-    """
-    args = ["dmem-hook.sh"]
-    if settings.strict:
-        args.append("--strict")
-    if settings.log_path:
-        args += ["--log", settings.log_path]
-    args += ["--gpu", gpu_uuid, "--max", str(memory_bytes)]
-    if soft_memory_bytes is not None:
-        args += ["--min", str(soft_memory_bytes)]
-    return Hook(
-        hook_name="createContainer",
-        path=settings.hook_path,
-        args=(*args, "--", *regions),
-        timeout=settings.timeout_s,
-    )
-
-
-def mps_soft_memory_on(
-    devices: Sequence[PlannedDevice], soft_limits: Sequence[int | None], gpu_uuid: GpuUUID
-) -> int | None:
-    """A claim's soft memory limit on one GPU: the sum of its shares' there (None: none asked).
-
-    Summed like :func:`mps_memory_on`'s hard limits (``count > 1`` on one GPU
-    is one namespace and one cgroup limit for the claim's containers); a share
-    without a soft limit adds nothing, so the sum stays at most the hard sum.
-    """
-    asked = [
-        soft
-        for device, soft in zip(devices, soft_limits, strict=True)
-        if device.mode is Mode.MPS and device.gpu_uuid == gpu_uuid and soft is not None
-    ]
-    return sum(asked) if asked else None
-
-
-def _with_dmem_hooks(
-    cdi_devices: Sequence[CdiDevice],
-    planned: Sequence[PlannedDevice],
-    soft_limits: Sequence[int | None],
-    dmem: DmemHookSettings,
-) -> list[CdiDevice]:
-    """Each MPS share of a GPU with dmem regions gets the hook with the claim's memory
-    there (and its soft limit, when asked). A GPU without regions gets none, so a soft
-    limit asked there has no effect; nothing is logged per claim."""
-    out = []
-    for cdi, device in zip(cdi_devices, planned, strict=True):
-        regions = dmem.regions.get(device.gpu_uuid, ())
-        if device.mode is not Mode.MPS or device.mig is not None or not regions:
-            # (dmem accounting is for GPUs without MIG: dra-facts 10.1.)
-            out.append(cdi)
-            continue
-        # count > 1 on one GPU: the claim's hard limits there are summed, and so
-        # are its soft limits (one namespace, one dmem limit per container).
-        hook = dmem_hook(
-            dmem,
-            device.gpu_uuid,
-            regions,
-            mps_memory_on(planned, device.gpu_uuid),
-            mps_soft_memory_on(planned, soft_limits, device.gpu_uuid),
-        )
-        out.append(CdiDevice(cdi.name, merge_edits(cdi.edits, ContainerEdits(hooks=(hook,)))))
-    return out
-
-
-def _mig_plan(
-    target: MigTarget,
-    device: DeviceName,
-    mode: Mode,
-    claim: ResourceClaim,
-    in_use: Mapping[DeviceName, Sequence[DeviceUse]],
-) -> MigPlan:
-    """The instance to use: the one that exists, else (an MPS share) the one another
-    prepared claim's share of this placement already uses, else one to create."""
-    existing = target.existing
-    if existing is None and mode is Mode.MPS:
-        joined = sorted(
-            (u.claim_uid, u.mig)
-            for u in in_use.get(device, ())
-            if u.mode is Mode.MPS
-            and u.claim_uid != claim.ref.uid
-            and u.mig is not None
-            and u.mig.mig_uuid is not None
-        )
-        if joined:
-            # Not ours to destroy: the claim that made it (or inherits it) does.
-            return dataclasses.replace(joined[0][1], created=False)
-    return MigPlan(
-        profile_id=target.profile_id,
-        profile_name=target.profile_name,
-        placement_start=target.placement.start,
-        placement_size=target.placement.size,
-        mig_uuid=existing.uuid if existing is not None else None,
-        gi_id=existing.gi_id if existing is not None else None,
-        ci_id=existing.ci_id if existing is not None else None,
-    )
+    return MpsLimits(memory_bytes=memory, compute_percent=percent), soft
 
 
 def _gpu_edits(gpu: GpuInfo, fake: bool) -> ContainerEdits:
