@@ -247,17 +247,16 @@ def controller_ready(api: Any) -> bool:
     return kinds <= watched and bool(leases)
 
 
-def allocated_at(api: Any, names: set[str]) -> dict[str, float]:
-    """Claim name -> when its allocation was written (its first answered /status PATCH)."""
-    done: dict[str, float] = {}
-    for answer in api.answer_log:
+def allocated_at(answers: Iterable[Any], names: set[str], done: dict[str, float]) -> None:
+    """Add to ``done`` claim name -> when its allocation was written (its first answered
+    /status PATCH), from ``answers`` (the fake's answer log, or the part not read yet)."""
+    for answer in answers:
         r = answer.request
         if r.method != "PATCH" or not r.path.endswith("/status") or answer.code >= 300:
             continue
         name = r.path.rsplit("/", 2)[-2]
         if name in names and name not in done:
             done[name] = answer.at
-    return done
 
 
 def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
@@ -278,10 +277,15 @@ def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
         created[name] = time.monotonic()
     wanted = set(names)
     deadline = time.monotonic() + float(spec["timeout_s"])
-    done = allocated_at(api, wanted)
-    while len(done) < count and time.monotonic() < deadline:
+    done: dict[str, float] = {}
+    read = 0  # the answers looked at so far: each poll reads only the new ones
+    while True:
+        answers = api.answer_log
+        allocated_at(answers[read:], wanted, done)
+        read = len(answers)
+        if len(done) >= count or time.monotonic() >= deadline:
+            break
         time.sleep(0.05)
-        done = allocated_at(api, wanted)
     time.sleep(0.3)  # the Events and finalizers in flight land in the log too
     latencies = [done[n] - created[n] for n in names if n in done]
     kinds: Counter[str] = Counter(request_kind(r.method, r.path, r.query) for r in api.request_log)

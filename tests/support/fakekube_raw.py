@@ -27,10 +27,11 @@ the rest as Python writes them); invalid UTF-8.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from tests.support.fakekube_types import FakeApiError, JsonObj, ResourceKind
 
@@ -259,6 +260,29 @@ def encode_wire(obj: Any) -> bytes:
     for i, raw in enumerate(raws):
         text = text.replace(f'"\\u0000raw{i}\\u0000"', raw, 1)
     return text.encode()
+
+
+_T = TypeVar("_T")
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def copy_json(node: _T) -> _T:
+    """A deep copy of a JSON tree (what the store holds): plain dicts and lists are
+    rebuilt, scalars shared, anything else (a :class:`RawJson`) deep-copied. The same
+    result as ``copy.deepcopy`` several times faster: no memo of shared nodes, which a
+    tree decoded from JSON never has."""
+    return cast(_T, _copied(node))
+
+
+def _copied(node: Any) -> Any:
+    kind = type(node)
+    if kind is dict:
+        return {k: _copied(v) for k, v in node.items()}
+    if kind is list:
+        return [_copied(v) for v in node]
+    if kind in _IMMUTABLE:
+        return node
+    return copy.deepcopy(node)
 
 
 # --- immutability --------------------------------------------------------------------------
