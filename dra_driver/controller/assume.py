@@ -28,7 +28,7 @@ class AssumeCache:
         return seen
 
     def all(self) -> list[JsonObj]:
-        uids = set(self._claims.objects) | set(self.assumed)
+        uids = self._claims.uids() | set(self.assumed)
         return [c for c in (self.current(u) for u in uids) if c is not None]
 
     def assume(self, claim: JsonObj) -> None:
