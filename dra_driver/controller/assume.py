@@ -38,12 +38,21 @@ class AssumeCache:
         if seen is None or resource_version_of(claim) > resource_version_of(seen):
             self.assumed[uid] = claim
 
-    def seen(self, claim: JsonObj) -> None:
-        """The informer shows ``claim``: ours goes once the informer's is as new."""
+    def seen(self, claim: JsonObj) -> bool:
+        """The informer shows ``claim``: ours goes once the informer's is as new.
+
+        True when ``claim`` is no news: a version up to the last one we hold (our
+        write's answer, or a claim read back after a conflict). Each of our writes is
+        guarded by the resourceVersion it was based on, so every version up to it is
+        one that we wrote, wrote upon or decided upon."""
         uid = uid_of(claim)
         mine = self.assumed.get(uid)
-        if mine is not None and resource_version_of(claim) >= resource_version_of(mine):
+        if mine is None:
+            return False
+        version, ours = resource_version_of(claim), resource_version_of(mine)
+        if version >= ours:
             del self.assumed[uid]
+        return version <= ours
 
     def forget(self, uid: str) -> None:
         self.assumed.pop(uid, None)

@@ -4,6 +4,7 @@ decoded when read (:class:`PackedCache`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Protocol
 
 from dra_driver.k8s.rest import JsonObj
@@ -17,6 +18,10 @@ class ObjectCache(Protocol):
     def pop(self, uid: str) -> None: ...
 
     def values(self) -> list[JsonObj]: ...
+
+    def each(self) -> Iterator[JsonObj]:
+        """The objects one at a time (a packed one decoded only when reached)."""
+        ...
 
     def uids(self) -> set[str]: ...
 
@@ -38,6 +43,9 @@ class PlainCache:
 
     def values(self) -> list[JsonObj]:
         return list(self._objects.values())
+
+    def each(self) -> Iterator[JsonObj]:
+        return iter(list(self._objects.values()))
 
     def uids(self) -> set[str]:
         return set(self._objects)
@@ -65,6 +73,9 @@ class PackedCache:
 
     def values(self) -> list[JsonObj]:
         return [_unpacked(d) for d in self._packed.values()]
+
+    def each(self) -> Iterator[JsonObj]:
+        return (_unpacked(d) for d in list(self._packed.values()))
 
     def uids(self) -> set[str]:
         return set(self._packed)

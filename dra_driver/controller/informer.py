@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,13 +31,17 @@ from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import (
     WatchCanceller,
     WatchExpiredError,
-    list_objects,
+    list_in_chunks,
     watch_events,
 )
 
 log = logging.getLogger(__name__)
 
 ChangeHandler = Callable[[str, JsonObj, JsonObj], None]
+
+LIST_CHUNK = 100
+"""Objects per chunk of a list (client-go's reflector asks 500; a ResourceSlice of
+eight GPUs with their MIG partitions is far larger than most objects)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,11 @@ class Informer:
     def values(self) -> list[JsonObj]:
         return self.objects.values()
 
+    def each(self) -> Iterator[JsonObj]:
+        """One at a time: what the allocator's state is built from (a packed kind is
+        never decoded whole at once)."""
+        return self.objects.each()
+
     def uids(self) -> set[str]:
         return self.objects.uids()
 
@@ -145,11 +154,14 @@ class Informer:
         return PackedCache() if self.kind.packed else PlainCache()
 
     def _list(self) -> tuple[ObjectCache, str]:
-        """The list, kept as the cache keeps it (in the informer's thread, off the loop)."""
-        items, version = list_objects(self._api, self.kind.path)
+        """The list, kept as the cache keeps it (in the informer's thread, off the loop),
+        :data:`LIST_CHUNK` objects at a time."""
         objects, keep = self._new_cache(), self.kind.keep
-        for obj in items:
+
+        def add(obj: JsonObj) -> None:
             objects.put(uid_of(obj), keep(obj))
+
+        version = list_in_chunks(self._api, self.kind.path, LIST_CHUNK, add)
         return objects, version
 
     def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -147,7 +147,7 @@ class Controller:
         self.ledger = LedgerCache(
             config.driver_name,
             Sources(
-                slices=self.slices.values,
+                slices=self.slices.each,
                 classes=self.classes.values,
                 allocated_claims=self.all_claims,
             ),
@@ -211,7 +211,7 @@ class Controller:
             self._enqueue_ours()
             return
         uid = uid_of(new)
-        self.assume.seen(new)
+        known = self.assume.seen(new)
         if etype == "DELETED":
             self.assume.forget(uid)
             self.written.pop(uid, None)
@@ -222,7 +222,9 @@ class Controller:
             current = self.current_claim(uid)
             if current is not None:
                 self.ledger.claim_seen(current)
-        if is_ours(new):
+        if is_ours(new) and not (known and etype == "MODIFIED"):
+            # The echo of our own write was decided upon when it was written (and the
+            # worker goes on from its answer): deciding it again finds nothing to do.
             self.queue.add(uid)
         freed = etype == "DELETED" or not (new.get("status") or {}).get("allocation")
         if freed and (old.get("status") or {}).get("allocation"):

@@ -355,18 +355,7 @@ def _handle(
     dry_run = _dry_run(param("dryRun")) if method in _WRITES else False
     if name is None:
         if method == "GET":
-            items, rv = store.list_objects(
-                kind,
-                namespace,
-                parse_label_selector(param("labelSelector")),
-                parse_field_selector(param("fieldSelector")),
-            )
-            return 200, {
-                "kind": f"{kind.kind}List",
-                "apiVersion": kind.api_version,
-                "metadata": {"resourceVersion": str(rv)},
-                "items": [without(i, "kind", "apiVersion") for i in items],
-            }
+            return 200, _list(store, kind, namespace, param)
         if method == "POST" and (namespace is not None or not kind.namespaced):
             return 201, store.create(
                 kind, namespace, body, dry_run=dry_run, checked=True, admit=admit
@@ -407,6 +396,36 @@ def _handle(
 
 
 _WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def _list(
+    store: Store, kind: ResourceKind, namespace: str | None, param: Callable[[str], str]
+) -> JsonObj:
+    """A list, whole or in chunks (``limit``, ``continue``)."""
+    labels = parse_label_selector(param("labelSelector"))
+    fields = parse_field_selector(param("fieldSelector"))
+    limit, token = param("limit"), param("continue")
+    if limit and not limit.isdigit():
+        raise bad_request(f"invalid limit {limit!r}: a non-negative integer")
+    if token and param("resourceVersion"):
+        raise bad_request("specifying resource version is not allowed when using continue")
+    meta: JsonObj
+    if int(limit or 0) > 0 or token:
+        items, rv, following, left = store.list_page(
+            kind, namespace, labels, fields, limit=int(limit or 0), token=token
+        )
+        meta = {"resourceVersion": str(rv)}
+        if following:
+            meta |= {"continue": following, "remainingItemCount": left}
+    else:
+        items, rv = store.list_objects(kind, namespace, labels, fields)
+        meta = {"resourceVersion": str(rv)}
+    return {
+        "kind": f"{kind.kind}List",
+        "apiVersion": kind.api_version,
+        "metadata": meta,
+        "items": [without(i, "kind", "apiVersion") for i in items],
+    }
 
 
 def _dry_run(value: str) -> bool:

@@ -76,6 +76,10 @@ class WatchFilter:
         return ("DELETED", event.obj) if before else None
 
 
+_CONTINUES_KEPT = 64
+"""Lists in progress held at once; the oldest token expires first."""
+
+
 def _check_identity(kind: ResourceKind, namespace: str | None, name: str, meta: JsonObj) -> None:
     """A written object may leave name and namespace out, but not contradict the path."""
     if meta.get("name") not in (None, "", name):
@@ -159,6 +163,8 @@ class Store:
         self._history_limit = history_limit
         self._oldest_rv = 0
         """Watches may resume from any resourceVersion >= this."""
+        self._continues: dict[str, tuple[int, list[JsonObj]]] = {}
+        """Continue token -> (the list's resourceVersion, the items still to send)."""
         self._apply_owners: dict[tuple[_Key, str], Owners] = {}
         """Server-side apply ownership per (object, uid); see :mod:`fakekube_apply`."""
 
@@ -180,6 +186,45 @@ class Store:
         with self._cond:
             items = [copy_json(o) for o in self._matching(flt)]
             return items, self._rv
+
+    def list_page(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        labels: Predicate,
+        fields: Predicate,
+        *,
+        limit: int,
+        token: str,
+    ) -> tuple[list[JsonObj], int, str, int]:
+        """A chunk of a list (``limit`` and ``continue``, as the API server serves them):
+        (items, the list's resourceVersion, the next chunk's token or "", items left);
+        ``limit`` 0: all that is left.
+
+        Every chunk of one list comes from the snapshot its first chunk was cut from,
+        as the API server reads every chunk at the first one's etcd revision; a token
+        this store no longer holds is 410 Expired, as one past compaction is."""
+        with self._cond:
+            if token:
+                held = self._continues.pop(token, None)
+                if held is None:
+                    raise FakeApiError(
+                        410,
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue parameter.",
+                    )
+                rv, rest = held
+            else:
+                flt = WatchFilter(kind, namespace, labels, fields)
+                rv, rest = self._rv, [copy_json(o) for o in self._matching(flt)]
+            page, rest = (rest[:limit], rest[limit:]) if limit > 0 else (rest, [])
+            following = ""
+            if rest:
+                following = secrets.token_urlsafe(12)
+                self._continues[following] = (rv, rest)
+                while len(self._continues) > _CONTINUES_KEPT:
+                    del self._continues[next(iter(self._continues))]
+            return page, rv, following, len(rest)
 
     # Writes
 
