@@ -242,8 +242,12 @@ def as_generic(obj: Any, kind: ResourceKind) -> Any:
     return _rewrite(obj, kind, encode)
 
 
-def encode_wire(obj: Any) -> bytes:
-    """The JSON the server sends for ``obj``: each :class:`RawJson` as its compacted text."""
+def encode_wire(obj: Any, raw_at: frozenset[_Path] | None = None) -> bytes:
+    """The JSON the server sends for ``obj``: each :class:`RawJson` as its compacted text.
+
+    ``raw_at``: where in ``obj`` a :class:`RawJson` may be (its kind's
+    :data:`RAW_PATHS`, under the event's ``object`` or a list's ``items``); only those
+    branches are looked into, instead of the whole tree. None: anywhere."""
     raws: list[str] = []
 
     def swap(node: Any) -> Any:
@@ -256,10 +260,28 @@ def encode_wire(obj: Any) -> bytes:
             return [swap(v) for v in node]
         return node
 
-    text = json.dumps(swap(obj))
+    def along(node: Any, paths: frozenset[_Path]) -> Any:
+        if () in paths:
+            return swap(node)
+        if isinstance(node, list) and any(p[0] == "*" for p in paths):
+            rest = frozenset(p[1:] for p in paths if p[0] == "*")
+            return [along(v, rest) for v in node]
+        if isinstance(node, dict):
+            out = dict(node)
+            for key in {p[0] for p in paths} & node.keys():
+                out[key] = along(node[key], frozenset(p[1:] for p in paths if p[0] == key))
+            return out
+        return node
+
+    text = json.dumps(swap(obj) if raw_at is None else along(obj, raw_at) if raw_at else obj)
     for i, raw in enumerate(raws):
         text = text.replace(f'"\\u0000raw{i}\\u0000"', raw, 1)
     return text.encode()
+
+
+def under(prefix: _Path, paths: frozenset[_Path]) -> frozenset[_Path]:
+    """``paths`` (of one object) as seen from a body that holds the object at ``prefix``."""
+    return frozenset((*prefix, *p) for p in paths)
 
 
 _T = TypeVar("_T")
