@@ -102,7 +102,7 @@ def test_a_namespace_keeps_its_annotations() -> None:
 
 
 def test_a_claim_loses_only_its_managed_fields_and_device_status() -> None:
-    claim = {
+    claim: JsonObj = {
         "metadata": {"name": "c1", "managedFields": [{"manager": "x"}], "finalizers": ["f"]},
         "spec": {"devices": {"requests": [{"name": "gpu"}]}},
         "status": {"allocation": {"devices": {"results": []}}, "devices": [{"data": {}}]},
