@@ -141,33 +141,47 @@ def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return spec
 
 
+@dataclass
+class _PoolParts:
+    """One pool's slices of its newest generation so far, parsed as they come."""
+
+    generation: int
+    slice_count: int
+    """``resourceSliceCount`` of its first slice: fewer slices is an incomplete pool."""
+    slices: int = 0
+    devices: list[Device] = field(default_factory=list)
+    counter_sets: dict[str, dict[str, Fraction]] = field(default_factory=dict)
+
+
 def gather_pools(slices: Iterable[Mapping[str, Any]]) -> list[Pool]:
-    """Pools from ResourceSlice objects (or their ``spec``); newest complete generation only."""
-    newest: dict[tuple[str, str], int] = {}
-    specs = [_spec(s) for s in slices]
-    for spec in specs:
+    """Pools from ResourceSlice objects (or their ``spec``); newest complete generation only.
+
+    One pass, each slice parsed as it comes and then let go, so that the slices of a
+    large cluster need never all be decoded at once (the controller keeps them packed,
+    :mod:`dra_driver.controller.cache`)."""
+    parts: dict[tuple[str, str], _PoolParts] = {}
+    for obj in slices:
+        spec = _spec(obj)
         key = (spec["driver"], spec["pool"]["name"])
-        newest[key] = max(newest.get(key, -1), int(spec["pool"].get("generation", 0)))
-    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for spec in specs:
-        key = (spec["driver"], spec["pool"]["name"])
-        if int(spec["pool"].get("generation", 0)) == newest[key]:
-            grouped.setdefault(key, []).append(spec)
-    pools = []
-    for (driver, name), members in sorted(grouped.items()):
-        if len(members) < int(members[0]["pool"].get("resourceSliceCount", 1)):
-            continue  # incomplete
-        generation = newest[(driver, name)]
-        devices = tuple(
-            _device(d, spec, generation) for spec in members for d in spec.get("devices") or ()
-        )
-        counter_sets = {
-            cs["name"]: {n: parse_quantity(v["value"]) for n, v in cs["counters"].items()}
-            for spec in members
-            for cs in spec.get("sharedCounters") or ()
-        }
-        pools.append(Pool(driver, name, generation, devices, counter_sets))
-    return pools
+        generation = int(spec["pool"].get("generation", 0))
+        held = parts.get(key)
+        if held is None or generation > held.generation:
+            held = parts[key] = _PoolParts(
+                generation, int(spec["pool"].get("resourceSliceCount", 1))
+            )
+        elif generation < held.generation:
+            continue
+        held.slices += 1
+        held.devices.extend(_device(d, spec, generation) for d in spec.get("devices") or ())
+        for cs in spec.get("sharedCounters") or ():
+            held.counter_sets[cs["name"]] = {
+                n: parse_quantity(v["value"]) for n, v in cs["counters"].items()
+            }
+    return [
+        Pool(driver, name, p.generation, tuple(p.devices), p.counter_sets)
+        for (driver, name), p in sorted(parts.items())
+        if p.slices >= p.slice_count  # else incomplete
+    ]
 
 
 # --- classes and claims ----------------------------------------------------------------

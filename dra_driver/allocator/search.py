@@ -20,6 +20,7 @@ a :class:`Budget`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -100,18 +101,44 @@ def requested_capacity(request: ExactRequest, claim: Claim, driver: str) -> dict
             names and request.name not in names and top not in names
         ):
             continue
-        try:
-            obj = decode_config(opaque.get("parameters") or {}, driver)
-        except Exception:
-            continue
-        if isinstance(obj, GpuShare):
-            share = obj
+        found = _share_in(opaque.get("parameters") or {}, driver)
+        if found is not None:
+            share = found
     if share is None:
         return {}
     return {
         "memory": Fraction(share.memory_bytes),
         "computePercent": Fraction(share.compute_percent),
     }
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _share_in(parameters: Mapping[str, Any], driver: str) -> GpuShare | None:
+    """The ``GpuShare`` these opaque parameters decode to; None for anything else, or
+    for parameters that do not decode (:func:`decide` names what is wrong with them).
+    A flat object (every share is one) is decoded once per distinct value: a claim's
+    size is asked for when a batch is ordered and again when it is allocated, and a
+    burst has a handful of distinct shares."""
+    if isinstance(parameters, Mapping) and all(
+        isinstance(v, _SCALARS) for v in parameters.values()
+    ):
+        return _decoded_share(tuple(sorted(parameters.items())), driver)
+    return _decoded_share_of(parameters, driver)
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded_share(items: tuple[tuple[str, Any], ...], driver: str) -> GpuShare | None:
+    return _decoded_share_of(dict(items), driver)
+
+
+def _decoded_share_of(parameters: Any, driver: str) -> GpuShare | None:
+    try:
+        obj = decode_config(parameters, driver)
+    except Exception:
+        return None
+    return obj if isinstance(obj, GpuShare) else None
 
 
 def requested_size(claim_obj: Mapping[str, Any], driver_name: str) -> tuple[int, Fraction]:

@@ -1,13 +1,18 @@
 """The controller of the controller path: allocates claims of the controller-managed
-class ``share.gpu.fractional.dev`` (see ARCHITECTURE.md 2 and 3.6).
+class ``share.gpu.fractional.dev`` (see docs/architecture.md).
 
 * :mod:`.informer`: list+watch per kind into in-memory caches (resume, relist on 410);
 * :mod:`.queue`: the coalescing work queue keyed by claim UID;
 * :mod:`.reconcile`: pure :func:`~.reconcile.decide` and the write builders;
 * :mod:`.leader`: Lease-based leader election; :mod:`.events`: rate-limited Events;
+* :mod:`.ledger_cache`: the allocator's state kept across claims; :mod:`.assume`: our
+  writes laid over the informer's claims; :mod:`.claim_index`: pods and claims both ways;
+* :mod:`.worker` and :mod:`.waves`: batches worked largest first, writes side by side;
+  :mod:`.claim_writes`: the claims' writes in the write threads;
 * :mod:`.main`: :class:`~.main.Controller` (built and run by :mod:`dra_driver.app.controller`).
 """
 
-from dra_driver.controller.main import Controller, ControllerConfig
+from dra_driver.controller.config import ControllerConfig
+from dra_driver.controller.main import Controller
 
 __all__ = ["Controller", "ControllerConfig"]

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.base.errors import ApiError
+from dra_driver.controller import slim
+from dra_driver.controller.cache import ObjectCache, PackedCache, PlainCache
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import (
     WatchCanceller,
     WatchExpiredError,
-    list_objects,
+    list_in_chunks,
     watch_events,
 )
 
@@ -37,21 +39,31 @@ log = logging.getLogger(__name__)
 
 ChangeHandler = Callable[[str, JsonObj, JsonObj], None]
 
+LIST_CHUNK = 100
+"""Objects per chunk of a list (client-go's reflector asks 500; a ResourceSlice of
+eight GPUs with their MIG partitions is far larger than most objects)."""
+
 
 @dataclass(frozen=True)
 class KindPath:
-    """Where a kind is listed and watched across the cluster."""
+    """Where a kind is listed and watched across the cluster, and how it is kept."""
 
     name: str
     path: str
+    keep: Callable[[JsonObj], JsonObj] = slim.whole
+    """What the cache keeps of each object as decoded (:mod:`.slim`)."""
+    packed: bool = False
+    """Kept as compact JSON, decoded when read: for a kind read whole and seldom (the
+    ResourceSlices, read only when the allocator's state is built), whose decoded
+    objects would be the largest part of the process's memory."""
 
 
-CLAIMS = KindPath("resourceclaims", "/apis/resource.k8s.io/v1/resourceclaims")
-SLICES = KindPath("resourceslices", "/apis/resource.k8s.io/v1/resourceslices")
+CLAIMS = KindPath("resourceclaims", "/apis/resource.k8s.io/v1/resourceclaims", slim.slim_claim)
+SLICES = KindPath("resourceslices", "/apis/resource.k8s.io/v1/resourceslices", packed=True)
 CLASSES = KindPath("deviceclasses", "/apis/resource.k8s.io/v1/deviceclasses")
-NODES = KindPath("nodes", "/api/v1/nodes")
-PODS = KindPath("pods", "/api/v1/pods")
-NAMESPACES = KindPath("namespaces", "/api/v1/namespaces")
+NODES = KindPath("nodes", "/api/v1/nodes", slim.slim_node)
+PODS = KindPath("pods", "/api/v1/pods", slim.slim_pod)
+NAMESPACES = KindPath("namespaces", "/api/v1/namespaces", slim.slim_namespace)
 """Read for the VRAM quota annotation (:mod:`dra_driver.allocator.quota`)."""
 
 
@@ -84,7 +96,7 @@ class Informer:
         self._on_change = on_change
         self._read_timeout_s = read_timeout_s
         self._backoff_s = backoff_s
-        self.objects: dict[str, JsonObj] = {}
+        self.objects: ObjectCache = self._new_cache()
         self.synced = asyncio.Event()
         self.relists = 0
         self._version = ""
@@ -94,7 +106,15 @@ class Informer:
         return self.objects.get(uid)
 
     def values(self) -> list[JsonObj]:
-        return list(self.objects.values())
+        return self.objects.values()
+
+    def each(self) -> Iterator[JsonObj]:
+        """One at a time: what the allocator's state is built from (a packed kind is
+        never decoded whole at once)."""
+        return self.objects.each()
+
+    def uids(self) -> set[str]:
+        return self.objects.uids()
 
     async def run(self) -> None:
         """List+watch until cancelled."""
@@ -122,13 +142,27 @@ class Informer:
 
     async def _relist(self, thread: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
-        items, version = await loop.run_in_executor(thread, list_objects, self._api, self.kind.path)
-        self.objects = {uid_of(o): o for o in items}
+        objects, version = await loop.run_in_executor(thread, self._list)
+        self.objects = objects
         self._version = version
         self.relists += 1
         self.synced.set()
         if self._on_change is not None:
             self._on_change("SYNCED", {}, {})
+
+    def _new_cache(self) -> ObjectCache:
+        return PackedCache() if self.kind.packed else PlainCache()
+
+    def _list(self) -> tuple[ObjectCache, str]:
+        """The list, kept as the cache keeps it (in the informer's thread, off the loop),
+        :data:`LIST_CHUNK` objects at a time."""
+        objects, keep = self._new_cache(), self.kind.keep
+
+        def add(obj: JsonObj) -> None:
+            objects.put(uid_of(obj), keep(obj))
+
+        version = list_in_chunks(self._api, self.kind.path, LIST_CHUNK, add)
+        return objects, version
 
     def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:
         def emit(etype: str, obj: JsonObj) -> None:
@@ -137,7 +171,7 @@ class Informer:
                 self._version = str(version)
             if etype in ("ADDED", "MODIFIED", "DELETED"):
                 try:
-                    loop.call_soon_threadsafe(self._apply, etype, obj)
+                    loop.call_soon_threadsafe(self._apply, etype, self.kind.keep(obj))
                 except RuntimeError:  # the loop closed under us: shutting down
                     self._canceller.cancel()
 
@@ -152,12 +186,12 @@ class Informer:
 
     def _apply(self, etype: str, obj: JsonObj) -> None:
         uid = uid_of(obj)
-        old = self.objects.get(uid, {})
+        old = self.objects.get(uid) or {}
         if etype == "DELETED":
-            self.objects.pop(uid, None)
+            self.objects.pop(uid)
         else:
             if old and resource_version_of(old) > resource_version_of(obj):
                 return  # a relist already brought a newer copy
-            self.objects[uid] = obj
+            self.objects.put(uid, obj)
         if self._on_change is not None:
             self._on_change(etype, obj, old)

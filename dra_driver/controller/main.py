@@ -33,20 +33,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import socket
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.allocator import SelectorCache
-from dra_driver.base.errors import ApiConflictError, ApiError, ApiNotFoundError
+from dra_driver.base.errors import ApiConflictError, ApiError
+from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.claim_index import ClaimPodIndex
+from dra_driver.controller.claim_writes import ClaimWriter
+from dra_driver.controller.config import ControllerConfig
 from dra_driver.controller.events import ClaimEventRecorder
 from dra_driver.controller.informer import (
     CLAIMS,
@@ -58,7 +57,6 @@ from dra_driver.controller.informer import (
     ChangeHandler,
     Informer,
     KindPath,
-    resource_version_of,
     uid_of,
 )
 from dra_driver.controller.leader import LeaderElector
@@ -87,60 +85,13 @@ from dra_driver.controller.reconcile import (
     rejected_patch,
     size_rank,
 )
+from dra_driver.controller.worker import ClaimSlot, Rank, work_batches
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
-from dra_driver.k8s.watch import MERGE_PATCH, send_json
 
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_RETRIES = 5
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    driver_name: str
-    kubeconfig: str | None = None
-    host: str | None = None
-    """Plain-HTTP API URL without credentials (tests)."""
-    lease_name: str = "fractional-gpu-dra-controller"
-    lease_namespace: str = "default"
-    identity: str = field(default_factory=socket.gethostname)
-    lease_duration_s: float = 15.0
-    renew_deadline_s: float = 10.0
-    """How long a leader keeps trying to renew before it gives up and exits."""
-    renew_interval_s: float = 5.0
-    retry_interval_s: float = 2.0
-    read_timeout_s: float = 30.0
-    """Idle watch streams are reopened (from the last version) after this long."""
-    resync_s: float = 60.0
-    retry_unfit_s: float = 30.0
-    """A claim that fits nowhere is tried again after this long (and on any change)."""
-    error_backoff_s: float = 2.0
-    event_interval_s: float = 60.0
-    """An equal Event (same claim, reason and message) is written again, as a count on
-    the one before, at most this often."""
-    batch_window_s: float = 0.2
-    """Claims queued within this long of the oldest are worked together, largest
-    first; 0: one at a time in arrival order."""
-    write_concurrency: int = 32
-    """Claims whose writes may be in flight at once (with a batching window; without
-    one, a claim's writes end before the next claim is decided)."""
-    metrics_port: int = 0
-    """Serve Prometheus metrics on this port (:func:`dra_driver.app.controller.run_controller`);
-    0: not served."""
-    metrics_address: str = "0.0.0.0"
-    metrics_refresh_s: float = 5.0
-    """How often the free-memory and pending-claims gauges are recomputed (when
-    anything changed)."""
-
-
-def _claim_path(claim: JsonObj, status: bool = False) -> str:
-    meta = claim.get("metadata") or {}
-    path = (
-        f"/apis/resource.k8s.io/v1/namespaces/{meta.get('namespace', 'default')}"
-        f"/resourceclaims/{meta.get('name', '')}"
-    )
-    return path + "/status" if status else path
 
 
 InformerFactory = Callable[[KindPath, ChangeHandler], Informer]
@@ -171,7 +122,6 @@ class Controller:
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self.config = config
-        self._api = api_client
         self._share_id = share_id
         self.claims = informer(CLAIMS, self._claim_changed)
         self.pods = informer(PODS, self._pod_changed)
@@ -188,8 +138,7 @@ class Controller:
             self.namespaces,
         )
         self.queue = queue
-        self.assumed: dict[str, JsonObj] = {}
-        """Claim UID -> the claim as we last wrote it, until the watch catches up."""
+        self.assume = AssumeCache(self.claims)
         self.written: dict[str, str] = {}
         """Claim UID -> node of an allocation we wrote and did not take back."""
         self.events = events
@@ -198,7 +147,7 @@ class Controller:
         self.ledger = LedgerCache(
             config.driver_name,
             Sources(
-                slices=self.slices.values,
+                slices=self.slices.each,
                 classes=self.classes.values,
                 allocated_claims=self.all_claims,
             ),
@@ -210,11 +159,7 @@ class Controller:
         """Nodes and Namespaces by name, built when first asked after a change."""
         self._writer = writer
         """The threads the claims' writes block in (shut down by :meth:`close`)."""
-        self._turns: dict[str, _Turn] = {}
-        """Claim UID -> its wave in its batch (largest first), while it is worked."""
-        self._release_slot: dict[str, Callable[[], None]] = {}
-        """Claim UID -> what gives its write slot back, while it holds one."""
-        self.writes = 0
+        self.claim_writes = ClaimWriter(api_client, writer, self.assume, events)
         self.metrics = metrics
         self._cluster_changed = True
         """Something the metrics' gauges show changed since they were last computed."""
@@ -222,17 +167,10 @@ class Controller:
     # --- cache views ---------------------------------------------------------------
 
     def current_claim(self, uid: str) -> JsonObj | None:
-        seen = self.claims.get(uid)
-        mine = self.assumed.get(uid)
-        if mine is not None and (
-            seen is None or resource_version_of(mine) > resource_version_of(seen)
-        ):
-            return mine
-        return seen
+        return self.assume.current(uid)
 
     def all_claims(self) -> list[JsonObj]:
-        uids = set(self.claims.objects) | set(self.assumed)
-        return [c for c in (self.current_claim(u) for u in uids) if c is not None]
+        return self.assume.all()
 
     def view(self) -> ClusterView:
         """What :func:`decide` reads: the allocator's state kept across claims (so no
@@ -273,11 +211,9 @@ class Controller:
             self._enqueue_ours()
             return
         uid = uid_of(new)
-        mine = self.assumed.get(uid)
-        if mine is not None and resource_version_of(new) >= resource_version_of(mine):
-            del self.assumed[uid]
+        known = self.assume.seen(new)
         if etype == "DELETED":
-            self.assumed.pop(uid, None)
+            self.assume.forget(uid)
             self.written.pop(uid, None)
             self.index.claim_gone(uid)
             self.ledger.claim_gone(uid)
@@ -286,7 +222,9 @@ class Controller:
             current = self.current_claim(uid)
             if current is not None:
                 self.ledger.claim_seen(current)
-        if is_ours(new):
+        if is_ours(new) and not (known and etype == "MODIFIED"):
+            # The echo of our own write was decided upon when it was written (and the
+            # worker goes on from its answer): deciding it again finds nothing to do.
             self.queue.add(uid)
         freed = etype == "DELETED" or not (new.get("status") or {}).get("allocation")
         if freed and (old.get("status") or {}).get("allocation"):
@@ -412,99 +350,41 @@ class Controller:
         return max(1, self.config.write_concurrency) if self.config.batch_window_s > 0 else 1
 
     async def _work(self) -> None:
-        """Take batches, start each claim in placement order (its decision is taken at
-        its start, before any other claim's), up to :meth:`_concurrency` claims at once.
-        A claim that fails with anything but an API error stops the worker with that
-        error, as it did when claims were worked one at a time."""
-        slots = asyncio.Semaphore(self._concurrency())
-        claims: set[asyncio.Task[None]] = set()
-        failures: list[BaseException] = []
-        failed = asyncio.Event()
+        """Batches of claims in placement order, up to :meth:`_concurrency` at once
+        (:func:`~.worker.work_batches`). A claim that fails with anything but an API
+        error stops the worker with that error."""
+        await work_batches(
+            self.queue,
+            batch_window_s=self.config.batch_window_s,
+            concurrency=self._concurrency(),
+            order=self._placement_order,
+            work=self._work_claim,
+        )
 
-        def finished(task: asyncio.Task[None]) -> None:
-            claims.discard(task)
-            if not task.cancelled() and (err := task.exception()) is not None:
-                failures.append(err)
-                failed.set()
+    def _placement_order(self, batch: Sequence[str]) -> list[tuple[str, Rank]]:
+        driver = self.config.driver_name
+        keyed = sorted(  # stable: claims that allocate nothing keep queue order
+            ((placement_key(uid, self.current_claim(uid), driver), uid) for uid in batch),
+            key=lambda item: item[0],
+        )
+        return [(uid, size_rank(key)) for key, uid in keyed]
 
-        async def dispatch() -> None:
-            while True:
-                batch = await self.queue.get_batch(self.config.batch_window_s)
-                driver = self.config.driver_name
-                keyed = sorted(  # stable: claims that allocate nothing keep queue order
-                    ((placement_key(uid, self.current_claim(uid), driver), uid) for uid in batch),
-                    key=lambda item: item[0],
-                )
-                order = deque((uid, size_rank(key)) for key, uid in keyed)
-                waves = _waves([rank for _, rank in order])
-                if len(order) > 1:
-                    log.debug("working a batch of %d claims, largest first", len(order))
-                try:
-                    while order:
-                        await slots.acquire()
-                        uid, rank = order.popleft()
-                        turn = _Turn(waves[rank])
-                        task = asyncio.create_task(self._claim_task(uid, slots, turn))
-                        claims.add(task)
-                        task.add_done_callback(finished)
-                finally:
-                    # Cancelled (leadership lost, stopping): release the rest unworked;
-                    # a new leader enqueues every claim of ours again.
-                    for uid, _ in order:
-                        self.queue.done(uid)
-
-        dispatcher = asyncio.create_task(dispatch())
-        stopped = asyncio.create_task(failed.wait())
-        try:
-            await asyncio.wait({dispatcher, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if failures:
-                raise failures[0]
-            dispatcher.result()  # it only ends by failing
-        finally:
-            pending = [dispatcher, stopped, *claims]
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-
-    async def _claim_task(self, uid: str, slots: asyncio.Semaphore, turn: _Turn) -> None:
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                slots.release()
-
-        self._release_slot[uid] = release
-        self._turns[uid] = turn
+    async def _work_claim(self, uid: str, slot: ClaimSlot) -> None:
         try:
             if self.elector.is_leader:
-                await self.process(uid)
+                await self.process(uid, slot)
         except ApiError as err:
             log.warning("claim %s: %s; retrying in %.1fs", uid, err, self.config.error_backoff_s)
             self.queue.add_after(uid, self.config.error_backoff_s)
-        finally:
-            self._release_slot.pop(uid, None)
-            self._turns.pop(uid, None)
-            turn.leave()  # whatever happened, the smaller claims after it may go on
-            release()
-            self.queue.done(uid)
-
-    def _pass_turn(self, uid: str) -> None:
-        turn = self._turns.get(uid)
-        if turn is not None:
-            turn.leave()
-
-    def _claim_written(self, uid: str) -> None:
-        """The claim's own writes are done: the next claim may start while its Event is
-        written (the write threads bound those)."""
-        release = self._release_slot.pop(uid, None)
-        if release is not None:
-            release()
 
     # --- one claim -----------------------------------------------------------------
 
-    async def process(self, uid: str) -> None:
+    @property
+    def writes(self) -> int:
+        """Claim writes answered so far."""
+        return self.claim_writes.writes
+
+    async def process(self, uid: str, slot: ClaimSlot | None = None) -> None:
         """Decide and apply until the claim needs nothing more; re-read on conflicts."""
         started = time.monotonic()
         claim = self.current_claim(uid)
@@ -512,19 +392,19 @@ class Controller:
             if claim is None:
                 return
             decision = decide(claim, self.pods_of(claim), self._nodes_by_name(), self.view())
-            if not isinstance(decision, Allocate | RecordRejected):
-                self._pass_turn(uid)  # no allocation to send: the next claim's may go
+            if slot is not None and not isinstance(decision, Allocate | RecordRejected):
+                slot.pass_turn()  # no allocation to send: the next claim's may go
             if isinstance(decision, Allocate):
                 # Taken now, before the first write is sent: the next claim is decided
                 # while these writes are in flight and must see it.
                 namespace = str((claim.get("metadata") or {}).get("namespace", ""))
                 self.ledger.decided(uid, namespace, decision.allocation)
             try:
-                again = await self.apply(claim, decision)
+                again = await self.apply(claim, decision, slot)
             except ApiConflictError as err:
                 self.ledger.failed(uid)
                 log.info("claim %s: %s; re-reading", uid, err)
-                claim = await self._get(claim)
+                claim = await self.claim_writes.get(claim)
                 continue
             except BaseException:
                 self.ledger.failed(uid)
@@ -534,70 +414,6 @@ class Controller:
                 return
             claim = again
         self.queue.add_after(uid, self.config.error_backoff_s)
-
-    async def _call(self, call: Callable[[], JsonObj]) -> JsonObj:
-        """``call`` in one of the write threads."""
-        return await asyncio.get_running_loop().run_in_executor(self._writer, call)
-
-    async def _get(self, claim: JsonObj) -> JsonObj | None:
-        try:
-            fresh = await self._call(
-                functools.partial(send_json, self._api, "GET", _claim_path(claim))
-            )
-        except ApiNotFoundError:
-            return None
-        self._assume(fresh)
-        return fresh
-
-    async def _patch(
-        self,
-        claim: JsonObj,
-        patch: JsonObj,
-        *,
-        status: bool = False,
-    ) -> JsonObj:
-        """A JSON merge patch of the claim (or its ``/status``); the answer is assumed."""
-        written = await self._call(
-            functools.partial(
-                send_json,
-                self._api,
-                "PATCH",
-                _claim_path(claim, status),
-                patch,
-                content_type=MERGE_PATCH,
-            )
-        )
-        self.writes += 1
-        self._assume(written)
-        return written
-
-    async def _patch_metadata(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj:
-        """A metadata patch that the claim may refuse for good; then it goes on without.
-
-        A claim created with opaque parameters in a form the API server does not
-        write back itself (spaces, as the Python client's ``json.dumps`` sends them)
-        refuses every JSON write to the main resource: the server compacts the
-        stored bytes and sees the spec change (422 ``field is immutable``). Its
-        ``/status`` can still be written, so the claim is still allocated, without
-        the finalizer (this controller deallocates it when its pods are gone) and
-        with a Warning Event that says how to recreate it.
-        """
-        try:
-            return await self._patch(claim, patch)
-        except ApiError as err:
-            if err.status != 422:
-                raise
-            await self.events.record(
-                claim,
-                "MetadataWriteRefused",
-                f"could not write {what}: {err}. The API server refuses any JSON write of "
-                "this claim's metadata when its opaque parameters were sent in another form "
-                "than the server's own (e.g. with spaces, as the Python client's json.dumps "
-                "writes them); the claim is allocated without it. Recreate the claim with "
-                "kubectl (compact JSON) to make it writable",
-                "Warning",
-            )
-            return claim
 
     def _count(self, decision: Decision, seconds: float) -> None:
         match decision:
@@ -611,14 +427,11 @@ class Controller:
             case Deallocate() | RecordRejected():
                 self._cluster_changed = True
 
-    def _assume(self, claim: JsonObj) -> None:
-        uid = uid_of(claim)
-        seen = self.claims.get(uid)
-        if seen is None or resource_version_of(claim) > resource_version_of(seen):
-            self.assumed[uid] = claim
-
-    async def apply(self, claim: JsonObj, decision: Decision) -> JsonObj | None:  # noqa: PLR0911
-        """Carry out ``decision``; returns the claim when it needs another decision."""
+    async def apply(  # noqa: PLR0911
+        self, claim: JsonObj, decision: Decision, slot: ClaimSlot | None = None
+    ) -> JsonObj | None:
+        """Carry out ``decision``; returns the claim when it needs another decision.
+        ``slot``: the claim's place in its batch (its allocation waits its turn)."""
         uid = uid_of(claim)
         match decision:
             case Ignore():
@@ -634,21 +447,21 @@ class Controller:
             case Allocate(allocation=allocation, node=node):
                 protect = finalizer_patch(claim)
                 if protect is not None:
-                    claim = await self._patch_metadata(claim, protect, "the finalizer " + FINALIZER)
-                turn = self._turns.get(uid)
-                if turn is not None:
-                    await turn.wait()
+                    claim = await self.claim_writes.patch_metadata(
+                        claim, protect, "the finalizer " + FINALIZER
+                    )
+                if slot is not None:
+                    await slot.wait_turn()
                 body = allocation_patch(claim, allocation, now_rfc3339(), keep_shares=True)
-                claim = await self._patch(claim, body, status=True)
-                if turn is not None:
-                    turn.leave()
+                claim = await self.claim_writes.patch(claim, body, status=True)
                 self.ledger.written(uid)
                 self.written[uid] = node or ""
-                self._claim_written(uid)
+                if slot is not None:
+                    slot.written()
                 await self.events.record(claim, "Allocated", describe_allocation(allocation))
                 return None
             case RecordRejected(node=node):
-                claim = await self._patch_metadata(
+                claim = await self.claim_writes.patch_metadata(
                     claim, rejected_patch(claim, node), "the rejected-nodes annotation"
                 )
                 self.written.pop(uid, None)
@@ -661,7 +474,9 @@ class Controller:
                 return claim
             case Deallocate(clear_status=clear_status):
                 if clear_status:
-                    claim = await self._patch(claim, deallocation_patch(claim), status=True)
+                    claim = await self.claim_writes.patch(
+                        claim, deallocation_patch(claim), status=True
+                    )
                     self.ledger.claim_seen(claim)  # freed: the state is built anew
                     self.written.pop(uid, None)
                     await self.events.record(
@@ -669,57 +484,7 @@ class Controller:
                     )
                 unprotect = finalizer_removal_patch(claim)
                 if unprotect is not None:
-                    await self._patch(claim, unprotect)
+                    await self.claim_writes.patch(claim, unprotect)
                 self._enqueue_ours(pending_only=True)
                 return None
         return None
-
-
-class _Wave:
-    """The claims of one size in a batch. Their allocations are written side by side,
-    once every larger claim of the batch has had its allocation answered (or decided it
-    has none): a burst is allocated largest first, as it was decided, in what the API
-    server sees as well, while claims of a size never wait on one another."""
-
-    def __init__(self, before: _Wave | None, members: int) -> None:
-        self.before = before
-        self.left = members
-        self.done = asyncio.Event()
-
-    def leave(self) -> None:
-        self.left -= 1
-        if self.left <= 0:
-            self.done.set()
-
-
-def _waves(ranks: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], _Wave]:
-    """One wave per size in a batch (``ranks`` sorted, largest first), each after the
-    one before."""
-    waves: dict[tuple[Any, ...], _Wave] = {}
-    before: _Wave | None = None
-    for rank in ranks:
-        wave = waves.get(rank)
-        if wave is None:
-            wave = waves[rank] = _Wave(before, 0)
-            before = wave
-        wave.left += 1
-    return waves
-
-
-class _Turn:
-    """One claim's membership of its wave: it leaves once, when its allocation is
-    answered or it knows it writes none."""
-
-    def __init__(self, wave: _Wave) -> None:
-        self.wave = wave
-        self._left = False
-
-    async def wait(self) -> None:
-        """Until every larger claim of the batch is done."""
-        if self.wave.before is not None:
-            await self.wave.before.done.wait()
-
-    def leave(self) -> None:
-        if not self._left:
-            self._left = True
-            self.wave.leave()

@@ -80,17 +80,40 @@ def list_objects(api_client: KubeClient, path: str) -> tuple[list[JsonObj], str]
     Items get ``kind``/``apiVersion`` filled in from the list when absent (the
     API server leaves them out of list items).
     """
-    with translate_api_errors(f"LIST {path}"):
-        body = request_json(api_client, "GET", path, timeout_s=60.0)
-    kind = str(body.get("kind", ""))
-    item_kind = kind[: -len("List")] if kind.endswith("List") else kind
     items: list[JsonObj] = []
-    for raw in body.get("items") or []:
-        if isinstance(raw, dict):
-            raw.setdefault("kind", item_kind)
-            raw.setdefault("apiVersion", body.get("apiVersion", ""))
-            items.append(raw)
-    return items, str((body.get("metadata") or {}).get("resourceVersion", ""))
+    version = list_in_chunks(api_client, path, 0, items.append)
+    return items, version
+
+
+def list_in_chunks(
+    api_client: KubeClient, path: str, limit: int, each: Callable[[JsonObj], None]
+) -> str:
+    """``each(item)`` for every object at ``path``, read ``limit`` at a time (0: in one
+    answer); returns the list's resourceVersion.
+
+    Chunks (``limit`` and ``continue``, as client-go's reflector lists) keep one chunk
+    decoded at a time instead of the whole list: the slices of a large cluster are tens
+    of megabytes decoded. Every chunk is of the first one's snapshot; a token that
+    expired meanwhile is an :class:`ApiError` with status 410 (list again).
+    """
+    token = ""
+    while True:
+        query = [("limit", str(limit))] if limit > 0 else []
+        if token:
+            query.append(("continue", token))
+        with translate_api_errors(f"LIST {path}"):
+            body = request_json(api_client, "GET", path, query=query, timeout_s=60.0)
+        kind = str(body.get("kind", ""))
+        item_kind = kind[: -len("List")] if kind.endswith("List") else kind
+        for raw in body.pop("items", None) or []:
+            if isinstance(raw, dict):
+                raw.setdefault("kind", item_kind)
+                raw.setdefault("apiVersion", body.get("apiVersion", ""))
+                each(raw)
+        meta = body.get("metadata") or {}
+        token = str(meta.get("continue") or "")
+        if not token:
+            return str(meta.get("resourceVersion", ""))
 
 
 def watch_events(

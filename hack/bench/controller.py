@@ -247,17 +247,16 @@ def controller_ready(api: Any) -> bool:
     return kinds <= watched and bool(leases)
 
 
-def allocated_at(api: Any, names: set[str]) -> dict[str, float]:
-    """Claim name -> when its allocation was written (its first answered /status PATCH)."""
-    done: dict[str, float] = {}
-    for answer in api.answer_log:
+def allocated_at(answers: Iterable[Any], names: set[str], done: dict[str, float]) -> None:
+    """Add to ``done`` claim name -> when its allocation was written (its first answered
+    /status PATCH), from ``answers`` (the fake's answer log, or the part not read yet)."""
+    for answer in answers:
         r = answer.request
         if r.method != "PATCH" or not r.path.endswith("/status") or answer.code >= 300:
             continue
         name = r.path.rsplit("/", 2)[-2]
         if name in names and name not in done:
             done[name] = answer.at
-    return done
 
 
 def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
@@ -278,10 +277,15 @@ def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
         created[name] = time.monotonic()
     wanted = set(names)
     deadline = time.monotonic() + float(spec["timeout_s"])
-    done = allocated_at(api, wanted)
-    while len(done) < count and time.monotonic() < deadline:
+    done: dict[str, float] = {}
+    read = 0  # the answers looked at so far: each poll reads only the new ones
+    while True:
+        answers = api.answer_log
+        allocated_at(answers[read:], wanted, done)
+        read = len(answers)
+        if len(done) >= count or time.monotonic() >= deadline:
+            break
         time.sleep(0.05)
-        done = allocated_at(api, wanted)
     time.sleep(0.3)  # the Events and finalizers in flight land in the log too
     latencies = [done[n] - created[n] for n in names if n in done]
     kinds: Counter[str] = Counter(request_kind(r.method, r.path, r.query) for r in api.request_log)
@@ -362,19 +366,37 @@ def proc_file(pid: int, name: str) -> str:
         return f.read()
 
 
+TRACED = """
+import atexit, runpy, sys, tracemalloc
+heap, frames, sys.argv = sys.argv[1], int(sys.argv[2]), ["dra_driver", *sys.argv[3:]]
+tracemalloc.start(frames)
+def dump():
+    tracemalloc.take_snapshot().dump(heap)
+    with open(heap + ".peak", "w") as f:
+        f.write("%d %d\n" % tracemalloc.get_traced_memory())
+atexit.register(dump)
+runpy.run_module("dra_driver", run_name="__main__")
+"""
+"""The controller under tracemalloc (``--tracemalloc``): its heap written at exit."""
+
+
 def start_controller(
-    root: str, kubeconfig: str, label: str, profile: str | None
+    root: str, kubeconfig: str, label: str, profile: str | None, traced: str | None = None
 ) -> subprocess.Popen[bytes]:
     """``dra-driver controller`` (its log in a file, as a container's is)."""
     runner = [sys.executable]
     if profile:
         os.makedirs(profile, exist_ok=True)
         runner += ["-m", "cProfile", "-o", os.path.join(profile, f"controller-{label}.prof")]
+    if traced:
+        os.makedirs(traced, exist_ok=True)
+        runner += ["-c", TRACED, os.path.join(traced, f"controller-{label}.heap"), "4"]
     with open(os.path.join(root, f"controller-{label}.log"), "ab") as log:
         return subprocess.Popen(
             [
                 *runner,
-                *("-m", "dra_driver", "controller", "--kubeconfig", kubeconfig),
+                *(() if traced else ("-m", "dra_driver")),
+                *("controller", "--kubeconfig", kubeconfig),
                 *("--driver-name", DRIVER, "--lease-namespace", "default"),
                 *("--pod-name", "bench", "--log-level", "INFO"),
             ],
@@ -408,7 +430,7 @@ class RunSpec:
     """The fake checks every write against the schema, as a real server does."""
 
 
-def one_run(root: str, run: RunSpec, profile: str | None) -> JsonObj:
+def one_run(root: str, run: RunSpec, profile: str | None, traced: str | None = None) -> JsonObj:
     from tests.support.node import write_kubeconfig
 
     nodes, claims, mode, rate = run.nodes, run.claims, run.mode, run.rate
@@ -431,7 +453,7 @@ def one_run(root: str, run: RunSpec, profile: str | None) -> JsonObj:
         where = read_line(api)
         kubeconfig = os.path.join(root, label, "kubeconfig")
         write_kubeconfig(kubeconfig, where["url"], "bench-token", ca=where["ca"])
-        controller = start_controller(root, kubeconfig, label, profile)
+        controller = start_controller(root, kubeconfig, label, profile, traced)
         send_line(api, {"claims": claims, "mode": mode, "rate": rate, "timeout_s": run.timeout_s})
         read_line(api)  # ready
         ready_rss = status_kib(proc_file(controller.pid, "status"), "VmRSS") / 1024
@@ -519,6 +541,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="5 nodes, 30 claims (a test)")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--profile", help="run the controller under cProfile; files here")
+    parser.add_argument(
+        "--tracemalloc",
+        help="run the controller under tracemalloc; its heap at exit written here"
+        " (read with tracemalloc.Snapshot.load)",
+    )
     parser.add_argument("--serve-api", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_api:
@@ -536,7 +563,7 @@ def main() -> int:
             spec = RunSpec(
                 args.nodes, args.claims, mode, args.rate, args.timeout, not args.no_schema
             )
-            run = one_run(root, spec, args.profile)
+            run = one_run(root, spec, args.profile, args.tracemalloc)
             print(report(run), flush=True)
             runs.append(run)
     finally:

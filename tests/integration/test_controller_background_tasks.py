@@ -37,7 +37,7 @@ async def _pods_informer_returns(self: Informer) -> None:
     await _informer_run(self)
 
 
-async def _process_explodes(self: Controller, uid: str) -> None:
+async def _process_explodes(self: Controller, uid: str, *_: object) -> None:
     raise RuntimeError("the worker exploded")
 
 

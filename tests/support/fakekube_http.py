@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.support.fakekube_admission import ApiSecurity, WriteRequest
 from tests.support.fakekube_auth import User, request_attributes
-from tests.support.fakekube_raw import decode_body, encode_wire, raw_paths
+from tests.support.fakekube_raw import decode_body, encode_wire, raw_paths, under
 from tests.support.fakekube_selectors import parse_field_selector, parse_label_selector
 from tests.support.fakekube_store import Admit, Store, WatchFilter, without
 from tests.support.fakekube_types import (
@@ -215,11 +215,15 @@ class _Handler(BaseHTTPRequestHandler):
                 param=param,
                 admit=self._admission(user, method, route),
             )
+            listed = method == "GET" and route.name is None
+            paths = raw_paths(route.kind)
+            raw_at: frozenset[tuple[str, ...]] = under(("items", "*"), paths) if listed else paths
         except FakeApiError as err:
-            code, obj = err.code, err.status()
+            code, obj, raw_at = err.code, err.status(), frozenset()
         except Exception as err:  # a bug in the fake: make the test fail loudly, not hang
             code, obj = 500, FakeApiError(500, f"fake API server bug: {err!r}").status()
-        self._send_json(code, obj)
+            raw_at = frozenset()
+        self._send_json(code, obj, raw_at=raw_at)
         if self.server.answered is not None:
             self.server.answered(Answer(request, code, time.monotonic()))
 
@@ -253,8 +257,16 @@ class _Handler(BaseHTTPRequestHandler):
 
         return admit
 
-    def _send_json(self, code: int, obj: JsonObj, headers: Mapping[str, str] | None = None) -> None:
-        data = encode_wire(obj)
+    def _send_json(
+        self,
+        code: int,
+        obj: JsonObj,
+        headers: Mapping[str, str] | None = None,
+        *,
+        raw_at: frozenset[tuple[str, ...]] | None = None,
+    ) -> None:
+        """``raw_at``: where ``obj`` may hold opaque values (:func:`encode_wire`)."""
+        data = encode_wire(obj, raw_at)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -301,7 +313,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.close_connection = True
             if expired is None:
-                self._stream(store, flt, initial, cursor, deadline)
+                self._stream(
+                    store,
+                    flt,
+                    initial,
+                    cursor,
+                    deadline,
+                    raw_at=under(("object",), raw_paths(route.kind)),
+                )
             else:
                 self._write_event("ERROR", expired.status())
             self.wfile.write(b"0\r\n\r\n")
@@ -321,9 +340,11 @@ class _Handler(BaseHTTPRequestHandler):
         initial: list[JsonObj],
         cursor: int,
         deadline: float | None,
+        *,
+        raw_at: frozenset[tuple[str, ...]],
     ) -> None:
         for obj in initial:
-            self._write_event("ADDED", obj)
+            self._write_event("ADDED", obj, raw_at)
         while True:
             try:
                 events, cursor, done = store.next_events(flt, cursor, deadline)
@@ -331,12 +352,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self._write_event("ERROR", err.status())
                 return
             for event_type, obj in events:
-                self._write_event(event_type, obj)
+                self._write_event(event_type, obj, raw_at)
             if done:
                 return
 
-    def _write_event(self, event_type: str, obj: JsonObj) -> None:
-        line = encode_wire({"type": event_type, "object": obj}) + b"\n"
+    def _write_event(
+        self, event_type: str, obj: JsonObj, raw_at: frozenset[tuple[str, ...]] | None = None
+    ) -> None:
+        """``raw_at``: where the event may hold opaque values (None: anywhere)."""
+        line = encode_wire({"type": event_type, "object": obj}, raw_at) + b"\n"
         self.wfile.write(b"%X\r\n%s\r\n" % (len(line), line))
 
 
@@ -355,18 +379,7 @@ def _handle(
     dry_run = _dry_run(param("dryRun")) if method in _WRITES else False
     if name is None:
         if method == "GET":
-            items, rv = store.list_objects(
-                kind,
-                namespace,
-                parse_label_selector(param("labelSelector")),
-                parse_field_selector(param("fieldSelector")),
-            )
-            return 200, {
-                "kind": f"{kind.kind}List",
-                "apiVersion": kind.api_version,
-                "metadata": {"resourceVersion": str(rv)},
-                "items": [without(i, "kind", "apiVersion") for i in items],
-            }
+            return 200, _list(store, kind, namespace, param)
         if method == "POST" and (namespace is not None or not kind.namespaced):
             return 201, store.create(
                 kind, namespace, body, dry_run=dry_run, checked=True, admit=admit
@@ -407,6 +420,36 @@ def _handle(
 
 
 _WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def _list(
+    store: Store, kind: ResourceKind, namespace: str | None, param: Callable[[str], str]
+) -> JsonObj:
+    """A list, whole or in chunks (``limit``, ``continue``)."""
+    labels = parse_label_selector(param("labelSelector"))
+    fields = parse_field_selector(param("fieldSelector"))
+    limit, token = param("limit"), param("continue")
+    if limit and not limit.isdigit():
+        raise bad_request(f"invalid limit {limit!r}: a non-negative integer")
+    if token and param("resourceVersion"):
+        raise bad_request("specifying resource version is not allowed when using continue")
+    meta: JsonObj
+    if int(limit or 0) > 0 or token:
+        items, rv, following, left = store.list_page(
+            kind, namespace, labels, fields, limit=int(limit or 0), token=token
+        )
+        meta = {"resourceVersion": str(rv)}
+        if following:
+            meta |= {"continue": following, "remainingItemCount": left}
+    else:
+        items, rv = store.list_objects(kind, namespace, labels, fields)
+        meta = {"resourceVersion": str(rv)}
+    return {
+        "kind": f"{kind.kind}List",
+        "apiVersion": kind.api_version,
+        "metadata": meta,
+        "items": [without(i, "kind", "apiVersion") for i in items],
+    }
 
 
 def _dry_run(value: str) -> bool:

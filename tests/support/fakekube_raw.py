@@ -27,10 +27,11 @@ the rest as Python writes them); invalid UTF-8.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from tests.support.fakekube_types import FakeApiError, JsonObj, ResourceKind
 
@@ -241,8 +242,12 @@ def as_generic(obj: Any, kind: ResourceKind) -> Any:
     return _rewrite(obj, kind, encode)
 
 
-def encode_wire(obj: Any) -> bytes:
-    """The JSON the server sends for ``obj``: each :class:`RawJson` as its compacted text."""
+def encode_wire(obj: Any, raw_at: frozenset[_Path] | None = None) -> bytes:
+    """The JSON the server sends for ``obj``: each :class:`RawJson` as its compacted text.
+
+    ``raw_at``: where in ``obj`` a :class:`RawJson` may be (its kind's
+    :data:`RAW_PATHS`, under the event's ``object`` or a list's ``items``); only those
+    branches are looked into, instead of the whole tree. None: anywhere."""
     raws: list[str] = []
 
     def swap(node: Any) -> Any:
@@ -255,10 +260,51 @@ def encode_wire(obj: Any) -> bytes:
             return [swap(v) for v in node]
         return node
 
-    text = json.dumps(swap(obj))
+    def along(node: Any, paths: frozenset[_Path]) -> Any:
+        if () in paths:
+            return swap(node)
+        if isinstance(node, list) and any(p[0] == "*" for p in paths):
+            rest = frozenset(p[1:] for p in paths if p[0] == "*")
+            return [along(v, rest) for v in node]
+        if isinstance(node, dict):
+            out = dict(node)
+            for key in {p[0] for p in paths} & node.keys():
+                out[key] = along(node[key], frozenset(p[1:] for p in paths if p[0] == key))
+            return out
+        return node
+
+    text = json.dumps(swap(obj) if raw_at is None else along(obj, raw_at) if raw_at else obj)
     for i, raw in enumerate(raws):
         text = text.replace(f'"\\u0000raw{i}\\u0000"', raw, 1)
     return text.encode()
+
+
+def under(prefix: _Path, paths: frozenset[_Path]) -> frozenset[_Path]:
+    """``paths`` (of one object) as seen from a body that holds the object at ``prefix``."""
+    return frozenset((*prefix, *p) for p in paths)
+
+
+_T = TypeVar("_T")
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def copy_json(node: _T) -> _T:
+    """A deep copy of a JSON tree (what the store holds): plain dicts and lists are
+    rebuilt, scalars shared, anything else (a :class:`RawJson`) deep-copied. The same
+    result as ``copy.deepcopy`` several times faster: no memo of shared nodes, which a
+    tree decoded from JSON never has."""
+    return cast(_T, _copied(node))
+
+
+def _copied(node: Any) -> Any:
+    kind = type(node)
+    if kind is dict:
+        return {k: _copied(v) for k, v in node.items()}
+    if kind is list:
+        return [_copied(v) for v in node]
+    if kind in _IMMUTABLE:
+        return node
+    return copy.deepcopy(node)
 
 
 # --- immutability --------------------------------------------------------------------------

@@ -7,7 +7,6 @@ so objects seeded from Python produce the same watch events as HTTP writes.
 from __future__ import annotations
 
 import bisect
-import copy
 import secrets
 import string
 import threading
@@ -26,6 +25,7 @@ from tests.support.fakekube_raw import (
     as_patched,
     as_sent,
     check_claim_update,
+    copy_json,
     same_bytes,
 )
 from tests.support.fakekube_selectors import Predicate
@@ -74,6 +74,10 @@ class WatchFilter:
         if now:
             return ("MODIFIED" if before else "ADDED", event.obj)
         return ("DELETED", event.obj) if before else None
+
+
+_CONTINUES_KEPT = 64
+"""Lists in progress held at once; the oldest token expires first."""
 
 
 def _check_identity(kind: ResourceKind, namespace: str | None, name: str, meta: JsonObj) -> None:
@@ -146,7 +150,11 @@ class Store:
         self.kinds = kinds
         self._prepare = prepare
         self._validate = validate
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._changed = {kind: threading.Condition(lock) for kind in kinds}
+        """Per kind, woken by a commit of that kind: a watch waits for its own kind's
+        events only, as a real server's watch cache is kept per resource."""
         self._closing = False
         self._active_watches = 0
         self._objects: dict[_Key, JsonObj] = {}
@@ -155,6 +163,8 @@ class Store:
         self._history_limit = history_limit
         self._oldest_rv = 0
         """Watches may resume from any resourceVersion >= this."""
+        self._continues: dict[str, tuple[int, list[JsonObj]]] = {}
+        """Continue token -> (the list's resourceVersion, the items still to send)."""
         self._apply_owners: dict[tuple[_Key, str], Owners] = {}
         """Server-side apply ownership per (object, uid); see :mod:`fakekube_apply`."""
 
@@ -167,15 +177,54 @@ class Store:
 
     def get(self, kind: ResourceKind, namespace: str | None, name: str) -> JsonObj:
         with self._cond:
-            return copy.deepcopy(self._get(kind, namespace, name))
+            return copy_json(self._get(kind, namespace, name))
 
     def list_objects(
         self, kind: ResourceKind, namespace: str | None, labels: Predicate, fields: Predicate
     ) -> tuple[list[JsonObj], int]:
         flt = WatchFilter(kind, namespace, labels, fields)
         with self._cond:
-            items = [copy.deepcopy(o) for o in self._matching(flt)]
+            items = [copy_json(o) for o in self._matching(flt)]
             return items, self._rv
+
+    def list_page(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        labels: Predicate,
+        fields: Predicate,
+        *,
+        limit: int,
+        token: str,
+    ) -> tuple[list[JsonObj], int, str, int]:
+        """A chunk of a list (``limit`` and ``continue``, as the API server serves them):
+        (items, the list's resourceVersion, the next chunk's token or "", items left);
+        ``limit`` 0: all that is left.
+
+        Every chunk of one list comes from the snapshot its first chunk was cut from,
+        as the API server reads every chunk at the first one's etcd revision; a token
+        this store no longer holds is 410 Expired, as one past compaction is."""
+        with self._cond:
+            if token:
+                held = self._continues.pop(token, None)
+                if held is None:
+                    raise FakeApiError(
+                        410,
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue parameter.",
+                    )
+                rv, rest = held
+            else:
+                flt = WatchFilter(kind, namespace, labels, fields)
+                rv, rest = self._rv, [copy_json(o) for o in self._matching(flt)]
+            page, rest = (rest[:limit], rest[limit:]) if limit > 0 else (rest, [])
+            following = ""
+            if rest:
+                following = secrets.token_urlsafe(12)
+                self._continues[following] = (rv, rest)
+                while len(self._continues) > _CONTINUES_KEPT:
+                    del self._continues[next(iter(self._continues))]
+            return page, rv, following, len(rest)
 
     # Writes
 
@@ -231,10 +280,10 @@ class Store:
             if checked:
                 self._validate(kind, obj)
             if admit is not None:
-                admit("CREATE", None, copy.deepcopy(obj))
+                admit("CREATE", None, copy_json(obj))
             if not dry_run:
                 self._commit(kind, key, "ADDED", obj, None)
-            return copy.deepcopy(obj)
+            return copy_json(obj)
 
     def replace(
         self,
@@ -290,20 +339,16 @@ class Store:
             owners: Owners | None = None
             if media == "application/merge-patch+json":
                 patched = as_patched(
-                    merge_patch(as_answered(copy.deepcopy(current), kind), patch), kind
+                    merge_patch(as_answered(copy_json(current), kind), patch), kind
                 )
             elif media == "application/strategic-merge-patch+json":
-                patched = as_generic(
-                    merge_patch(as_generic(copy.deepcopy(current), kind), patch), kind
-                )
+                patched = as_generic(merge_patch(as_generic(copy_json(current), kind), patch), kind)
             elif media == "application/json-patch+json":
-                patched = as_patched(
-                    json_patch(as_answered(copy.deepcopy(current), kind), patch), kind
-                )
+                patched = as_patched(json_patch(as_answered(copy_json(current), kind), patch), kind)
             elif media == APPLY_MEDIA_TYPE and kind.kind == "ResourceClaim" and status_only:
                 owner_key = (self._key(kind, namespace, name), str(current["metadata"]["uid"]))
                 patched, owners = apply_claim_devices(
-                    as_generic(copy.deepcopy(current), kind),
+                    as_generic(copy_json(current), kind),
                     patch,
                     field_manager,
                     self._apply_owners.get(owner_key, {}),
@@ -354,19 +399,19 @@ class Store:
                         name=name,
                     )
             key = self._key(kind, namespace, name)
-            obj = copy.deepcopy(current)
+            obj = copy_json(current)
             if admit is not None:
-                admit("DELETE", copy.deepcopy(current), None)
+                admit("DELETE", copy_json(current), None)
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     obj["metadata"]["deletionTimestamp"] = _now()
                     if dry_run:
                         return False, obj
                     self._commit(kind, key, "MODIFIED", obj, current)
-                return False, copy.deepcopy(self._objects[key])
+                return False, copy_json(self._objects[key])
             if not dry_run:
                 self._commit(kind, key, "DELETED", obj, current)
-            return True, copy.deepcopy(obj)
+            return True, copy_json(obj)
 
     # Watch
 
@@ -374,7 +419,7 @@ class Store:
         """Initial ADDED objects and the resourceVersion to stream after."""
         with self._cond:
             if resource_version in ("", "0"):
-                return [copy.deepcopy(o) for o in self._matching(flt)], self._rv
+                return [copy_json(o) for o in self._matching(flt)], self._rv
             try:
                 start = int(resource_version)
             except ValueError:
@@ -395,11 +440,11 @@ class Store:
                 if start < len(self._history):
                     batch = self._history[start:]
                     views = [v for v in map(flt.view, batch) if v is not None]
-                    return copy.deepcopy(views), batch[-1].rv, False
+                    return copy_json(views), batch[-1].rv, False
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return [], after, True
-                self._cond.wait(remaining)
+                self._changed[flt.kind].wait(remaining)
 
     def watch_opened(self) -> None:
         with self._cond:
@@ -415,6 +460,8 @@ class Store:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            for changed in self._changed.values():
+                changed.notify_all()
 
     def wait_watches_ended(self, timeout: float) -> bool:
         with self._cond:
@@ -457,7 +504,7 @@ class Store:
     def _checked_body(self, kind: ResourceKind, body: Any) -> JsonObj:
         if not isinstance(body, dict) or not isinstance(body.get("metadata", {}), dict):
             raise bad_request("the request body must be a JSON object with object metadata")
-        obj = copy.deepcopy(body)
+        obj = copy_json(body)
         for attr, expected in (("apiVersion", kind.api_version), ("kind", kind.kind)):
             if obj.get(attr) not in (None, "", expected):
                 raise bad_request(f"{attr} {obj[attr]!r} does not match {expected!r}")
@@ -509,10 +556,10 @@ class Store:
             obj = without(base, "status")
             if "status" in source:
                 obj["status"] = source["status"]
-            obj = copy.deepcopy(obj)
+            obj = copy_json(obj)
         else:
             obj = new
-        meta = obj["metadata"] = copy.deepcopy(new_meta if not status_only else cur_meta)
+        meta = obj["metadata"] = copy_json(new_meta if not status_only else cur_meta)
         for attr in (*_SERVER_METADATA, "namespace", "resourceVersion"):
             if attr in cur_meta:
                 meta[attr] = cur_meta[attr]
@@ -521,17 +568,17 @@ class Store:
         self._prepare(kind, obj)
         if checked:
             self._validate(kind, obj)
-        (admit or _no_admission)("UPDATE", copy.deepcopy(current), copy.deepcopy(obj))
+        (admit or _no_admission)("UPDATE", copy_json(current), copy_json(obj))
         if same_bytes(obj, current):
-            return copy.deepcopy(current)  # a no-op write keeps its resourceVersion
+            return copy_json(current)  # a no-op write keeps its resourceVersion
         if without(obj, "metadata", "status") != without(current, "metadata", "status"):
             meta["generation"] = int(cur_meta.get("generation", 0)) + 1
         key = self._key(kind, namespace, name)
         if dry_run:
-            return copy.deepcopy(obj)  # still the stored resourceVersion
+            return copy_json(obj)  # still the stored resourceVersion
         gone = bool(meta.get("deletionTimestamp")) and not meta.get("finalizers")
         self._commit(kind, key, "DELETED" if gone else "MODIFIED", obj, current)
-        return copy.deepcopy(obj)
+        return copy_json(obj)
 
     def _commit(
         self,
@@ -547,12 +594,12 @@ class Store:
             del self._objects[key]
         else:
             self._objects[key] = obj
-        self._history.append(_Event(self._rv, kind, event_type, copy.deepcopy(obj), old))
+        self._history.append(_Event(self._rv, kind, event_type, copy_json(obj), old))
         if len(self._history) > self._history_limit:
             dropped = self._history[: len(self._history) - self._history_limit]
             del self._history[: len(dropped)]
             self._oldest_rv = dropped[-1].rv
-        self._cond.notify_all()
+        self._changed[kind].notify_all()
 
     def _check_retained(self, resource_version: int) -> None:
         if resource_version < self._oldest_rv:

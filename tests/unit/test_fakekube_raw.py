@@ -17,9 +17,11 @@ from tests.support.fakekube import FakeKubeApi
 from tests.support.fakekube_raw import (
     RawJson,
     decode_body,
+    encode_wire,
     go_canonical,
     go_compact,
     raw_paths,
+    under,
 )
 from tests.support.fakekube_types import DEFAULT_KINDS
 from tests.support.http import send
@@ -189,3 +191,27 @@ def test_decode_body_keeps_the_exact_text_of_opaque_parameters() -> None:
     assert isinstance(params, RawJson)
     assert params == {"k": 1}
     assert params.raw == '{ "k" : 1 }'
+
+
+def test_encoding_along_the_kinds_raw_paths_writes_what_the_whole_walk_writes() -> None:
+    spaced = '{ "kind" : "GpuShare", "memory" : "10Gi" }'
+    text = json.dumps(
+        {
+            "metadata": {"name": "c1"},
+            "spec": {"devices": {"config": [{"opaque": {"parameters": json.loads(spaced)}}]}},
+            "status": {
+                "allocation": {"devices": {"config": [{"opaque": {"parameters": {"a": 1}}}]}}
+            },
+        }
+    ).replace(json.dumps(json.loads(spaced)), spaced)
+    claim = decode_body(text, raw_paths(CLAIM_KIND))
+    paths = raw_paths(CLAIM_KIND)
+    for body, at in (
+        (claim, paths),
+        ({"type": "MODIFIED", "object": claim}, under(("object",), paths)),
+        ({"kind": "ResourceClaimList", "items": [claim, claim]}, under(("items", "*"), paths)),
+    ):
+        along = encode_wire(body, at)
+        assert along == encode_wire(body)
+        assert b'{"kind":"GpuShare","memory":"10Gi"}' in along
+    assert encode_wire({"code": 404}, frozenset()) == b'{"code": 404}'

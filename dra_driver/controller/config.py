@@ -1,0 +1,44 @@
+"""The controller's settings, from the flags of ``dra-driver controller``."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    driver_name: str
+    kubeconfig: str | None = None
+    host: str | None = None
+    """Plain-HTTP API URL without credentials (tests)."""
+    lease_name: str = "fractional-gpu-dra-controller"
+    lease_namespace: str = "default"
+    identity: str = field(default_factory=socket.gethostname)
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    """How long a leader keeps trying to renew before it gives up and exits."""
+    renew_interval_s: float = 5.0
+    retry_interval_s: float = 2.0
+    read_timeout_s: float = 30.0
+    """Idle watch streams are reopened (from the last version) after this long."""
+    resync_s: float = 60.0
+    retry_unfit_s: float = 30.0
+    """A claim that fits nowhere is tried again after this long (and on any change)."""
+    error_backoff_s: float = 2.0
+    event_interval_s: float = 60.0
+    """An equal Event (same claim, reason and message) is written again, as a count on
+    the one before, at most this often."""
+    batch_window_s: float = 0.2
+    """Claims queued within this long of the oldest are worked together, largest
+    first; 0: one at a time in arrival order."""
+    write_concurrency: int = 32
+    """Claims whose writes may be in flight at once (with a batching window; without
+    one, a claim's writes end before the next claim is decided)."""
+    metrics_port: int = 0
+    """Serve Prometheus metrics on this port (:func:`dra_driver.app.controller.run_controller`);
+    0: not served."""
+    metrics_address: str = "0.0.0.0"
+    metrics_refresh_s: float = 5.0
+    """How often the free-memory and pending-claims gauges are recomputed (when
+    anything changed)."""

@@ -1,0 +1,142 @@
+"""What the controller's informers keep of each object, and how."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from typing import Any
+
+from dra_driver.allocator import why_node_unfit
+from dra_driver.controller.cache import PackedCache, PlainCache
+from dra_driver.controller.claim_index import ClaimPodIndex
+from dra_driver.controller.reconcile import pod_is_live, pod_uses
+from dra_driver.controller.slim import shared, slim_claim, slim_namespace, slim_node, slim_pod
+
+JsonObj = dict[str, Any]
+
+
+def decoded(obj: JsonObj) -> JsonObj:
+    """As the informer gets it: fresh from JSON (no string shared with another object)."""
+    out: JsonObj = json.loads(json.dumps(obj))
+    return out
+
+
+POD: JsonObj = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "p1",
+        "namespace": "team-a",
+        "uid": "pod-uid",
+        "resourceVersion": "7",
+        "deletionTimestamp": "2026-12-01T00:00:00Z",
+        "labels": {"app": "x"},
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+    },
+    "spec": {
+        "nodeName": "",
+        "nodeSelector": {"zone": "a"},
+        "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        "affinity": {"nodeAffinity": {}},
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": "c1"}],
+        "containers": [{"name": "main", "image": "x", "env": [{"name": "A", "value": "1"}]}],
+        "volumes": [{"name": "v", "emptyDir": {}}],
+    },
+    "status": {
+        "phase": "Pending",
+        "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}],
+        "conditions": [{"type": "PodScheduled", "status": "False"}],
+    },
+}
+
+NODE: JsonObj = {
+    "apiVersion": "v1",
+    "kind": "Node",
+    "metadata": {"name": "n1", "uid": "node-uid", "labels": {"zone": "b"}, "annotations": {}},
+    "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}], "unschedulable": True},
+    "status": {"images": [{"names": ["x"], "sizeBytes": 1}], "conditions": []},
+}
+
+
+def test_a_pod_keeps_what_the_controller_reads_and_nothing_else() -> None:
+    slim = slim_pod(decoded(POD))
+    assert slim == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            k: POD["metadata"][k]
+            for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+        },
+        "spec": {k: v for k, v in POD["spec"].items() if k not in ("containers", "volumes")},
+        "status": {k: v for k, v in POD["status"].items() if k != "conditions"},
+    }
+
+
+def test_the_controller_reads_a_slim_pod_and_node_as_the_whole_ones() -> None:
+    claim = {"metadata": {"name": "c1", "namespace": "team-a", "uid": "claim-uid"}}
+    pod, node = decoded(POD), decoded(NODE)
+    slim, thin_node = slim_pod(pod), slim_node(node)
+    assert pod_uses(slim, claim) == pod_uses(pod, claim) is True
+    assert pod_is_live(slim) == pod_is_live(pod) is False
+    assert why_node_unfit(thin_node, slim) == why_node_unfit(node, pod) is not None
+    whole, thin = ClaimPodIndex(), ClaimPodIndex()
+    whole.pod_changed(pod)
+    thin.pod_changed(slim)
+    assert thin.pods_of(claim) == whole.pods_of(claim) == {"pod-uid"}
+    assert "status" not in thin_node and thin_node["spec"] == NODE["spec"]
+
+
+def test_a_namespace_keeps_its_annotations() -> None:
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "team-a", "annotations": {"q": "1"}, "managedFields": [{}]},
+        "spec": {"finalizers": ["kubernetes"]},
+    }
+    assert slim_namespace(decoded(namespace)) == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "team-a", "annotations": {"q": "1"}},
+    }
+
+
+def test_a_claim_loses_only_its_managed_fields_and_device_status() -> None:
+    claim: JsonObj = {
+        "metadata": {"name": "c1", "managedFields": [{"manager": "x"}], "finalizers": ["f"]},
+        "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+        "status": {"allocation": {"devices": {"results": []}}, "devices": [{"data": {}}]},
+    }
+    slim = slim_claim(decoded(claim))
+    expected = copy.deepcopy(claim)
+    del expected["metadata"]["managedFields"]
+    del expected["status"]["devices"]
+    assert slim == expected
+    assert slim_claim(decoded({"metadata": {"name": "c"}})) == {"metadata": {"name": "c"}}
+
+
+def test_keys_and_short_strings_are_shared_between_objects() -> None:
+    one, two = shared(decoded(POD)), shared(decoded(POD))
+    assert one == POD
+    key_one = next(iter(one["metadata"]))
+    key_two = next(iter(two["metadata"]))
+    assert key_one is key_two
+    assert one["metadata"]["namespace"] is two["metadata"]["namespace"]
+    long = "x" * 200
+    assert shared(decoded({"m": long}))["m"] is not sys.intern(long)
+
+
+def test_a_packed_cache_reads_as_a_plain_one_and_hands_out_copies() -> None:
+    plain, packed = PlainCache(), PackedCache()
+    for cache in (plain, packed):
+        cache.put("a", decoded(NODE))
+        cache.put("b", {"metadata": {"name": "b"}})
+        cache.pop("b")
+        cache.pop("missing")
+    assert packed.values() == plain.values() == [NODE]
+    assert packed.get("a") == NODE and packed.get("b") is None
+    assert packed.uids() == plain.uids() == {"a"} and len(packed) == 1
+    taken = packed.get("a")
+    assert taken is not None
+    taken["metadata"]["name"] = "changed"
+    assert packed.get("a") == NODE
