@@ -28,25 +28,25 @@ class OutcomeAnnouncer:
     def announce(self, operations: Sequence[ClaimOperation]) -> None:
         """Tell the observers of one call's claims; called before the call returns."""
         if self.activity.calls <= 1 and not self._queued:
-            self._tell(operations)
+            self._notify(operations)
             return
         # In the order the answers went out: a claim's prepare is always told first.
         self._queued.append(operations)
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._tell_after_lull(), name="claim-observers")
+            self._task = asyncio.create_task(self._notify_after_lull(), name="claim-observers")
 
     async def close(self) -> None:
         """Wait for the announcements queued."""
         while self._task is not None and not self._task.done():
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def _tell_after_lull(self) -> None:
+    async def _notify_after_lull(self) -> None:
         while self._queued:
             await self.activity.lull()
             told, self._queued = self._queued, []
             for operations in told:
-                self._tell(operations)
+                self._notify(operations)
 
-    def _tell(self, operations: Sequence[ClaimOperation]) -> None:
+    def _notify(self, operations: Sequence[ClaimOperation]) -> None:
         for operation in operations:
             notify(self.observers, operation)

@@ -1,7 +1,7 @@
 """Prepare / unprepare engine: claim refs in, per-claim outcomes out.
 
 Each claim of a NodePrepareResources call is one transaction, read top to bottom
-in :meth:`Driver._prepare_claim`::
+in :meth:`Driver._prepare_claim` and :meth:`Driver._carry_out`::
 
     GET (the call's claims in parallel, outside any lock)
     plan ─ record PrepareStarted          one journal pass: every claim deciding now, one write
@@ -9,8 +9,9 @@ in :meth:`Driver._prepare_claim`::
     CDI spec                              rendered once, written
     record PrepareCompleted               group commit: with every completion waiting, one write
 
-Any failure takes one path: what was done is undone, the claim's entry dropped, and
-the claim answered with :meth:`ClaimOutcome.failed`; the others go on. An
+A failure is answered with :meth:`ClaimOutcome.failed` (the claim's alone; the others
+go on) once what was done is undone and the entry dropped; a failed PrepareCompleted
+write leaves PrepareStarted, which the kubelet's retry plans again. An
 unprepare is the same shape: drop the entry (one pass), remove the CDI spec, undo
 the side effects (a failure records the entry again, for the kubelet's retry).
 
