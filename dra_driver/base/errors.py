@@ -19,6 +19,7 @@ translated at their adapter with ``raise ... from err``::
     │   └── ApiUnavailableError    transport errors, 5xx, 429: worth a retry
     ├── CheckpointError
     │   └── CheckpointCorruptError the file fails its checksum or schema
+    ├── CdiWriteError              a claim's CDI spec file could not be written
     ├── InventoryError             GPU discovery or MIG management failed, or was
     │   │                          misconfigured
     │   └── MigPlacementBusyError  a MIG instance cannot go where asked: the placement
@@ -97,6 +98,10 @@ class CheckpointError(DriverError):
 
 class CheckpointCorruptError(CheckpointError):
     """The checkpoint file exists but fails its checksum or schema check."""
+
+
+class CdiWriteError(DriverError):
+    """A claim's CDI spec file could not be written under ``--cdi-root``."""
 
 
 class InventoryError(DriverError):

@@ -20,7 +20,9 @@ from dra_driver._gen.dra.v1 import api_pb2 as v1_pb2
 from dra_driver._gen.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._gen.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver._gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_driver.base.errors import ClaimError, DriverError
 from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.core.prepare import error_reason
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,19 @@ class ClaimOutcome:
     """With ``error``: a short CamelCase cause (metrics, Events); not sent to the kubelet."""
     repeated: bool = False
     """Prepare: the claim had been prepared already; nothing was done."""
+
+    @classmethod
+    def failed(cls, claim: ClaimRef, err: BaseException) -> ClaimOutcome:
+        """The answer for ``claim`` failed by ``err``: the one place its message is made.
+
+        A ClaimError names its claim already; any other cause gets the claim's name in
+        front (an unexpected error by its type too: it is a bug to report)."""
+        if isinstance(err, ClaimError) and err.claim.uid == claim.uid:
+            message = str(err)
+        else:
+            cause = str(err) if isinstance(err, DriverError) else repr(err)
+            message = f"claim {claim}: {cause}"
+        return cls(error=message, reason=error_reason(err))
 
 
 class ClaimHandler(Protocol):

@@ -203,12 +203,12 @@ def serve_plugin(args: argparse.Namespace) -> int:
     from dra_driver.k8s.claim_status import ClaimStatusWriter
     from dra_driver.k8s.claims import KubernetesClaimSource
     from dra_driver.mpsagent.client import MpsAgentClient
-    from dra_driver.plugin import driver
+    from dra_driver.plugin import claim_decisions
     from dra_driver.plugin.cdi_store import CdiStore
     from dra_driver.state.checkpoint import CheckpointStore
 
     timed(KubernetesClaimSource, "get_claim", "get")
-    timed(driver, "plan_prepare", "plan")
+    timed(claim_decisions, "plan_prepare", "plan")
     timed(MpsAgentClient, "ensure_share", "agent")
     timed(MpsAgentClient, "release_share", "agent")
     timed(CdiStore, "write", "cdi")

@@ -16,12 +16,14 @@ import glob
 import json
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from dra_driver.app.plugin import Plugin, PluginParts, start_plugin
+from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -30,7 +32,9 @@ from dra_driver.fakes.mps_control import DELAY_ENV, RECORD_FILE
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
-from dra_driver.state.checkpoint import Checkpoint, ClaimState
+from dra_driver.mpsagent.port import MpsAgentPort
+from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
+from tests.support.eventually import eventually
 from tests.support.mps import agent_running, fake_agent_config
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -137,6 +141,30 @@ def test_ten_claims_on_ten_gpus_are_enforced_at_once(node_dirs: NodeDirs, calls:
     run_checked(scenario())
 
 
+class GatedAgent:
+    """The real mps-agent client whose share requests wait at a gate: ``arrived`` is set
+    when one is asked for, and it goes on to the agent once ``opened`` is set."""
+
+    def __init__(self, agent: MpsAgentPort) -> None:
+        self.agent = agent
+        self.arrived = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def ensure_share(self, gpu_uuid: str, share_id: str, **limits: Any) -> ShareInfo:
+        self.arrived.set()
+        await self.opened.wait()
+        return await self.agent.ensure_share(gpu_uuid, share_id, **limits)
+
+    async def release_share(self, gpu_uuid: str, share_id: str) -> bool:
+        return await self.agent.release_share(gpu_uuid, share_id)
+
+    async def list_shares(self) -> list[ShareInfo]:
+        return await self.agent.list_shares()
+
+    async def status(self) -> AgentStatus:
+        return await self.agent.status()
+
+
 def test_an_unprepare_waits_for_the_prepare_in_flight(node_dirs: NodeDirs) -> None:
     """The kubelet gives up on a slow prepare and unprepares: the unprepare is decided
     after the prepare's side effects finish, so it releases the share they made."""
@@ -145,15 +173,34 @@ def test_an_unprepare_waits_for_the_prepare_in_flight(node_dirs: NodeDirs) -> No
     resident_uid = claim_ref(resident).uid
 
     async def scenario() -> None:
-        async with serving(node_dirs, [resident, claim], 1, NodeSettings()) as (_, plugin, agent):
+        async with serving(node_dirs, [resident, claim], 1, NodeSettings()) as (
+            runtime,
+            plugin,
+            agent,
+        ):
             assert not (await plugin.prepare([claim_ref(resident)]))[resident_uid].error
+            driver = runtime.driver
+            assert driver is not None and driver.enforcer is not None
+            assert driver.enforcer.mps is not None
+            gated = GatedAgent(driver.enforcer.mps)
+            driver.enforcer.mps = gated
             ref = claim_ref(claim)
-            prepare = asyncio.create_task(plugin.prepare([ref]))
-            await asyncio.sleep(COMMAND_S / 2)  # its namespace is being made
-            assert not prepare.done()
-            errors = await plugin.unprepare([ref])
+            try:
+                prepare = asyncio.create_task(plugin.prepare([ref]))
+                await asyncio.wait_for(gated.arrived.wait(), 30)  # its share is being made
+                unprepare = asyncio.create_task(plugin.unprepare([ref]))
+                await eventually(lambda: driver.activity.calls == 2, "the unprepare in the engine")
+                # A later unprepare (of a claim never prepared) is decided in arrival order:
+                # once it is answered, the engine has passed ours by and left it waiting.
+                never = ClaimRef("b", "never", ClaimUID(str(uuid.uuid4())))
+                assert (await plugin.unprepare([never]))[never.uid] == ""
+                assert not prepare.done() and not unprepare.done()
+            finally:
+                gated.opened.set()  # also when an assertion failed: the prepare ends
+            errors = await unprepare
             assert errors[ref.uid] == ""
             assert prepare.done()  # answered before the unprepare was
+            assert (await prepare)[ref.uid].error == ""
             shares = await MpsAgentClient(agent.socket_path).list_shares()
             assert [s.claim_uid for s in shares] == [resident_uid]
             assert not os.path.exists(
@@ -163,48 +210,5 @@ def test_an_unprepare_waits_for_the_prepare_in_flight(node_dirs: NodeDirs) -> No
     run_checked(scenario())
 
 
-def test_a_completion_waiting_for_the_lock_shares_the_next_batchs_write(
-    node_dirs: NodeDirs,
-) -> None:
-    """Claim A's side effects finish while the next call's batch waits for the node
-    lock: the batch's write records A's completion too (one write, not two in a row),
-    and the group commit that A queued for finds nothing left to write."""
-    resident = [resource_claim("r", f"resident-{i}", devices=[share(f"gpu-{i}")]) for i in (0, 1)]
-    first = resource_claim("b", "first", devices=[share("gpu-0")])
-    second = resource_claim("b", "second", devices=[share("gpu-1")])
-    claims = [*resident, first, second]
-
-    async def scenario() -> None:
-        async with serving(node_dirs, claims, 2, NodeSettings()) as (runtime, plugin, _):
-            warm = await plugin.prepare([claim_ref(c) for c in resident])
-            assert not any(r.error for r in warm.values()), warm
-            driver = runtime.driver
-            assert driver is not None
-            written: list[dict[str, ClaimState]] = []
-            save = driver.checkpoints.save
-
-            def counting_save(checkpoint: Checkpoint) -> None:
-                written.append({c.ref.name: c.state for c in checkpoint.claims.values()})
-                save(checkpoint)
-
-            driver.checkpoints.save = counting_save  # type: ignore[method-assign]
-            a, b = claim_ref(first), claim_ref(second)
-            call_a = asyncio.create_task(plugin.prepare([a]))
-            await asyncio.sleep(COMMAND_S / 2)  # A's namespace is being made
-            async with driver.lock.hold():
-                call_b = asyncio.create_task(plugin.prepare([b]))
-                await asyncio.sleep(COMMAND_S / 2)  # B's batch waits for the lock
-                await asyncio.sleep(4 * COMMAND_S)  # A's two commands are done
-                assert written == [{"resident-0": DONE, "resident-1": DONE, "first": STARTED}]
-            assert not (await call_a)[a.uid].error
-            assert not (await call_b)[b.uid].error
-            # One write with A completed and B started; then B's completion.
-            assert written[1:] == [
-                {"resident-0": DONE, "resident-1": DONE, "first": DONE, "second": STARTED},
-                {"resident-0": DONE, "resident-1": DONE, "first": DONE, "second": DONE},
-            ]
-
-    run_checked(scenario())
-
-
-STARTED, DONE = ClaimState.PREPARE_STARTED, ClaimState.PREPARE_COMPLETED
+# A completion waiting for the node lock shares the next decisions' write: stated in
+# tests/unit/test_checkpoint_journal.py, through a CheckpointStore passed in.

@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 from dra_driver.base.errors import (
     AllocationError,
     ApiError,
+    CdiWriteError,
     CheckpointError,
     ClaimNotAllocatedError,
     ClaimNotFoundError,
@@ -53,6 +54,7 @@ _REASONS: tuple[tuple[type[BaseException], str], ...] = (
     (InventoryError, "GpuError"),
     (ApiError, "ApiError"),
     (CheckpointError, "CheckpointError"),
+    (CdiWriteError, "CdiWriteFailed"),
     (MpsAgentError, "MpsAgentError"),
 )
 
