@@ -352,6 +352,11 @@ class FakeKubeApi:
             return list(self._request_log)
 
     @property
+    def peak_writes_in_flight(self) -> int:
+        """With ``write_delay_s``: the most writes the server held at one moment."""
+        return self._server.peak_delayed_writes if self._server is not None else 0
+
+    @property
     def answer_log(self) -> list[Answer]:
         """Every request answered so far (not watch streams), in the order answered,
         with its status and when it was answered (benchmarks: when a write took effect)."""

@@ -6,6 +6,7 @@ import contextlib
 import socket
 import ssl
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -107,12 +108,27 @@ class Server(ThreadingHTTPServer):
         self.store = store
         self.answered = answered
         self.write_delay_s = write_delay_s
+        self._delayed_lock = threading.Lock()
+        self._delayed_now = 0
+        self.peak_delayed_writes = 0
+        """The most writes ever held by ``write_delay_s`` at one moment: how many of a
+        client's writes were in flight side by side."""
         self.security = security
         self.record = record
         self.track = track
         self.version_info = version_info
         self.tls = tls
         super().__init__(("127.0.0.1", 0), _Handler)
+
+    def hold_write(self) -> None:
+        with self._delayed_lock:
+            self._delayed_now += 1
+            self.peak_delayed_writes = max(self.peak_delayed_writes, self._delayed_now)
+        try:
+            time.sleep(self.write_delay_s)
+        finally:
+            with self._delayed_lock:
+                self._delayed_now -= 1
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, address = super().get_request()
@@ -188,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.write_delay_s and method in _WRITES:
             # A slow storage round trip: this handler thread waits, the others go on,
             # so concurrent writes are delayed side by side, not one after another.
-            time.sleep(self.server.write_delay_s)
+            self.server.hold_write()
         try:
             user = self._authorized(method, url.path, query)
             if method == "GET" and url.path.rstrip("/") == "/version":
