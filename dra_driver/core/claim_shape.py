@@ -1,0 +1,238 @@
+"""Where each field of a ResourceClaim (``resource.k8s.io/v1``, as JSON) is, written once.
+
+The node (:mod:`dra_driver.core.allocation`), the allocator and the controller read
+claims through these functions, so that a claim's shape is known in one place. They
+read the JSON as it is, without copying it into records: the controller keeps every
+claim of the cluster and reads them on its hot path (``hack/bench/controller.py``).
+
+Each function is strict about the shape of what it reads: a part that is there with
+the wrong JSON type (``status`` a string, ``metadata.finalizers`` an object) raises
+:class:`MalformedClaimError`, which names the claim and the field, instead of an
+``AttributeError`` from deep inside a caller. A part that is absent reads as empty.
+The identity (:func:`ref`) alone is lenient: it names the claim in those errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from dra_driver.base.errors import ClaimError
+from dra_driver.base.ids import ClaimRef, ClaimUID
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+class MalformedClaimError(ClaimError):
+    """A field of a ResourceClaim's JSON has the wrong shape; names the claim and the field."""
+
+    def __init__(self, claim: Mapping[str, Any], field: str, problem: str) -> None:
+        super().__init__(
+            ref(claim),
+            f"malformed field {field}: {problem} (the claim does not follow the "
+            "resource.k8s.io/v1 ResourceClaim schema; recreate it with that field fixed)",
+        )
+        self.field = field
+        self.problem = problem
+
+
+def _shape_error(
+    claim: Mapping[str, Any], field: str, want: str, value: Any
+) -> MalformedClaimError:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return MalformedClaimError(claim, field, f"expected {want}, got {type(value).__name__} {shown}")
+
+
+def _object(
+    claim: Mapping[str, Any], parent: Mapping[str, Any], key: str, field: str
+) -> Mapping[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return _EMPTY
+    if not isinstance(value, Mapping):
+        raise _shape_error(claim, field, "an object", value)
+    return value
+
+
+def _list(
+    claim: Mapping[str, Any], parent: Mapping[str, Any], key: str, field: str
+) -> Sequence[Any]:
+    value = parent.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise _shape_error(claim, field, "a list", value)
+    return value
+
+
+def _objects(
+    claim: Mapping[str, Any], parent: Mapping[str, Any], key: str, field: str
+) -> Sequence[Mapping[str, Any]]:
+    items = _list(claim, parent, key, field)
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise _shape_error(claim, f"{field}[{i}]", "an object", item)
+    return items
+
+
+def _metadata(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _object(claim, claim, "metadata", "metadata")
+
+
+def _status(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _object(claim, claim, "status", "status")
+
+
+def _spec_devices(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = _object(claim, claim, "spec", "spec")
+    return _object(claim, spec, "devices", "spec.devices")
+
+
+# --- identity (metadata) ---------------------------------------------------------------
+
+
+def ref(claim: Mapping[str, Any]) -> ClaimRef:
+    """Namespace, name and UID; empty strings where absent or unreadable (lenient: this
+    is what names the claim in every error)."""
+    meta = claim.get("metadata") if isinstance(claim, Mapping) else None
+    if not isinstance(meta, Mapping):
+        meta = _EMPTY
+    return ClaimRef(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=ClaimUID(str(meta.get("uid", ""))),
+    )
+
+
+def namespace(claim: Mapping[str, Any]) -> str:
+    """``metadata.namespace``; empty when absent."""
+    return str(_metadata(claim).get("namespace", ""))
+
+
+def name(claim: Mapping[str, Any]) -> str:
+    return str(_metadata(claim).get("name", ""))
+
+
+def key(claim: Mapping[str, Any]) -> str:
+    """What the controller's caches know a claim by: its UID, or ``namespace/name``
+    before it has one (an object built by a test)."""
+    meta = _metadata(claim)
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+def resource_version(claim: Mapping[str, Any]) -> str | None:
+    """``metadata.resourceVersion``; ``None`` when absent or empty."""
+    version = _metadata(claim).get("resourceVersion")
+    return str(version) if version else None
+
+
+def creation_timestamp(claim: Mapping[str, Any]) -> str:
+    return str(_metadata(claim).get("creationTimestamp") or "")
+
+
+def is_deleting(claim: Mapping[str, Any]) -> bool:
+    """``metadata.deletionTimestamp`` is set: the claim goes once its finalizers do."""
+    return bool(_metadata(claim).get("deletionTimestamp"))
+
+
+def finalizers(claim: Mapping[str, Any]) -> list[str]:
+    """``metadata.finalizers``, a new list."""
+    items = _list(claim, _metadata(claim), "finalizers", "metadata.finalizers")
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise _shape_error(claim, f"metadata.finalizers[{i}]", "a string", item)
+    return list(items)
+
+
+def metadata_annotations(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``metadata.annotations`` as stored (values are strings in the API)."""
+    return _object(claim, _metadata(claim), "annotations", "metadata.annotations")
+
+
+def owner_references(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """``metadata.ownerReferences`` (a template's claim names its pod here)."""
+    return _objects(claim, _metadata(claim), "ownerReferences", "metadata.ownerReferences")
+
+
+# --- status ----------------------------------------------------------------------------
+
+
+def allocation(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.allocation``; ``None`` when the claim is not allocated."""
+    found = _object(claim, _status(claim), "allocation", "status.allocation")
+    return found or None
+
+
+def is_allocated(claim: Mapping[str, Any]) -> bool:
+    return allocation(claim) is not None
+
+
+def allocation_devices(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``status.allocation.devices`` (empty when the claim is not allocated)."""
+    found = allocation(claim)
+    if found is None:
+        return _EMPTY
+    return _object(claim, found, "devices", "status.allocation.devices")
+
+
+def allocation_results(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """``status.allocation.devices.results``: one entry per device given."""
+    field = "status.allocation.devices.results"
+    return _objects(claim, allocation_devices(claim), "results", field)
+
+
+def allocation_configs(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """``status.allocation.devices.config``: the opaque configs copied at allocation
+    (class and claim), and the controller's grants."""
+    field = "status.allocation.devices.config"
+    return _objects(claim, allocation_devices(claim), "config", field)
+
+
+def node_selector(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``status.allocation.nodeSelector`` (empty when unallocated or not node-local)."""
+    found = allocation(claim)
+    if found is None:
+        return _EMPTY
+    return _object(claim, found, "nodeSelector", "status.allocation.nodeSelector")
+
+
+def reserved_for(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """``status.reservedFor``: the consumers (pods) the scheduler reserved the claim for."""
+    return _objects(claim, _status(claim), "reservedFor", "status.reservedFor")
+
+
+def is_reserved(claim: Mapping[str, Any]) -> bool:
+    return bool(reserved_for(claim))
+
+
+# --- spec ------------------------------------------------------------------------------
+
+
+def device_requests(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """``spec.devices.requests``, each an object (its inside is the allocator's to read)."""
+    return _objects(claim, _spec_devices(claim), "requests", "spec.devices.requests")
+
+
+def device_configs(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """``spec.devices.config``: the configs the user wrote."""
+    return _objects(claim, _spec_devices(claim), "config", "spec.devices.config")
+
+
+def device_constraints(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    return _objects(claim, _spec_devices(claim), "constraints", "spec.devices.constraints")
+
+
+def requested_classes(claim: Mapping[str, Any]) -> Iterator[str]:
+    """The device class of each request's ``exactly`` and of each ``firstAvailable``
+    alternative, in order (a request may name several)."""
+    for i, request in enumerate(device_requests(claim)):
+        field = f"spec.devices.requests[{i}]"
+        exact = _object(claim, request, "exactly", f"{field}.exactly")
+        if "deviceClassName" in exact:
+            yield str(exact["deviceClassName"])
+        alternatives = _objects(claim, request, "firstAvailable", f"{field}.firstAvailable")
+        for alternative in alternatives:
+            if "deviceClassName" in alternative:
+                yield str(alternative["deviceClassName"])
