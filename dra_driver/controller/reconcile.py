@@ -123,7 +123,7 @@ def is_ours(claim: Mapping[str, Any]) -> bool:
     cannot be read counts as ours: :func:`decide` refuses it with an Event that names
     the field (the change handlers call this for every claim and must not fail)."""
     try:
-        return any(c == CONTROLLER_CLASS for c in claim_shape.requested_classes(claim))
+        return CONTROLLER_CLASS in claim_shape.requested_classes(claim)
     except MalformedClaimError:
         return True
 
