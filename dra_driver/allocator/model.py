@@ -298,11 +298,10 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
         )
         for c in claim_shape.device_constraints(obj)
     )
-    ref = claim_shape.ref(obj)
     return Claim(
-        namespace=ref.namespace,
-        name=ref.name,
-        uid=ref.uid,
+        namespace=claim_shape.namespace(obj),
+        name=claim_shape.name(obj),
+        uid=claim_shape.uid(obj),
         requests=tuple(requests),
         constraints=constraints,
         configs=tuple(claim_shape.device_configs(obj)),

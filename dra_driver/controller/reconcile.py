@@ -229,7 +229,7 @@ def _decide(  # noqa: PLR0911 (one return per decision)
 ) -> Decision:
     if not is_ours(claim):
         return Ignore("not a claim of the controller-managed class")
-    uid = claim_shape.ref(claim).uid
+    uid = claim_shape.uid(claim)
     allocated = claim_shape.is_allocated(claim)
     reserved = claim_shape.is_reserved(claim)
     finalizers = claim_shape.finalizers(claim)

@@ -70,11 +70,12 @@ def test_every_field_is_read_from_its_place() -> None:
     obj = claim()
     ref = claim_shape.ref(obj)
     assert (ref.namespace, ref.name, ref.uid) == ("team-a", "train", "u-1")
-    assert (claim_shape.namespace(obj), claim_shape.name(obj), claim_shape.key(obj)) == (
+    assert (claim_shape.namespace(obj), claim_shape.name(obj), claim_shape.uid(obj)) == (
         "team-a",
         "train",
         "u-1",
     )
+    assert claim_shape.key(obj) == "u-1"
     assert claim_shape.resource_version(obj) == "42"
     assert claim_shape.creation_timestamp(obj) == "2026-01-01T00:00:00Z"
     assert claim_shape.finalizers(obj) == ["resource.kubernetes.io/delete-protection"]
