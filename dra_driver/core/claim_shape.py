@@ -228,6 +228,12 @@ def is_reserved(claim: Mapping[str, Any]) -> bool:
     return bool(reserved_for(claim))
 
 
+def device_statuses(claim: Mapping[str, Any]) -> Sequence[Any]:
+    """``status.devices``: what the drivers wrote about the devices they prepared (the
+    entries as stored; each driver reads its own)."""
+    return _list(claim, _status(claim), "devices", "status.devices")
+
+
 # --- spec ------------------------------------------------------------------------------
 
 

@@ -88,6 +88,8 @@ def test_every_field_is_read_from_its_place() -> None:
     assert [r["name"] for r in claim_shape.device_requests(obj)] == ["gpu", "alt"]
     assert len(claim_shape.device_configs(obj)) == 1
     assert claim_shape.device_constraints(obj) == [{"matchAttribute": "x"}]
+    written = claim(status={"devices": [{"driver": DRIVER, "device": "gpu-0"}]})
+    assert claim_shape.device_statuses(written) == [{"driver": DRIVER, "device": "gpu-0"}]
     assert list(claim_shape.requested_classes(obj)) == [
         "gpu.fractional.dev",
         "first",
