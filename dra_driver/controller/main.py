@@ -94,9 +94,10 @@ from dra_driver.k8s.rest import JsonObj
 log = logging.getLogger(__name__)
 
 
-# The change handlers and the loops over every claim read each claim through these: a
-# claim that cannot be read counts as unallocated and alive, so that it is decided, and
-# decide() refuses it with an Event that names the field; the others go on.
+# The loops over every claim (the queueing, the pending gauge) and the claim handler's
+# "was something freed" read claims through these: a claim whose status or metadata
+# cannot be read counts as unallocated and alive, so that one such claim stops none of
+# those loops and is queued, and decide() refuses it with an Event that names the field.
 
 
 def _allocated(claim: JsonObj) -> bool:
