@@ -14,7 +14,9 @@ from typing import Any
 
 from dra_driver.allocator.k8s_rules import tolerates
 from dra_driver.base.quantity import parse_quantity
-from dra_driver.core.allocation import allocation_devices, share_grant_for
+from dra_driver.core import claim_shape
+from dra_driver.core.allocation import share_grant_for
+from dra_driver.core.claim_shape import MalformedClaimError
 
 
 @dataclass(frozen=True)
@@ -282,34 +284,41 @@ def _exact(name: str, raw: Mapping[str, Any], admin: bool) -> ExactRequest:
 
 
 def parse_claim(obj: Mapping[str, Any]) -> Claim:
-    meta = obj.get("metadata") or {}
-    devices = (obj.get("spec") or {}).get("devices") or {}
+    """The allocator's view of a claim's spec; :class:`MalformedClaimError` (naming the
+    claim and the field) when the spec does not have the schema's shape."""
     requests = []
-    for raw in devices.get("requests") or ():
-        name = raw["name"]
-        if raw.get("exactly") is not None:
-            alternatives: tuple[ExactRequest, ...] = (_exact(name, raw["exactly"], True),)
-        elif raw.get("firstAvailable"):
-            alternatives = tuple(
-                _exact(f"{name}/{sub['name']}", sub, False) for sub in raw["firstAvailable"]
-            )
-        else:  # v1beta1-style flat request
-            alternatives = (_exact(name, raw, True),)
-        requests.append(Request(name, alternatives))
+    for i, raw in enumerate(claim_shape.device_requests(obj)):
+        try:
+            requests.append(_request(raw))
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise MalformedClaimError(obj, f"spec.devices.requests[{i}]", repr(err)) from err
     constraints = tuple(
         Constraint(
             tuple(c.get("requests") or ()), c.get("matchAttribute"), c.get("distinctAttribute")
         )
-        for c in devices.get("constraints") or ()
+        for c in claim_shape.device_constraints(obj)
     )
     return Claim(
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        uid=meta.get("uid", ""),
+        namespace=claim_shape.namespace(obj),
+        name=claim_shape.name(obj),
+        uid=claim_shape.uid(obj),
         requests=tuple(requests),
         constraints=constraints,
-        configs=tuple(devices.get("config") or ()),
+        configs=tuple(claim_shape.device_configs(obj)),
     )
+
+
+def _request(raw: Mapping[str, Any]) -> Request:
+    name = raw["name"]
+    if raw.get("exactly") is not None:
+        alternatives: tuple[ExactRequest, ...] = (_exact(name, raw["exactly"], True),)
+    elif raw.get("firstAvailable"):
+        alternatives = tuple(
+            _exact(f"{name}/{sub['name']}", sub, False) for sub in raw["firstAvailable"]
+        )
+    else:  # v1beta1-style flat request
+        alternatives = (_exact(name, raw, True),)
+    return Request(name, alternatives)
 
 
 @dataclass(frozen=True)
@@ -331,32 +340,40 @@ def allocated_results(obj: Mapping[str, Any]) -> list[AllocatedResult]:
     config: such a result is read as the share the grant says, not as the
     whole device (which is what a result without shareID otherwise means).
     """
-    devices = allocation_devices(obj)
+    configs = claim_shape.allocation_configs(obj)
     results = []
-    for r in devices.get("results") or ():
-        share_id = r.get("shareID")
-        consumed = {k: parse_quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()}
-        if not share_id:
-            grant = share_grant_for(devices.get("config") or (), r)
-            if grant is not None:
-                share_id = grant.share_id
-                consumed = consumed or {
-                    "memory": Fraction(grant.memory_bytes),
-                    "computePercent": Fraction(grant.compute_percent),
-                    "clients": Fraction(1),
-                }
-        results.append(
-            AllocatedResult(
-                request=r.get("request", ""),
-                driver=r["driver"],
-                pool=r["pool"],
-                device=r["device"],
-                share_id=share_id or None,
-                consumed=consumed,
-                admin_access=bool(r.get("adminAccess")),
-            )
-        )
+    for i, raw in enumerate(claim_shape.allocation_results(obj)):
+        try:
+            results.append(_allocated_result(raw, configs))
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            field = f"status.allocation.devices.results[{i}]"
+            raise MalformedClaimError(obj, field, repr(err)) from err
     return results
+
+
+def _allocated_result(
+    r: Mapping[str, Any], configs: Sequence[Mapping[str, Any]]
+) -> AllocatedResult:
+    share_id = r.get("shareID")
+    consumed = {k: parse_quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()}
+    if not share_id:
+        grant = share_grant_for(configs, r)
+        if grant is not None:
+            share_id = grant.share_id
+            consumed = consumed or {
+                "memory": Fraction(grant.memory_bytes),
+                "computePercent": Fraction(grant.compute_percent),
+                "clients": Fraction(1),
+            }
+    return AllocatedResult(
+        request=r.get("request", ""),
+        driver=r["driver"],
+        pool=r["pool"],
+        device=r["device"],
+        share_id=share_id or None,
+        consumed=consumed,
+        admin_access=bool(r.get("adminAccess")),
+    )
 
 
 def names(items: Sequence[ExactRequest]) -> list[str]:

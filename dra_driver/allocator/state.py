@@ -45,6 +45,7 @@ from dra_driver.allocator.search import (
     place,
     requested_capacity,
 )
+from dra_driver.core import claim_shape
 
 ALLOCATOR_ATTRIBUTE = "allocator"
 CONTROLLER = "controller"
@@ -122,7 +123,7 @@ class AllocatorState(NodeSearch):
         """Alone keys computed to rank nodes for multi-device claims, over all claims."""
         self._held: dict[str, Fraction] = {}
         for obj in claims:
-            namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+            namespace = claim_shape.namespace(obj)
             for r in allocated_results(obj):
                 if not r.admin_access:
                     self._charge(namespace, (r.driver, r.pool, r.device), r.share_id, r.consumed)
@@ -283,8 +284,7 @@ class AllocatorState(NodeSearch):
 
     def record_claim(self, claim_obj: Mapping[str, Any]) -> None:
         """Add a claim allocated elsewhere (its ``status.allocation``) to the ledger."""
-        namespace = str((claim_obj.get("metadata") or {}).get("namespace", ""))
-        self._record(namespace, allocated_results(claim_obj))
+        self._record(claim_shape.namespace(claim_obj), allocated_results(claim_obj))
 
     def _record(self, namespace: str, results: Iterable[Result | AllocatedResult]) -> None:
         for r in results:

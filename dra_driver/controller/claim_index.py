@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dra_driver.core import claim_shape
+
 NameKey = tuple[str, str]
 """(namespace, name)."""
 
@@ -25,11 +27,6 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def _uid(obj: Mapping[str, Any]) -> str:
     meta = _meta(obj)
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-
-
-def _key(obj: Mapping[str, Any]) -> NameKey:
-    meta = _meta(obj)
-    return (str(meta.get("namespace", "default")), str(meta.get("name", "")))
 
 
 def claims_named_by(pod: Mapping[str, Any]) -> set[NameKey]:
@@ -46,9 +43,13 @@ def claims_named_by(pod: Mapping[str, Any]) -> set[NameKey]:
 def owner_pods(claim: Mapping[str, Any]) -> set[str]:
     return {
         str(o.get("uid"))
-        for o in _meta(claim).get("ownerReferences") or []
+        for o in claim_shape.owner_references(claim)
         if o.get("kind") == "Pod" and o.get("uid")
     }
+
+
+def _claim_key(claim: Mapping[str, Any]) -> NameKey:
+    return (claim_shape.namespace(claim) or "default", claim_shape.name(claim))
 
 
 class ClaimPodIndex:
@@ -98,9 +99,9 @@ class ClaimPodIndex:
             self.claim_changed(claim)
 
     def claim_changed(self, claim: Mapping[str, Any]) -> None:
-        uid = _uid(claim)
+        uid = claim_shape.key(claim)
         self.claim_gone(uid)
-        key, owners = _key(claim), owner_pods(claim)
+        key, owners = _claim_key(claim), owner_pods(claim)
         self._claim_by_key[key] = uid
         for pod in owners:
             self._claims_owned.setdefault(pod, set()).add(uid)
@@ -129,4 +130,4 @@ class ClaimPodIndex:
 
     def pods_of(self, claim: Mapping[str, Any]) -> set[str]:
         """UIDs of the pods that may use ``claim``: those that name it, its owners."""
-        return self._pods_naming.get(_key(claim), set()) | owner_pods(claim)
+        return self._pods_naming.get(_claim_key(claim), set()) | owner_pods(claim)

@@ -12,15 +12,16 @@ from typing import Any
 from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.events import ClaimEventRecorder
+from dra_driver.core import claim_shape
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
 
 
 def claim_path(claim: JsonObj, status: bool = False) -> str:
-    meta = claim.get("metadata") or {}
+    ref = claim_shape.ref(claim)
     path = (
-        f"/apis/resource.k8s.io/v1/namespaces/{meta.get('namespace', 'default')}"
-        f"/resourceclaims/{meta.get('name', '')}"
+        f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace or 'default'}"
+        f"/resourceclaims/{ref.name}"
     )
     return path + "/status" if status else path
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.allocator import Allocation, AllocatorState, SelectorCache
+from dra_driver.core import claim_shape
+from dra_driver.core.claim_shape import is_allocated
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +45,6 @@ class Sources:
     classes: Callable[[], Iterable[Mapping[str, Any]]]
     allocated_claims: Callable[[], Iterable[Mapping[str, Any]]]
     """Every allocated claim: the informer's, our written claims laid over."""
-
-
-def _uid(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") or {}
-    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-
-
-def _allocated(claim: Mapping[str, Any]) -> bool:
-    return bool((claim.get("status") or {}).get("allocation"))
 
 
 class LedgerCache:
@@ -72,7 +65,7 @@ class LedgerCache:
             claims = [
                 c
                 for c in self._sources.allocated_claims()
-                if _allocated(c) and _uid(c) not in self._in_flight
+                if is_allocated(c) and claim_shape.key(c) not in self._in_flight
             ]
             state = AllocatorState(
                 slices=self._sources.slices(),
@@ -83,7 +76,7 @@ class LedgerCache:
             )
             for namespace, allocation in self._in_flight.values():
                 state.record_allocation(namespace, allocation)
-            self._held = {_uid(c) for c in claims}
+            self._held = {claim_shape.key(c) for c in claims}
             self._state = state
             self.builds += 1
             log.debug(
@@ -116,10 +109,10 @@ class LedgerCache:
 
     def claim_seen(self, claim: Mapping[str, Any]) -> None:
         """A claim as the informer (or our own write) shows it now."""
-        uid = _uid(claim)
+        uid = claim_shape.key(claim)
         if uid in self._in_flight:
             return
-        if _allocated(claim):
+        if is_allocated(claim):
             if self._state is not None and uid not in self._held:
                 self._state.record_claim(claim)
                 self._held.add(uid)

@@ -86,10 +86,37 @@ from dra_driver.controller.reconcile import (
     size_rank,
 )
 from dra_driver.controller.worker import ClaimSlot, Rank, work_batches
+from dra_driver.core import claim_shape
+from dra_driver.core.claim_shape import MalformedClaimError
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 
 log = logging.getLogger(__name__)
+
+
+# The loops over every claim (the queueing, the pending gauge) and the claim handler's
+# "was something freed" read claims through these: a claim whose status or metadata
+# cannot be read counts as unallocated and alive, so that one such claim stops none of
+# those loops and is queued, and decide() refuses it with an Event that names the field.
+
+
+def _allocated(claim: JsonObj) -> bool:
+    try:
+        return claim_shape.is_allocated(claim)
+    except MalformedClaimError:
+        return False
+
+
+def _deleting(claim: JsonObj) -> bool:
+    try:
+        return claim_shape.is_deleting(claim)
+    except MalformedClaimError:
+        return False
+
+
+def _namespace(claim: JsonObj) -> str:
+    return claim_shape.ref(claim).namespace
+
 
 MAX_CONFLICT_RETRIES = 5
 
@@ -226,8 +253,8 @@ class Controller:
             # The echo of our own write was decided upon when it was written (and the
             # worker goes on from its answer): deciding it again finds nothing to do.
             self.queue.add(uid)
-        freed = etype == "DELETED" or not (new.get("status") or {}).get("allocation")
-        if freed and (old.get("status") or {}).get("allocation"):
+        freed = etype == "DELETED" or not _allocated(new)
+        if freed and _allocated(old):
             self._enqueue_ours(pending_only=True)
 
     def _pod_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
@@ -269,12 +296,9 @@ class Controller:
         for claim in self.all_claims():
             if not is_ours(claim):
                 continue
-            if pending_only and (claim.get("status") or {}).get("allocation"):
+            if pending_only and _allocated(claim):
                 continue
-            if (
-                namespace is not None
-                and (claim.get("metadata") or {}).get("namespace") != namespace
-            ):
+            if namespace is not None and _namespace(claim) != namespace:
                 continue
             self.queue.add(uid_of(claim))
 
@@ -320,13 +344,7 @@ class Controller:
         """Recompute the free memory per device and the pending claims from the caches."""
         claims = self.all_claims()
         state = self.ledger.state()  # decisions in flight count as taken
-        pending = sum(
-            1
-            for c in claims
-            if is_ours(c)
-            and not (c.get("status") or {}).get("allocation")
-            and not (c.get("metadata") or {}).get("deletionTimestamp")
-        )
+        pending = sum(1 for c in claims if is_ours(c) and not _allocated(c) and not _deleting(c))
         self.metrics.set_cluster(state.free_memory(), pending)
 
     async def _lead(self) -> None:
@@ -397,8 +415,7 @@ class Controller:
             if isinstance(decision, Allocate):
                 # Taken now, before the first write is sent: the next claim is decided
                 # while these writes are in flight and must see it.
-                namespace = str((claim.get("metadata") or {}).get("namespace", ""))
-                self.ledger.decided(uid, namespace, decision.allocation)
+                self.ledger.decided(uid, claim_shape.namespace(claim), decision.allocation)
             try:
                 again = await self.apply(claim, decision, slot)
             except ApiConflictError as err:

@@ -37,6 +37,8 @@ from dra_driver.allocator import (
     requested_size,
     why_node_unfit,
 )
+from dra_driver.core import claim_shape
+from dra_driver.core.claim_shape import MalformedClaimError
 
 JsonObj = dict[str, Any]
 
@@ -117,18 +119,17 @@ class ClusterView:
 
 
 def is_ours(claim: Mapping[str, Any]) -> bool:
-    for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
-        exact = request.get("exactly") or {}
-        if exact.get("deviceClassName") == CONTROLLER_CLASS:
-            return True
-        for alt in request.get("firstAvailable") or []:
-            if alt.get("deviceClassName") == CONTROLLER_CLASS:
-                return True
-    return False
+    """A request of the claim names the controller-managed class. A claim whose requests
+    cannot be read counts as ours: :func:`decide` refuses it with an Event that names
+    the field (the change handlers call this for every claim and must not fail)."""
+    try:
+        return CONTROLLER_CLASS in claim_shape.requested_classes(claim)
+    except MalformedClaimError:
+        return True
 
 
 def forged_grant(claim: Mapping[str, Any], driver_name: str) -> bool:
-    for config in (claim.get("spec") or {}).get("devices", {}).get("config") or []:
+    for config in claim_shape.device_configs(claim):
         opaque = config.get("opaque") or {}
         params = opaque.get("parameters") or {}
         if opaque.get("driver") == driver_name and params.get("kind") == GRANT_KIND:
@@ -137,10 +138,10 @@ def forged_grant(claim: Mapping[str, Any], driver_name: str) -> bool:
 
 
 def pod_uses(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
-    meta, cmeta = pod.get("metadata") or {}, claim.get("metadata") or {}
-    if meta.get("namespace", "default") != cmeta.get("namespace", "default"):
+    meta = pod.get("metadata") or {}
+    if meta.get("namespace", "default") != (claim_shape.namespace(claim) or "default"):
         return False
-    name = cmeta.get("name")
+    name = claim_shape.name(claim)
     for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
         if ref.get("resourceClaimName") == name:
             return True
@@ -149,7 +150,7 @@ def pod_uses(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
             return True
     return any(
         o.get("kind") == "Pod" and o.get("uid") == meta.get("uid")
-        for o in cmeta.get("ownerReferences") or []
+        for o in claim_shape.owner_references(claim)
     )
 
 
@@ -160,7 +161,7 @@ def pod_is_live(pod: Mapping[str, Any]) -> bool:
 
 
 def rejected_nodes(claim: Mapping[str, Any]) -> list[str]:
-    raw = ((claim.get("metadata") or {}).get("annotations") or {}).get(REJECTED_ANNOTATION, "")
+    raw = claim_shape.metadata_annotations(claim).get(REJECTED_ANNOTATION, "")
     return [n for n in str(raw).split(",") if n]
 
 
@@ -169,14 +170,17 @@ def placement_key(uid: str, claim: JsonObj | None, driver_name: str) -> tuple[An
     (:func:`size_rank`)."""
     if claim is None or not is_ours(claim):
         return (0,)
-    meta, status = claim.get("metadata") or {}, claim.get("status") or {}
-    if status.get("allocation") or meta.get("deletionTimestamp"):
+    try:
+        if claim_shape.is_allocated(claim) or claim_shape.is_deleting(claim):
+            return (0,)
+        created = claim_shape.creation_timestamp(claim)
+    except MalformedClaimError:  # decide() says what is wrong
         return (0,)
     try:
         whole, memory = requested_size(claim, driver_name)
-    except (KeyError, TypeError, ValueError):  # malformed: decide() says what is wrong
+    except (MalformedClaimError, KeyError, TypeError, ValueError):  # as above
         whole, memory = 0, Fraction(0)
-    return (1, -whole, -memory, str(meta.get("creationTimestamp") or ""), uid)
+    return (1, -whole, -memory, created, uid)
 
 
 def size_rank(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -202,22 +206,34 @@ def placement_order(batch: Sequence[tuple[str, JsonObj | None]], driver_name: st
 # --- decide (pure) ---------------------------------------------------------------------
 
 
-def decide(  # noqa: PLR0911 (one return per decision)
+def decide(
     claim: JsonObj,
     pods: Iterable[JsonObj],
     nodes: Mapping[str, JsonObj],
     view: ClusterView,
 ) -> Decision:
     """The one next step for ``claim``; ``nodes`` by name. Deterministic given
-    ``view.share_id``."""
+    ``view.share_id``. A claim that does not have the schema's shape is refused with
+    a Warning Event naming the field, and the controller goes on with the others."""
+    try:
+        return _decide(claim, pods, nodes, view)
+    except MalformedClaimError as err:
+        return Refuse(f"not allocated: {err}")
+
+
+def _decide(  # noqa: PLR0911 (one return per decision)
+    claim: JsonObj,
+    pods: Iterable[JsonObj],
+    nodes: Mapping[str, JsonObj],
+    view: ClusterView,
+) -> Decision:
     if not is_ours(claim):
         return Ignore("not a claim of the controller-managed class")
-    meta, status = claim.get("metadata") or {}, claim.get("status") or {}
-    uid = str(meta.get("uid", ""))
-    allocated = bool(status.get("allocation"))
-    reserved = bool(status.get("reservedFor"))
-    finalizers = meta.get("finalizers") or []
-    if meta.get("deletionTimestamp"):
+    uid = claim_shape.uid(claim)
+    allocated = claim_shape.is_allocated(claim)
+    reserved = claim_shape.is_reserved(claim)
+    finalizers = claim_shape.finalizers(claim)
+    if claim_shape.is_deleting(claim):
         if not allocated and FINALIZER in finalizers:
             return Deallocate(clear_status=False)
         return Ignore("being deleted")
@@ -237,7 +253,7 @@ def decide(  # noqa: PLR0911 (one return per decision)
     if not pending:
         return Wait("no unscheduled pod references the claim yet")
     try:
-        namespace = view.namespaces.get(str(meta.get("namespace") or ""))
+        namespace = view.namespaces.get(claim_shape.namespace(claim))
         quota = parse_vram_quota(namespace, view.driver_name)
     except InvalidQuotaError as err:
         return Wait(f"claim not allocated: {err}", event=True, cause="invalid-quota")
@@ -289,7 +305,7 @@ def _allocate(
 def _guarded(claim: JsonObj, **metadata: Any) -> JsonObj:
     """The metadata of a patch: ``metadata`` plus the resourceVersion the claim was read at,
     so the write is refused (409) if anyone changed the claim since."""
-    version = (claim.get("metadata") or {}).get("resourceVersion")
+    version = claim_shape.resource_version(claim)
     return {**({"resourceVersion": version} if version else {}), **metadata}
 
 
@@ -299,14 +315,14 @@ def finalizer_patch(claim: JsonObj) -> JsonObj | None:
     A patch, never a PUT of the claim: a PUT resends the spec, whose opaque
     parameters the API server compares byte for byte with what the user sent.
     """
-    finalizers = list((claim.get("metadata") or {}).get("finalizers") or [])
+    finalizers = claim_shape.finalizers(claim)
     if FINALIZER in finalizers:
         return None
     return {"metadata": _guarded(claim, finalizers=[*finalizers, FINALIZER])}
 
 
 def finalizer_removal_patch(claim: JsonObj) -> JsonObj | None:
-    finalizers = list((claim.get("metadata") or {}).get("finalizers") or [])
+    finalizers = claim_shape.finalizers(claim)
     if FINALIZER not in finalizers:
         return None
     return {"metadata": _guarded(claim, finalizers=[f for f in finalizers if f != FINALIZER])}

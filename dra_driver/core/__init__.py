@@ -5,5 +5,5 @@ ResourceSlices and the API's rules for them), ``cdi`` (CDI specs and container
 edits), ``health`` (device health) and ``prepare`` (what a claim gets at
 prepare); ``slices``, ``cdi`` and ``health`` are independent of each other.
 They stand on the basics here: ``model``, ``ports``, ``settings``,
-``published`` and ``allocation``.
+``published``, ``allocation`` and ``claim_shape``.
 """

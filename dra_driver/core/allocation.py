@@ -6,11 +6,13 @@
   allocation is pinned to. Lenient about fields it does not use, strict about
   the shape of the ones it does: a malformed allocation becomes a
   :class:`ClaimError` for that claim, never an exception that escapes the request.
-* :func:`allocation_devices` is ``status.allocation.devices`` for the
-  controller's allocator, which reads results into its own exact numbers
-  (:func:`dra_driver.allocator.model.allocated_results`), and
-  :func:`share_grant_for` the ``GpuShareGrant`` fallback it reads a share by on
-  clusters whose API drops ``shareID`` and ``consumedCapacity`` (1.34, 1.35).
+* :func:`share_grant_for` is the ``GpuShareGrant`` fallback the controller's
+  allocator reads a share by on clusters whose API drops ``shareID`` and
+  ``consumedCapacity`` (1.34, 1.35); it reads results into its own exact numbers
+  (:func:`dra_driver.allocator.model.allocated_results`).
+
+Where each part of the claim is, and its shape, is :mod:`dra_driver.core.claim_shape`'s;
+this module reads the inside of each result and config.
 
 Which configs the node trusts for a result (and so whether a result without
 ``shareID`` is a share) is :func:`dra_driver.core.prepare.effective_config`'s
@@ -25,33 +27,24 @@ from typing import Any
 from dra_driver.api.decode import decode_config
 from dra_driver.api.types import GpuShareGrant
 from dra_driver.base.errors import ClaimError, DriverError
-from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName, PoolName
+from dra_driver.base.ids import DeviceName, PoolName
+from dra_driver.core import claim_shape
+from dra_driver.core.claim_shape import MalformedClaimError
 from dra_driver.core.model import DeviceResult, OpaqueConfig, ResourceClaim
-
-
-def claim_ref_from_dict(obj: Mapping[str, Any]) -> ClaimRef:
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if not isinstance(meta, Mapping):
-        meta = {}
-    return ClaimRef(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        uid=ClaimUID(str(meta.get("uid", ""))),
-    )
 
 
 def claim_from_dict(obj: Mapping[str, Any]) -> ResourceClaim:
     """Convert a ResourceClaim object (as JSON) to :class:`ResourceClaim`."""
-    ref = claim_ref_from_dict(obj)
-    annotations = _annotations(obj)
+    ref = claim_shape.ref(obj)
+    annotations = {str(k): str(v) for k, v in claim_shape.metadata_annotations(obj).items()}
     try:
-        allocation = (obj.get("status") or {}).get("allocation")
-        if not allocation:
+        if not claim_shape.is_allocated(obj):
             return ResourceClaim(ref=ref, allocated=False, annotations=annotations)
-        devices = allocation.get("devices") or {}
-        results = tuple(_result(r) for r in devices.get("results") or ())
-        configs = tuple(_config(c) for c in devices.get("config") or ())
-        node_names = _node_names(allocation.get("nodeSelector"))
+        results = tuple(_result(r) for r in claim_shape.allocation_results(obj))
+        configs = tuple(_config(c) for c in claim_shape.allocation_configs(obj))
+        node_names = _node_names(claim_shape.node_selector(obj))
+    except MalformedClaimError as err:  # the node's error for it, the field named
+        raise ClaimError(ref, f"malformed status.allocation: {err.field}: {err.problem}") from err
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise ClaimError(ref, f"malformed status.allocation: {err!r}") from err
     return ResourceClaim(
@@ -62,14 +55,6 @@ def claim_from_dict(obj: Mapping[str, Any]) -> ResourceClaim:
         node_names=node_names,
         annotations=annotations,
     )
-
-
-def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
-    meta = obj.get("metadata")
-    raw = meta.get("annotations") if isinstance(meta, Mapping) else None
-    if not isinstance(raw, Mapping):
-        return {}
-    return {str(k): str(v) for k, v in raw.items()}
 
 
 def _result(raw: Mapping[str, Any]) -> DeviceResult:
@@ -118,13 +103,6 @@ def _node_names(selector: Mapping[str, Any] | None) -> frozenset[str]:
             if field.get("key") == "metadata.name" and field.get("operator") == "In":
                 names.update(str(v) for v in field.get("values") or ())
     return frozenset(names)
-
-
-def allocation_devices(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A claim's ``status.allocation.devices`` (empty when it is not allocated)."""
-    allocation = (obj.get("status") or {}).get("allocation") or {}
-    devices: Mapping[str, Any] = allocation.get("devices") or {}
-    return devices
 
 
 def share_grant_for(

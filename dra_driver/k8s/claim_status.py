@@ -40,6 +40,7 @@ from dra_driver.base.errors import (
     ApiUnavailableError,
 )
 from dra_driver.base.ids import ClaimRef
+from dra_driver.core import claim_shape
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.claims import claim_path
 from dra_driver.k8s.client import KubeClient
@@ -88,7 +89,7 @@ def dropped_by_server(driver_name: str, sent: Sequence[JsonObj], answer: JsonObj
     """Whether the stored claim lacks every entry of ours that we just applied."""
     if not sent:
         return False
-    stored = (answer.get("status") or {}).get("devices") or []
+    stored = claim_shape.device_statuses(answer)
     return not any(isinstance(e, dict) and e.get("driver") == driver_name for e in stored)
 
 

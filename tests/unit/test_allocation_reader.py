@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from dra_driver.allocator.model import allocated_results
-from dra_driver.core.allocation import allocation_devices, claim_from_dict, share_grant_for
+from dra_driver.core.allocation import claim_from_dict, share_grant_for
+from dra_driver.core.claim_shape import allocation_devices
 from dra_driver.core.prepare import trusted_grant
 
 DRIVER = "gpu.fractional.dev"
