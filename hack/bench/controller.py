@@ -51,7 +51,6 @@ import math
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,8 @@ from typing import Any
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, ROOT)
+
+from tests.support.processes import stop_process  # noqa: E402  (ROOT first)
 
 DRIVER = "gpu.fractional.dev"
 NAMESPACE = "bench"
@@ -406,17 +407,6 @@ def start_controller(
         )
 
 
-def stop(proc: subprocess.Popen[Any] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @dataclass(frozen=True)
 class RunSpec:
     nodes: int
@@ -484,7 +474,7 @@ def one_run(root: str, run: RunSpec, profile: str | None, traced: str | None = N
             raise RuntimeError(f"the controller exited with {controller.returncode}")
         return figures
     finally:
-        stop(controller)
+        stop_process(controller, 30)
         if api.poll() is None and api.stdin is not None:
             api.stdin.close()
         try:

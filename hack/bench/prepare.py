@@ -56,7 +56,6 @@ import functools
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -68,6 +67,8 @@ from typing import IO, Any
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
+
+from tests.support.processes import stop_process  # noqa: E402  (ROOT first)
 
 DRIVER = "gpu.fractional.dev"
 NODE = "bench-node"
@@ -514,16 +515,6 @@ def start_plugin(
         )
 
 
-def stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 async def kubelet_rounds(
     registry: str,
     refs: list[Any],
@@ -643,12 +634,12 @@ def run_kubelet_mode(
         cpu_after = cpu_now(*pids)
         steal_s, steal_share = stolen(ticks_before, machine_ticks())
         rss_end = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
-        stop(plugin)
+        stop_process(plugin, 20)
         with open(os.path.join(root, "timings.json")) as f:
             timings: dict[str, list[float]] = json.load(f)
     finally:
-        stop(plugin)
-        stop(agent)
+        stop_process(plugin, 20)
+        stop_process(agent, 20)
         stop_api(api)
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(state_root(root), ignore_errors=True)

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -51,6 +50,7 @@ from tests.support.controller_env import (
 from tests.support.eventually import eventually, eventually_sync
 from tests.support.fakekube import FakeKubeApi, JsonObj
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+from tests.support.processes import stop_process
 
 
 def test_the_controller_uses_every_grant_and_nothing_more() -> None:
@@ -136,15 +136,6 @@ def start_plugin_process(
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def ours(api: FakeKubeApi) -> list[JsonObj]:
     return [s for s in api.objects("ResourceSlice") if s["spec"].get("nodeName") == NODE]
 
@@ -191,7 +182,7 @@ def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs, install: PluginInstall) ->
     try:
         eventually_sync(lambda: len(ours(api)) > 0, "the first publish", timeout=30)
     finally:
-        stop(proc)
+        stop_process(proc, 15)
     changed = ours(api)[0]
     changed["spec"]["devices"] = changed["spec"]["devices"][:1]
     api.update(changed)
@@ -243,7 +234,7 @@ def plugin_scenario(api: FakeKubeApi, dirs: NodeDirs, install: PluginInstall) ->
 
         run_checked(kubelet_calls())
     finally:
-        stop(proc)
+        stop_process(proc, 15)
 
 
 @pytest.mark.parametrize("install", list(INSTALLS.values()), ids=list(INSTALLS))

@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import http.client
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from dra_driver.plugin.readiness import check_readiness
 from tests.support.chart import chart_api, plugin_client
 from tests.support.eventually import eventually
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+from tests.support.processes import stop_process
 
 
 def readyz(port: int, path: str = "/readyz", method: str = "GET") -> tuple[int, str]:
@@ -198,12 +198,7 @@ def plugin_without_api(node_dirs: NodeDirs) -> Iterator[tuple[subprocess.Popen[b
     try:
         yield proc, port
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 20)
 
 
 def test_plugin_stays_unready_while_the_api_server_is_unreachable(

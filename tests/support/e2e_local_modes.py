@@ -30,7 +30,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -53,6 +52,7 @@ from tests.support.cluster import (
     diagnostics,
 )
 from tests.support.examples import Obj, render_example
+from tests.support.processes import stop_process
 
 MODES = ("chart", "control-plane", "host-process")
 DEFAULT_MODE = "chart"
@@ -471,15 +471,7 @@ class LocalDriver:
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s; the plugin first (it uses the agent)."""
         for name in ("controller", "kubelet-plugin", "mps-agent"):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(self.procs.get(name), 15)
 
     def wait_registration_socket(self, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
