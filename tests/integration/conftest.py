@@ -16,6 +16,7 @@ import pytest
 from dra_driver.k8s.client import KubeClient
 from tests.support.chart import plugin_client
 from tests.support.fakekube import FakeKubeApi
+from tests.support.mps import Node, cleanup, make_node
 from tests.support.node import NodeDirs
 
 
@@ -43,3 +44,19 @@ def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
     A module may define its own ``api`` (a fake API server, say) instead."""
     with plugin_client(fake_kube) as client:
         yield client
+
+
+@pytest.fixture
+def v3_node() -> Iterator[Node]:
+    """A node whose fake MPS speaks v3 (driver 615+), cleaned up after the test."""
+    made = make_node("v3")
+    yield made
+    cleanup(made)
+
+
+@pytest.fixture
+def legacy_node() -> Iterator[Node]:
+    """A node whose fake MPS speaks the legacy protocol, cleaned up after the test."""
+    made = make_node("legacy")
+    yield made
+    cleanup(made)

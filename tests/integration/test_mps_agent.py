@@ -47,20 +47,6 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     cleanup(made)
 
 
-@pytest.fixture
-def v3_node() -> Iterator[Node]:
-    made = make_node("v3")
-    yield made
-    cleanup(made)
-
-
-@pytest.fixture
-def legacy_node() -> Iterator[Node]:
-    made = make_node("legacy")
-    yield made
-    cleanup(made)
-
-
 def held_limits(node: Node, gpu: str) -> dict[str, Any]:
     """What the fake daemon holds: v3 namespaces, or legacy defaults."""
     state = node.fake_state(gpu)

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -19,15 +18,7 @@ from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentError
 from dra_driver.mpsagent.daemon import MpsDaemon
 from dra_driver.mpsagent.procs import alive
-from tests.support.mps import GIB, GPU0, Node, agent_running, cleanup, daemon_pid, make_node
-
-
-@pytest.fixture
-def v3_node() -> Iterator[Node]:
-    made = make_node("v3")
-    yield made
-    cleanup(made)
-
+from tests.support.mps import GIB, GPU0, Node, agent_running, daemon_pid
 
 _wait_exit = MpsDaemon.wait_exit
 

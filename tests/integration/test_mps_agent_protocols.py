@@ -9,7 +9,6 @@ import asyncio
 import logging
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -21,20 +20,11 @@ from tests.support.mps import (
     GPU0,
     Node,
     agent_running,
-    cleanup,
     daemon_pid,
     gpu_dir,
-    make_node,
 )
 
 MIG0 = "MIG-00000000-aaaa-bbbb-cccc-444444444444"
-
-
-@pytest.fixture
-def v3_node() -> Iterator[Node]:
-    made = make_node("v3")
-    yield made
-    cleanup(made)
 
 
 def odd_listing_binary(root: str) -> str:
