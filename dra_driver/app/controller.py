@@ -29,11 +29,15 @@ from dra_driver.controller.leader import LeaderElector
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.k8s.client import make_api_client
+from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.observability.metrics_server import serve_metrics
 
 __all__ = ["BackgroundTaskFailed", "build_controller", "run", "run_controller", "serve"]
 
 log = logging.getLogger(__name__)
+
+EVENTS_FLUSH_S = 5.0
+"""How long a stopping controller waits for its queued Events."""
 
 
 def build_controller(
@@ -47,18 +51,28 @@ def build_controller(
     def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
         return Informer(api_client, kind, on_change=on_change, read_timeout_s=config.read_timeout_s)
 
-    # The claims' writes and their Events: threads of their own, as many as may be in
-    # flight (``asyncio.to_thread``'s pool has CPUs + 4, shared with everything else).
+    # The claims' writes: threads of their own, as many as may be in flight
+    # (``asyncio.to_thread``'s pool has CPUs + 4, shared with everything else).
     writer = ThreadPoolExecutor(
         max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
     )
 
+    # The Events: one sender, in a thread of its own, behind the claim writes (the lane).
+    lane = WriteLane()
+    metrics = ControllerMetrics()
+    events = ClaimEventRecorder(
+        api_client,
+        interval_s=config.event_interval_s,
+        queued=True,
+        lane=lane,
+        on_drop=metrics.event_dropped,
+    )
     return Controller(
         config,
         api_client,
         informer=informer,
         queue=WorkQueue(),
-        events=ClaimEventRecorder(api_client, interval_s=config.event_interval_s, executor=writer),
+        events=events,
         elector=LeaderElector(
             api_client,
             name=config.lease_name,
@@ -69,8 +83,9 @@ def build_controller(
             renew_interval_s=config.renew_interval_s,
             retry_interval_s=config.retry_interval_s,
         ),
-        metrics=ControllerMetrics(),
+        metrics=metrics,
         writer=writer,
+        lane=lane,
         share_id=share_id,
     )
 
@@ -96,6 +111,8 @@ async def serve(controller: Controller, stop: asyncio.Event) -> None:
         await first_of(stop.wait(), failed.wait())
         if not failures:
             log.info("controller %s stopping", controller.config.identity)
+            # The Events queued behind the last writes (the sender still runs).
+            await controller.events.flush(EVENTS_FLUSH_S)
     finally:
         background.cancel()
         await asyncio.gather(background, return_exceptions=True)

@@ -1,5 +1,7 @@
 """The controller's reads and writes of claims, in its write threads; every answer is
-assumed (:mod:`.assume`), so the next decision sees it before the watch does."""
+assumed (:mod:`.assume`), so the next decision sees it before the watch does. Each
+holds the :class:`~dra_driver.k8s.event_queue.WriteLane` from before it waits for a
+thread to its answer: the Events give way to it."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.events import ClaimEventRecorder
 from dra_driver.core import claim_shape
+from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
 
@@ -33,8 +36,10 @@ class ClaimWriter:
         writer: ThreadPoolExecutor,
         assumed: AssumeCache,
         events: ClaimEventRecorder,
+        lane: WriteLane | None = None,
     ) -> None:
         self._api = api_client
+        self.lane = lane if lane is not None else WriteLane()
         self._writer = writer
         self._assumed = assumed
         self._events = events
@@ -43,7 +48,8 @@ class ClaimWriter:
 
     async def _call(self, call: Callable[[], JsonObj]) -> JsonObj:
         """``call`` in one of the write threads."""
-        return await asyncio.get_running_loop().run_in_executor(self._writer, call)
+        with self.lane.held():
+            return await asyncio.get_running_loop().run_in_executor(self._writer, call)
 
     async def get(self, claim: JsonObj) -> JsonObj | None:
         """The claim as the API server has it now (after a conflict); None once gone."""
@@ -88,7 +94,7 @@ class ClaimWriter:
         except ApiError as err:
             if err.status != 422:
                 raise
-            await self._events.record(
+            self._events.post(
                 claim,
                 "MetadataWriteRefused",
                 f"could not write {what}: {err}. The API server refuses any JSON write of "

@@ -88,6 +88,7 @@ from dra_driver.controller.reconcile import (
 from dra_driver.controller.worker import ClaimSlot, Rank, work_batches
 from dra_driver.core import claim_shape
 from dra_driver.core.claim_shape import MalformedClaimError
+from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 
@@ -146,6 +147,7 @@ class Controller:
         elector: LeaderElector,
         metrics: ControllerMetrics,
         writer: ThreadPoolExecutor,
+        lane: WriteLane | None = None,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self.config = config
@@ -186,7 +188,7 @@ class Controller:
         """Nodes and Namespaces by name, built when first asked after a change."""
         self._writer = writer
         """The threads the claims' writes block in (shut down by :meth:`close`)."""
-        self.claim_writes = ClaimWriter(api_client, writer, self.assume, events)
+        self.claim_writes = ClaimWriter(api_client, writer, self.assume, events, lane)
         self.metrics = metrics
         self._cluster_changed = True
         """Something the metrics' gauges show changed since they were last computed."""
@@ -306,13 +308,15 @@ class Controller:
 
     def background(self) -> dict[str, Work]:
         """The tasks that must run as long as the controller, by name: an informer per
-        kind, the leader election, the leader's worker, the resync and the metrics.
-        Cancelling them ends every loop and releases the Lease."""
+        kind, the leader election, the leader's worker, the resync, the metrics and the
+        Events' sender. Cancelling them ends every loop and releases the Lease."""
         work: dict[str, Work] = {f"informer-{i.kind.name}": i.run for i in self.informers}
         work["leader-election"] = self.elector.run
         work["worker"] = self._lead
         work["resync"] = self._resync
         work["metrics"] = self._refresh_metrics
+        if self.events.queue is not None:
+            work["events"] = self.events.run
         return work
 
     def close(self) -> None:
@@ -320,6 +324,7 @@ class Controller:
         threads end with the writes they have (each bounded by the client's timeout)."""
         self.queue.close()
         self._writer.shutdown(wait=False)
+        self.events.close()
 
     async def synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
@@ -455,11 +460,11 @@ class Controller:
                 return None
             case Wait(reason=reason, event=event):
                 if event:
-                    await self.events.record(claim, "CannotAllocate", reason, "Warning")
+                    self.events.post(claim, "CannotAllocate", reason, "Warning")
                     self.queue.add_after(uid, self.config.retry_unfit_s)
                 return None
             case Refuse(reason=reason):
-                await self.events.record(claim, "AllocationRefused", reason, "Warning")
+                self.events.post(claim, "AllocationRefused", reason, "Warning")
                 return None
             case Allocate(allocation=allocation, node=node):
                 protect = finalizer_patch(claim)
@@ -475,14 +480,14 @@ class Controller:
                 self.written[uid] = node or ""
                 if slot is not None:
                     slot.written()
-                await self.events.record(claim, "Allocated", describe_allocation(allocation))
+                self.events.post(claim, "Allocated", describe_allocation(allocation))
                 return None
             case RecordRejected(node=node):
                 claim = await self.claim_writes.patch_metadata(
                     claim, rejected_patch(claim, node), "the rejected-nodes annotation"
                 )
                 self.written.pop(uid, None)
-                await self.events.record(
+                self.events.post(
                     claim,
                     "NodeRejected",
                     f"the scheduler cleared the allocation on node {node}; allocating elsewhere",
@@ -496,7 +501,7 @@ class Controller:
                     )
                     self.ledger.claim_seen(claim)  # freed: the state is built anew
                     self.written.pop(uid, None)
-                    await self.events.record(
+                    self.events.post(
                         claim, "Deallocated", "allocated but never reserved and no pod uses it"
                     )
                 unprotect = finalizer_removal_patch(claim)

@@ -14,6 +14,9 @@ serves them (followers count nothing but keep the cluster gauges current)::
     fractional_gpu_dra_controller_allocation_duration_seconds
         histogram: from taking a claim off the queue to its allocation written
         (the allocator, the finalizer and status writes, conflict retries)
+    fractional_gpu_dra_controller_events_dropped_total
+        Events dropped because the queue of Events to send was full (the API
+        server took them slower than they came; each drop is also logged)
     fractional_gpu_dra_controller_gpu_free_memory_bytes{node, device}
         free memory of each controller-managed device, from the ledger of every
         allocated claim and the assume cache (0 while a device is held whole)
@@ -111,12 +114,22 @@ class ControllerMetrics:
             subsystem=sub,
             registry=reg,
         )
+        self.events_dropped = Counter(
+            "events_dropped",
+            "Events dropped because the queue of Events to send was full",
+            namespace=ns,
+            subsystem=sub,
+            registry=reg,
+        )
         self.snapshot = ClusterSnapshot()
         self.registry.register(_ClusterCollector(self))
 
     def allocated(self, seconds: float) -> None:
         self.allocations.inc()
         self.latency.observe(seconds)
+
+    def event_dropped(self) -> None:
+        self.events_dropped.inc()
 
     def failed(self, reason: str) -> None:
         self.failures.labels(reason).inc()
