@@ -40,5 +40,5 @@ class ControllerConfig:
     0: not served."""
     metrics_address: str = "0.0.0.0"
     metrics_refresh_s: float = 5.0
-    """How often the free-memory and pending-claims gauges are recomputed (when
-    anything changed)."""
+    """How often the free-memory and pending-claims gauges are recomputed at most: when
+    anything changed and a scrape read them since (:mod:`.metrics`)."""

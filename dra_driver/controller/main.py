@@ -337,8 +337,8 @@ class Controller:
     async def _refresh_metrics(self) -> None:
         await self.synced()
         while True:
-            if self._cluster_changed:
-                self._cluster_changed = False
+            if self._cluster_changed and self.metrics.wanted:
+                self._cluster_changed = self.metrics.wanted = False
                 try:
                     self.refresh_cluster_metrics()
                 except Exception:  # metrics are advice: never a reason to stop allocating

@@ -25,7 +25,11 @@ serves them (followers count nothing but keep the cluster gauges current)::
 
 The two gauges are a snapshot the controller refreshes on its event loop
 (:meth:`ControllerMetrics.set_cluster`); a scrape, which runs on the metrics
-server's thread, only reads the latest snapshot and never waits on the loop.
+server's thread, only reads the latest snapshot and never waits on the loop. The
+snapshot is refreshed only once a scrape asked for one (:attr:`ControllerMetrics.wanted`):
+it reads every device of the cluster and every claim (a tenth of the controller's CPU at
+500 nodes when done every few seconds, ``hack/bench/controller.py``), so it is done per
+scrape, not per change, and a scrape shows the cluster as of about one scrape before.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class _ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._metrics.snapshot  # one read: the loop replaces it whole
+        self._metrics.wanted = True  # the next one, for the next scrape
         free = GaugeMetricFamily(
             f"{PREFIX}_gpu_free_memory_bytes",
             "Free memory of each controller-managed device, from the controller's ledger",
@@ -122,6 +127,9 @@ class ControllerMetrics:
             registry=reg,
         )
         self.snapshot = ClusterSnapshot()
+        self.wanted = False
+        """A scrape read the snapshot since it was last refreshed (set on the server's
+        thread, cleared on the loop)."""
         self.registry.register(_ClusterCollector(self))
 
     def allocated(self, seconds: float) -> None:
