@@ -44,6 +44,7 @@ from dra_driver.allocator import SelectorCache
 from dra_driver.base.errors import ApiConflictError, ApiError
 from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.claim_index import ClaimPodIndex
+from dra_driver.controller.claim_sizes import ClaimSizes
 from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.config import ControllerConfig
 from dra_driver.controller.events import ClaimEventRecorder
@@ -183,6 +184,7 @@ class Controller:
             self._selectors,
         )
         self.index = ClaimPodIndex()
+        self.sizes = ClaimSizes(config.driver_name)
         self._nodes_index: dict[str, JsonObj] | None = None
         self._namespaces_index: dict[str, JsonObj] | None = None
         """Nodes and Namespaces by name, built when first asked after a change."""
@@ -236,6 +238,7 @@ class Controller:
         self._cluster_changed = True
         if etype == "SYNCED":
             self.index.reset_claims(self.claims.values())
+            self.sizes.retain(self.claims.uids())
             self.ledger.invalidate()  # a relist may have dropped or changed anything
             self._enqueue_ours()
             return
@@ -246,6 +249,7 @@ class Controller:
             self.written.pop(uid, None)
             self.index.claim_gone(uid)
             self.ledger.claim_gone(uid)
+            self.sizes.forget(uid)
         else:
             self.index.claim_changed(new)
             current = self.current_claim(uid)
@@ -387,7 +391,10 @@ class Controller:
     def _placement_order(self, batch: Sequence[str]) -> list[tuple[str, Rank]]:
         driver = self.config.driver_name
         keyed = sorted(  # stable: claims that allocate nothing keep queue order
-            ((placement_key(uid, self.current_claim(uid), driver), uid) for uid in batch),
+            (
+                (placement_key(uid, self.current_claim(uid), driver, self.sizes), uid)
+                for uid in batch
+            ),
             key=lambda item: item[0],
         )
         return [(uid, size_rank(key)) for key, uid in keyed]

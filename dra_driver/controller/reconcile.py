@@ -165,9 +165,14 @@ def rejected_nodes(claim: Mapping[str, Any]) -> list[str]:
     return [n for n in str(raw).split(",") if n]
 
 
-def placement_key(uid: str, claim: JsonObj | None, driver_name: str) -> tuple[Any, ...]:
+def placement_key(
+    uid: str,
+    claim: JsonObj | None,
+    driver_name: str,
+    size: Callable[[JsonObj], tuple[int, Fraction]] | None = None,
+) -> tuple[Any, ...]:
     """Where a claim goes in :func:`placement_order`; its first three items are its size
-    (:func:`size_rank`)."""
+    (:func:`size_rank`): ``size(claim)``, by default :func:`requested_size`."""
     if claim is None or not is_ours(claim):
         return (0,)
     try:
@@ -177,7 +182,7 @@ def placement_key(uid: str, claim: JsonObj | None, driver_name: str) -> tuple[An
     except MalformedClaimError:  # decide() says what is wrong
         return (0,)
     try:
-        whole, memory = requested_size(claim, driver_name)
+        whole, memory = requested_size(claim, driver_name) if size is None else size(claim)
     except (MalformedClaimError, KeyError, TypeError, ValueError):  # as above
         whole, memory = 0, Fraction(0)
     return (1, -whole, -memory, created, uid)

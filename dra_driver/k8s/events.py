@@ -64,10 +64,22 @@ NORMAL = "Normal"
 WARNING = "Warning"
 
 
+_STAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+_last_stamp: tuple[int, str] = (-1, "")
+"""(second, its text): the controller stamps two writes per claim, many a second."""
+
+
 def now_rfc3339(now: datetime.datetime | None = None) -> str:
     """A timestamp as the API writes ``metav1.Time`` (seconds, UTC, ``Z``)."""
-    now = now or datetime.datetime.now(datetime.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    global _last_stamp  # noqa: PLW0603 (one cached value; a tuple, replaced whole)
+    if now is not None:
+        return now.strftime(_STAMP_FORMAT)
+    second = int(time.time())
+    cached = _last_stamp
+    if cached[0] != second:
+        cached = (second, time.strftime(_STAMP_FORMAT, time.gmtime(second)))
+        _last_stamp = cached
+    return cached[1]
 
 
 @dataclass(frozen=True)
