@@ -62,6 +62,8 @@ from dra_driver.controller.informer import (
 )
 from dra_driver.controller.leader import LeaderElector
 from dra_driver.controller.ledger_cache import LedgerCache, Sources
+from dra_driver.controller.lenient import allocated, deleting
+from dra_driver.controller.lenient import namespace as claim_namespace
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import (
@@ -88,36 +90,11 @@ from dra_driver.controller.reconcile import (
 )
 from dra_driver.controller.worker import ClaimSlot, Rank, work_batches
 from dra_driver.core import claim_shape
-from dra_driver.core.claim_shape import MalformedClaimError
 from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 
 log = logging.getLogger(__name__)
-
-
-# The loops over every claim (the queueing, the pending gauge) and the claim handler's
-# "was something freed" read claims through these: a claim whose status or metadata
-# cannot be read counts as unallocated and alive, so that one such claim stops none of
-# those loops and is queued, and decide() refuses it with an Event that names the field.
-
-
-def _allocated(claim: JsonObj) -> bool:
-    try:
-        return claim_shape.is_allocated(claim)
-    except MalformedClaimError:
-        return False
-
-
-def _deleting(claim: JsonObj) -> bool:
-    try:
-        return claim_shape.is_deleting(claim)
-    except MalformedClaimError:
-        return False
-
-
-def _namespace(claim: JsonObj) -> str:
-    return claim_shape.ref(claim).namespace
 
 
 MAX_CONFLICT_RETRIES = 5
@@ -259,8 +236,8 @@ class Controller:
             # The echo of our own write was decided upon when it was written (and the
             # worker goes on from its answer): deciding it again finds nothing to do.
             self.queue.add(uid)
-        freed = etype == "DELETED" or not _allocated(new)
-        if freed and _allocated(old):
+        freed = etype == "DELETED" or not allocated(new)
+        if freed and allocated(old):
             self._enqueue_ours(pending_only=True)
 
     def _pod_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
@@ -302,9 +279,9 @@ class Controller:
         for claim in self.all_claims():
             if not is_ours(claim):
                 continue
-            if pending_only and _allocated(claim):
+            if pending_only and allocated(claim):
                 continue
-            if namespace is not None and _namespace(claim) != namespace:
+            if namespace is not None and claim_namespace(claim) != namespace:
                 continue
             self.queue.add(uid_of(claim))
 
@@ -353,7 +330,7 @@ class Controller:
         """Recompute the free memory per device and the pending claims from the caches."""
         claims = self.all_claims()
         state = self.ledger.state()  # decisions in flight count as taken
-        pending = sum(1 for c in claims if is_ours(c) and not _allocated(c) and not _deleting(c))
+        pending = sum(1 for c in claims if is_ours(c) and not allocated(c) and not deleting(c))
         self.metrics.set_cluster(state.free_memory(), pending)
 
     async def _lead(self) -> None:
