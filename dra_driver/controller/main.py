@@ -67,7 +67,6 @@ from dra_driver.controller.lenient import namespace as claim_namespace
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import (
-    FINALIZER,
     Allocate,
     ClusterView,
     Deallocate,
@@ -76,11 +75,9 @@ from dra_driver.controller.reconcile import (
     RecordRejected,
     Refuse,
     Wait,
-    allocation_patch,
     deallocation_patch,
     decide,
     describe_allocation,
-    finalizer_patch,
     finalizer_removal_patch,
     is_ours,
     placement_key,
@@ -91,7 +88,6 @@ from dra_driver.controller.reconcile import (
 from dra_driver.controller.worker import ClaimSlot, Rank, work_batches
 from dra_driver.core import claim_shape
 from dra_driver.k8s.event_queue import WriteLane
-from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 
 log = logging.getLogger(__name__)
@@ -167,7 +163,9 @@ class Controller:
         """Nodes and Namespaces by name, built when first asked after a change."""
         self._writer = writer
         """The threads the claims' writes block in (shut down by :meth:`close`)."""
-        self.claim_writes = ClaimWriter(api_client, writer, self.assume, events, lane)
+        self.claim_writes = ClaimWriter(
+            api_client, writer, self.assume, events, lane=lane, missed=queue.add
+        )
         self.metrics = metrics
         self._cluster_changed = True
         """Something the metrics' gauges show changed since they were last computed."""
@@ -232,7 +230,8 @@ class Controller:
             current = self.current_claim(uid)
             if current is not None:
                 self.ledger.claim_seen(current)
-        if is_ours(new) and not (known and etype == "MODIFIED"):
+        echo = etype == "MODIFIED" and (known or self.claim_writes.echo(new))
+        if is_ours(new) and not echo:
             # The echo of our own write was decided upon when it was written (and the
             # worker goes on from its answer): deciding it again finds nothing to do.
             self.queue.add(uid)
@@ -451,15 +450,7 @@ class Controller:
                 self.events.post(claim, "AllocationRefused", reason, "Warning")
                 return None
             case Allocate(allocation=allocation, node=node):
-                protect = finalizer_patch(claim)
-                if protect is not None:
-                    claim = await self.claim_writes.patch_metadata(
-                        claim, protect, "the finalizer " + FINALIZER
-                    )
-                if slot is not None:
-                    await slot.wait_turn()
-                body = allocation_patch(claim, allocation, now_rfc3339(), keep_shares=True)
-                claim = await self.claim_writes.patch(claim, body, status=True)
+                claim = await self.claim_writes.allocate(claim, allocation, slot)
                 self.ledger.written(uid)
                 self.written[uid] = node or ""
                 if slot is not None:

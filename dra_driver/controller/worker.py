@@ -36,6 +36,10 @@ class ClaimSlot:
         """It writes no allocation: the smaller claims after it may go on."""
         self._turn.leave()
 
+    def turn_passed(self) -> bool:
+        """Its allocation may be written now (:meth:`wait_turn` would not wait)."""
+        return self._turn.passed()
+
     async def wait_turn(self) -> None:
         """Until every larger claim of the batch has had its allocation answered."""
         await self._turn.wait()
