@@ -56,7 +56,7 @@ from typing import Any
 import cel as _cel
 
 from dra_driver.allocator.model import Device, SemVer
-from dra_driver.base.quantity import parse_quantity
+from dra_driver.base.quantity import Amount, parse_quantity
 from dra_driver.base.semver import is_semver
 
 SENTINEL_MARKER = '"share.gpu.fractional.dev/controller-managed" == "sentinel"'
@@ -81,7 +81,7 @@ _Q = "@q"
 _V = "@v"
 
 
-def quantity_value(amount: Fraction) -> dict[str, list[int]]:
+def quantity_value(amount: Amount) -> dict[str, list[int]]:
     return {_Q: [amount.numerator, amount.denominator]}
 
 
