@@ -13,6 +13,7 @@ published capacity, one object per attribute name and short string value.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -122,28 +123,19 @@ SHORT = 64
 ones are seldom repeated."""
 
 
-def _frozen(node: Any) -> Any:
-    """A decoded JSON value as a hashable key (dicts as sorted item tuples)."""
-    if isinstance(node, Mapping):
-        return tuple(sorted((k, _frozen(v)) for k, v in node.items()))
-    if isinstance(node, list):
-        return ("[]", *(_frozen(v) for v in node))
-    return node if type(node) is str else (type(node).__name__, node)  # 1 is not True
-
-
 class _Shared:
     """What one :func:`gather_pools` pass shares between devices: the parsed capacity
     mappings (by their published JSON), attribute names, short strings and versions."""
 
     def __init__(self) -> None:
-        self._capacities: dict[Any, Mapping[str, Capacity]] = {}
+        self._capacities: dict[str, Mapping[str, Capacity]] = {}
         self._versions: dict[str, SemVer] = {}
 
     def capacity(self, raw: Mapping[str, Any] | None) -> Mapping[str, Capacity]:
         """The device's capacities; one (never mutated) mapping per distinct JSON."""
         if not raw:
             return {}
-        key = _frozen(raw)
+        key = json.dumps(raw, sort_keys=True, separators=(",", ":"))  # 1 is not true
         found = self._capacities.get(key)
         if found is None:
             found = self._capacities[key] = {
