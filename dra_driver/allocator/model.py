@@ -156,17 +156,22 @@ class _Shared:
         return value
 
 
+def _interned(value: Any) -> Any:
+    """A name shared with every other device's equal one (a string; else as it is)."""
+    return sys.intern(value) if type(value) is str else value
+
+
 def _device(
     raw: Mapping[str, Any], spec: Mapping[str, Any], generation: int, shared: _Shared
 ) -> Device:
     body = raw.get("basic", raw)  # v1beta1 wrapped the fields in `basic`
     node = spec.get("nodeName") or body.get("nodeName")
     return Device(
-        driver=sys.intern(spec["driver"]),
-        pool=sys.intern(spec["pool"]["name"]),
+        driver=_interned(spec["driver"]),
+        pool=_interned(spec["pool"]["name"]),
         generation=generation,
-        name=sys.intern(raw["name"]),
-        node_name=None if node is None else sys.intern(node),
+        name=_interned(raw["name"]),
+        node_name=_interned(node),
         attributes=shared.attributes(body.get("attributes")),
         capacity=shared.capacity(body.get("capacity")),
         allow_multiple_allocations=bool(body.get("allowMultipleAllocations")),
