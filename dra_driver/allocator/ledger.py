@@ -15,7 +15,7 @@ CounterKey = tuple[str, str, str]
 """(driver, pool, counter set)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceUse:
     exclusive: bool = False
     """A result without shareID holds the whole device."""

@@ -51,9 +51,10 @@ ALLOCATOR_ATTRIBUTE = "allocator"
 CONTROLLER = "controller"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceMemory:
-    """One controller-managed device's memory as the ledger sees it."""
+    """One controller-managed device's memory as the ledger sees it (one per device,
+    kept by the metrics: slots, no per-object dict)."""
 
     node: str | None
     pool: str
@@ -140,11 +141,8 @@ class AllocatorState(NodeSearch):
             shareable, caps = effective_capacity(device)
             total = caps["memory"].value if "memory" in caps else 0
             use = self.ledger.use(device.key)
-            free: Amount = 0
-            if use.exclusive or (not shareable and use.in_use):
-                pass
-            else:
-                free = max(total - use.consumed.get("memory", 0), 0)
+            held = use.exclusive or (not shareable and use.in_use)
+            free = 0 if held else max(total - use.consumed.get("memory", 0), 0)
             out.append(
                 DeviceMemory(device.node_name, device.pool, device.name, int(total), int(free))
             )
