@@ -208,3 +208,12 @@ def test_the_subtree_table_starts_afresh_at_its_limit() -> None:
         table.one({"n": n})
         assert len(table) <= 3
     assert table.one({"n": 0}) is not first  # forgotten, the objects holding it keep it
+
+
+def test_values_no_other_object_shares_are_not_interned() -> None:
+    pod = {**POD, "metadata": {**POD["metadata"], "resourceVersion": "4815162342"}}
+    one, two = shared(decoded(pod)), shared(decoded(pod))
+    assert one == two == pod
+    assert one["metadata"]["uid"] is not two["metadata"]["uid"]  # each object's own
+    assert one["metadata"]["resourceVersion"] is not two["metadata"]["resourceVersion"]
+    assert one["metadata"]["name"] is two["metadata"]["name"]  # names may repeat: shared
