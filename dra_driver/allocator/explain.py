@@ -46,7 +46,7 @@ def unfit_reason(
     where = f"claim {claim.namespace}/{claim.name}"
     if not devices:
         return f"cannot allocate {where}: " + NO_CONTROLLER_DEVICES.format(driver=driver)
-    reachable = [i for i, d in enumerate(devices) if usable(d)]
+    reachable = sum(1 for d in devices if usable(d))
     if not reachable:
         nodes = sorted({d.node_name or "-" for d in devices})
         return (
@@ -56,7 +56,7 @@ def unfit_reason(
     candidates = [i for i in matching if usable(devices[i])]
     if not candidates:
         return (
-            f"cannot allocate {where}: none of the {len(reachable)} controller-managed "
+            f"cannot allocate {where}: none of the {reachable} controller-managed "
             "GPU(s) on the nodes its pods may use matches the request's device class and "
             "selectors (or tolerates their taints)"
         )
@@ -73,11 +73,17 @@ def unfit_reason(
 
 
 def _free_memory(device: Device, ledger: Ledger) -> Amount:
-    _, caps = effective_capacity(device)
-    use = ledger.use(device.key)
-    if use.exclusive or "memory" not in caps:
+    """The device's memory less its shares' (-1: no memory, or held whole). Read for
+    every matching device of a claim that fits nowhere: no object made per device."""
+    memory = effective_capacity(device)[1].get("memory")
+    if memory is None:
         return -1
-    return caps["memory"].value - use.consumed.get("memory", 0)
+    use = ledger.devices.get(device.key)
+    if use is None:
+        return memory.value
+    if use.exclusive:
+        return -1
+    return memory.value - use.consumed.get("memory", 0)
 
 
 def describe_use(device: Device, ledger: Ledger, requested: Mapping[str, Amount]) -> str:

@@ -193,8 +193,17 @@ class AllocatorState(NodeSearch):
                 f" {claim.namespace}/{claim.name}"
             )
 
+        verdicts: dict[str, bool] = {}
+
         def usable(device: Device) -> bool:
-            return device.node_name is None or node_filter is None or node_filter(device.node_name)
+            """``node_filter`` asked once per node per claim, not once per device."""
+            node = device.node_name
+            if node is None or node_filter is None:
+                return True
+            found = verdicts.get(node)
+            if found is None:
+                found = verdicts[node] = node_filter(node)
+            return found
 
         matches = self._matches_of(claim, usable)
         if isinstance(matches, AllocationOutcome):
