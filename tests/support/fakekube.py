@@ -119,6 +119,7 @@ from typing import Self
 from tests.support.fakekube_admission import ApiSecurity
 from tests.support.fakekube_auth import User
 from tests.support.fakekube_http import Answer, Fault, RecordedRequest, Server
+from tests.support.fakekube_raw import copy_json
 from tests.support.fakekube_store import Store, accept_all
 from tests.support.fakekube_types import (
     DEFAULT_KINDS,
@@ -148,7 +149,8 @@ class FakeKubeApi:
     ``fake_kube`` fixture in ``tests/conftest.py`` yields a started one. The
     Python-side methods act directly on the store (no HTTP, not logged in
     :attr:`requests`), raise :class:`FakeApiError` like the HTTP side answers,
-    and produce the same watch events.
+    and produce the same watch events. What they return is a copy: a test may
+    change it without touching the stored object.
     """
 
     def __init__(
@@ -281,24 +283,25 @@ class FakeKubeApi:
         can build a ``ClaimRef`` before seeding.
         """
         kind = self.kind(f"{obj.get('apiVersion')}/{obj.get('kind')}")
-        return self._store.create(kind, self._namespace_of(kind, obj), obj, keep_uid=True)
+        stored = self._store.create(kind, self._namespace_of(kind, obj), obj, keep_uid=True)
+        return copy_json(stored)
 
     def get(self, kind: str | ResourceKind, name: str, namespace: str | None = None) -> JsonObj:
         k = self.kind(kind)
-        return self._store.get(k, self._namespace(k, namespace), name)
+        return copy_json(self._store.get(k, self._namespace(k, namespace), name))
 
     def update(self, obj: JsonObj) -> JsonObj:
         """Like PUT: a set ``metadata.resourceVersion`` must be current."""
         kind = self.kind(f"{obj.get('apiVersion')}/{obj.get('kind')}")
         name = str((obj.get("metadata") or {}).get("name", ""))
-        return self._store.replace(kind, self._namespace_of(kind, obj), name, obj)
+        return copy_json(self._store.replace(kind, self._namespace_of(kind, obj), name, obj))
 
     def update_status(self, obj: JsonObj) -> JsonObj:
         """Like PUT on ``/status``: only ``status`` changes."""
         kind = self.kind(f"{obj.get('apiVersion')}/{obj.get('kind')}")
         name = str((obj.get("metadata") or {}).get("name", ""))
         namespace = self._namespace_of(kind, obj)
-        return self._store.replace(kind, namespace, name, obj, status_only=True)
+        return copy_json(self._store.replace(kind, namespace, name, obj, status_only=True))
 
     def patch(
         self,
@@ -311,7 +314,7 @@ class FakeKubeApi:
     ) -> JsonObj:
         """JSON merge patch (RFC 7386) of the object, or of its status with ``status=True``."""
         k = self.kind(kind)
-        return self._store.patch(
+        patched = self._store.patch(
             k,
             self._namespace(k, namespace),
             name,
@@ -319,15 +322,17 @@ class FakeKubeApi:
             "application/merge-patch+json",
             status_only=status,
         )
+        return copy_json(patched)
 
     def delete(self, kind: str | ResourceKind, name: str, namespace: str | None = None) -> JsonObj:
         k = self.kind(kind)
-        return self._store.delete(k, self._namespace(k, namespace), name, None)[1]
+        return copy_json(self._store.delete(k, self._namespace(k, namespace), name, None)[1])
 
     def objects(self, kind: str | ResourceKind, namespace: str | None = None) -> list[JsonObj]:
         """Stored objects of ``kind`` (all namespaces unless given), sorted by namespace/name."""
         k = self.kind(kind)
-        return self._store.list_objects(k, namespace, lambda _: True, lambda _: True)[0]
+        stored = self._store.list_objects(k, namespace, lambda _: True, lambda _: True)[0]
+        return copy_json(stored)
 
     @property
     def resource_version(self) -> int:

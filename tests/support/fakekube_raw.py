@@ -279,6 +279,13 @@ def encode_wire(obj: Any, raw_at: frozenset[_Path] | None = None) -> bytes:
     return text.encode()
 
 
+def event_line(event_type: str, encoded: bytes) -> bytes:
+    """A watch event's line from its object's :func:`encode_wire` bytes: the same bytes
+    as ``encode_wire({"type": event_type, "object": obj}, <the paths under "object">)``
+    plus the newline (``json.dumps`` writes ``{"type": ..., "object": ...}`` so)."""
+    return b'{"type": %s, "object": %s}\n' % (json.dumps(event_type).encode(), encoded)
+
+
 def under(prefix: _Path, paths: frozenset[_Path]) -> frozenset[_Path]:
     """``paths`` (of one object) as seen from a body that holds the object at ``prefix``."""
     return frozenset((*prefix, *p) for p in paths)
@@ -290,9 +297,9 @@ _IMMUTABLE = (str, int, float, bool, type(None))
 
 def copy_json(node: _T) -> _T:
     """A deep copy of a JSON tree (what the store holds): plain dicts and lists are
-    rebuilt, scalars shared, anything else (a :class:`RawJson`) deep-copied. The same
-    result as ``copy.deepcopy`` several times faster: no memo of shared nodes, which a
-    tree decoded from JSON never has."""
+    rebuilt, scalars shared, a :class:`RawJson` rebuilt with its text, anything else
+    deep-copied. The same result as ``copy.deepcopy`` several times faster: no memo
+    of shared nodes, which a tree decoded from JSON never has."""
     return cast(_T, _copied(node))
 
 
@@ -304,6 +311,8 @@ def _copied(node: Any) -> Any:
         return [_copied(v) for v in node]
     if kind in _IMMUTABLE:
         return node
+    if kind is RawJson:
+        return RawJson({k: _copied(v) for k, v in node.items()}, node.raw)
     return copy.deepcopy(node)
 
 
