@@ -131,3 +131,22 @@ def test_a_stored_object_is_encoded_once_and_a_new_version_anew() -> None:
         assert changed is not stored
         assert b'"labels": {"a": "b"}' in store.wire(KIND, changed)
         assert b'"labels"' not in store.wire(KIND, stored)
+
+
+def test_encoding_along_the_raw_paths_is_encoding_everywhere() -> None:
+    # The walk along a kind's raw paths (a trie built once) finds every RawJson that
+    # the walk of the whole tree finds, for objects that hold them only there.
+    text = '{ "z": [1, 2.5, "<a>"],  "a": {"b": null} }'
+    params = RawJson(json.loads(text), text)
+    claim = resource_claim("default", "c1", configs=({"x": 1}, {"y": 2}))
+    for config in claim["spec"]["devices"]["config"]:
+        config["opaque"]["parameters"] = params
+    claim["status"]["allocation"]["devices"]["config"][1]["opaque"]["parameters"] = params
+    claim["status"]["devices"] = [{"driver": "d", "pool": "p", "device": "g", "data": params}]
+    paths = raw_paths(KIND)
+    assert encode_wire(claim, paths) == encode_wire(claim, None)
+    listed = {"kind": "ResourceClaimList", "items": [claim, claim]}
+    assert encode_wire(listed, under(("items", "*"), paths)) == encode_wire(listed, None)
+    sent = encode_wire(listed, under(("items", "*"), paths))
+    assert b'{ "z"' not in sent
+    assert b'"data": {"z":[1,2.5,"\\u003ca\\u003e"],"a":{"b":null}}' in sent
