@@ -152,6 +152,8 @@ class Server(ThreadingHTTPServer):
 
 
 _WATCH_TRUE = ("true", "1")
+_dates: dict[int, str] = {}
+"""The ``Date`` header of the current second (:meth:`_Handler.date_time_string`)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -171,6 +173,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the per-request stderr log; tests read ``FakeKubeApi.requests``."""
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The ``Date`` header, formatted once per second (the same text each time)."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        second = int(time.time())
+        held = _dates.get(second)
+        if held is None:
+            held = super().date_time_string(second)
+            _dates.clear()
+            _dates[second] = held
+        return held
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -301,8 +315,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
+        # The blank line and the body join the buffered headers: one write to the socket
+        # (one TLS record, one segment), the same bytes as end_headers() and a write.
+        buffered = getattr(self, "_headers_buffer", None)
+        if isinstance(buffered, list):
+            buffered += (b"\r\n", data)
+            self.flush_headers()
+        else:
+            self.end_headers()
+            self.wfile.write(data)
 
     def _send_fault(self, fault: Fault) -> None:
         if fault.status is None:
