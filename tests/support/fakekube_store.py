@@ -609,8 +609,11 @@ class Store:
             self._validate(kind, obj)
         if admit is not None:
             admit("UPDATE", current, obj)
-        if same_bytes(obj, current):
-            return current  # a no-op write keeps its resourceVersion
+        # A no-op write keeps its resourceVersion. (``!=`` first, in C: every RawJson
+        # here says what its text says, so objects unequal as values are never the
+        # same bytes; equal ones are compared byte for byte.)
+        if obj == current and same_bytes(obj, current):
+            return current
         if without(obj, "metadata", "status") != without(current, "metadata", "status"):
             meta["generation"] = int(cur_meta.get("generation", 0)) + 1
         key = self._key(kind, namespace, name)
