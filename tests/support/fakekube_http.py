@@ -3,7 +3,8 @@
 An object answered or sent in a watch event is encoded once per stored version
 (:meth:`~tests.support.fakekube_store.Store.wire`), and shared by the write's answer
 and every watcher's event; a watcher writes each batch of events it is woken for in
-one write to its socket (one chunk per event, as before).
+one write to its socket (one chunk per event, as before), and waits
+:data:`WATCH_BATCH_S` before it looks for the next batch.
 """
 
 from __future__ import annotations
@@ -152,6 +153,11 @@ class Server(ThreadingHTTPServer):
 
 
 _WATCH_TRUE = ("true", "1")
+WATCH_BATCH_S = 0.001
+"""After sending a batch of events, a watch waits this long before it looks for more:
+the events committed meanwhile go as one batch, instead of waking the watch's thread
+for each (in a burst of writes, a thread hand-off and a socket write per event cost the
+fake more CPU than the events themselves)."""
 _dates: dict[int, str] = {}
 """The ``Date`` header of the current second (:meth:`_Handler.date_time_string`)."""
 
@@ -395,6 +401,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._write_chunks([event_line(t, store.wire(kind, obj)) for t, obj in events])
             if done:
                 return
+            if events:
+                time.sleep(WATCH_BATCH_S)
 
     def _write_chunks(self, lines: list[bytes]) -> None:
         """Each line as one chunk, all in one write to the socket."""
