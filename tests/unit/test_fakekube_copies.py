@@ -150,3 +150,12 @@ def test_encoding_along_the_raw_paths_is_encoding_everywhere() -> None:
     sent = encode_wire(listed, under(("items", "*"), paths))
     assert b'{ "z"' not in sent
     assert b'"data": {"z":[1,2.5,"\\u003ca\\u003e"],"a":{"b":null}}' in sent
+
+
+def test_objects_without_copies_are_the_stored_ones() -> None:
+    with FakeKubeApi() as api:
+        api.create(resource_claim("default", "c1", allocated=False))
+        shared = api.objects("ResourceClaim", copies=False)
+        assert shared[0] is api._store.get(KIND, "default", "c1")
+        assert api.objects("ResourceClaim")[0] is not shared[0]
+        assert api.objects("ResourceClaim") == shared
