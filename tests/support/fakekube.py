@@ -24,11 +24,11 @@ exact field list, and what is not emulated, is in
 :mod:`tests.support.fakekube_version`.
 
 Layout: ``fakekube_types`` (kinds, Status errors), ``fakekube_selectors``,
-``fakekube_patch``, ``fakekube_raw``, ``fakekube_schema`` and ``fakekube_version``
-(pure), ``fakekube_store``
-(objects, resourceVersion, watch history under one lock), ``fakekube_http``
-(routing, verbs, watch streams) and this module (lifecycle, test-side API,
-fault injection). Each connection gets
+``fakekube_patch``, ``fakekube_raw``, ``fakekube_schema`` (with its compiled check,
+``fakekube_schema_compiled``) and ``fakekube_version`` (pure), ``fakekube_store``
+(objects, resourceVersion, watch history under one lock; stored objects never change,
+so they are shared, not copied), ``fakekube_http`` (routing, verbs, watch streams)
+and this module (lifecycle, test-side API, fault injection). Each connection gets
 a thread; :meth:`FakeKubeApi.close` ends open watch streams and cuts idle
 keep-alive connections, so it returns promptly.
 
