@@ -183,6 +183,8 @@ class FakeKubeApi:
         self.version = ServerVersion(kube_minor, drop_gated_fields, binary_minor)
         validate = self.version.validate if validate_schema else accept_all
         self._store = Store(kinds, history_limit, self.version.prepare, validate)
+        self._kinds_by_ref: dict[str, ResourceKind] = {}
+        """What :meth:`kind` found for each name it was given."""
         self._lock = threading.Lock()  # requests, faults and connections
         self._request_log: list[RecordedRequest] = []
         self._answer_log: list[Answer] = []
@@ -268,11 +270,15 @@ class FakeKubeApi:
         """A served kind by Kind (``"ResourceClaim"``), plural, or ``apiVersion/Kind``."""
         if isinstance(ref, ResourceKind):
             return ref
+        known = self._kinds_by_ref.get(ref)
+        if known is not None:
+            return known
         found = [
             k for k in self._store.kinds if ref in (k.kind, k.plural, f"{k.api_version}/{k.kind}")
         ]
         if len(found) != 1:
             raise ValueError(f"{ref!r} names {len(found)} served kinds; pass a ResourceKind")
+        self._kinds_by_ref[ref] = found[0]  # the served kinds never change
         return found[0]
 
     def create(self, obj: JsonObj) -> JsonObj:
