@@ -9,17 +9,18 @@ attributes the slice builder publishes instead (``memoryUsable``, ``memoryMin``,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from fractions import Fraction
 
 from dra_driver.allocator.model import Capacity, Device, RequestPolicy
+from dra_driver.base.quantity import Amount
 
 
-def _ceil_div(a: Fraction, b: Fraction) -> int:
+def _ceil_div(a: Amount, b: Amount) -> int:
     return -((-a) // b)
 
 
-def consume_one(requested: Fraction | None, capacity: Capacity) -> Fraction:  # noqa: PLR0911
+def consume_one(requested: Amount | None, capacity: Capacity) -> Amount:  # noqa: PLR0911
     policy = capacity.policy
     if requested is None:
         if policy is not None and policy.default is not None:
@@ -41,13 +42,13 @@ def consume_one(requested: Fraction | None, capacity: Capacity) -> Fraction:  # 
 
 
 def consumed_capacity(
-    requests: Mapping[str, Fraction], capacity: Mapping[str, Capacity]
-) -> dict[str, Fraction]:
+    requests: Mapping[str, Amount], capacity: Mapping[str, Capacity]
+) -> dict[str, Amount]:
     """What one allocation consumes of every capacity key of the device."""
     return {key: consume_one(requests.get(key), cap) for key, cap in capacity.items()}
 
 
-def violates_policy(value: Fraction, policy: RequestPolicy | None) -> bool:  # noqa: PLR0911
+def violates_policy(value: Amount, policy: RequestPolicy | None) -> bool:  # noqa: PLR0911
     if policy is None:
         return False
     if policy.default is not None and value == policy.default:
@@ -64,10 +65,10 @@ def violates_policy(value: Fraction, policy: RequestPolicy | None) -> bool:  # n
 
 
 def fits(
-    requests: Mapping[str, Fraction],
+    requests: Mapping[str, Amount],
     capacity: Mapping[str, Capacity],
-    used: Mapping[str, Fraction],
-) -> dict[str, Fraction] | str:
+    used: Mapping[str, Amount],
+) -> dict[str, Amount] | str:
     """The consumption if it fits beside ``used`` (all shares so far), else the reason."""
     for key in requests:
         if key not in capacity:
@@ -77,7 +78,7 @@ def fits(
         cap = capacity[key]
         if key in requests and violates_policy(amount, cap.policy):
             return f"{key} {amount} violates the request policy"
-        if used.get(key, Fraction(0)) + amount > cap.value:
+        if used.get(key, 0) + amount > cap.value:
             return f"{key}: {amount} does not fit ({used.get(key, 0)} of {cap.value} in use)"
     return consumed
 
@@ -98,21 +99,24 @@ def effective_capacity(device: Device) -> tuple[bool, Mapping[str, Capacity]]:
     if not isinstance(usable, int) or isinstance(usable, bool):
         return False, device.capacity
 
-    def attr(name: str) -> Fraction | None:
+    def attr(name: str) -> int | None:
         value = attrs.get(name)
-        return Fraction(value) if isinstance(value, int) and not isinstance(value, bool) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    one, zero = Fraction(1), Fraction(0)
+    names = ("memoryDefault", "memoryMin", "memoryStep", "clientsMax")
+    return True, _attribute_capacity(usable, *(attr(n) for n in names))
+
+
+@functools.lru_cache(maxsize=256)
+def _attribute_capacity(
+    usable: int, default: int | None, low: int | None, step: int | None, clients: int | None
+) -> Mapping[str, Capacity]:
+    """The capacities a pre-1.36 device's attributes stand for; one (never mutated)
+    mapping per distinct set of attributes, not one per device and call."""
     caps = {
-        "memory": Capacity(
-            Fraction(usable),
-            RequestPolicy(
-                default=attr("memoryDefault"), min=attr("memoryMin"), step=attr("memoryStep")
-            ),
-        ),
-        "computePercent": Capacity(Fraction(100), RequestPolicy(default=zero, min=zero, step=one)),
+        "memory": Capacity(usable, RequestPolicy(default=default, min=low, step=step)),
+        "computePercent": Capacity(100, RequestPolicy(default=0, min=0, step=1)),
     }
-    clients = attr("clientsMax")
     if clients is not None:
-        caps["clients"] = Capacity(clients, RequestPolicy(default=one, min=one, step=one))
-    return True, caps
+        caps["clients"] = Capacity(clients, RequestPolicy(default=1, min=1, step=1))
+    return caps

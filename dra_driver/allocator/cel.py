@@ -56,7 +56,7 @@ from typing import Any
 import cel as _cel
 
 from dra_driver.allocator.model import Device, SemVer
-from dra_driver.base.quantity import parse_quantity
+from dra_driver.base.quantity import Amount, parse_quantity
 from dra_driver.base.semver import is_semver
 
 SENTINEL_MARKER = '"share.gpu.fractional.dev/controller-managed" == "sentinel"'
@@ -81,7 +81,7 @@ _Q = "@q"
 _V = "@v"
 
 
-def quantity_value(amount: Fraction) -> dict[str, list[int]]:
+def quantity_value(amount: Amount) -> dict[str, list[int]]:
     return {_Q: [amount.numerator, amount.denominator]}
 
 
@@ -278,11 +278,17 @@ def device_view(device: Device) -> dict[str, Any]:
 
 
 class SelectorCache:
-    """Compiled selectors by expression; results by device identity and pool generation."""
+    """Compiled selectors by expression; results by device identity and pool generation.
+
+    The ``device`` variable a selector reads is built per device and kept only while
+    that device is evaluated (its selectors one after another, as a request shape is
+    matched): once every selector's result is cached it is never read again, and a
+    view of every device of a large cluster was megabytes held for the process's
+    life (about 1.5 KB a GPU)."""
 
     def __init__(self) -> None:
         self._compiled: dict[str, Selector | CelError] = {}
-        self._views: dict[tuple[str, str, int, str], dict[str, Any]] = {}
+        self._view: tuple[tuple[str, str, int, str], dict[str, Any]] | None = None
         self._results: dict[tuple[str, str, str, int, str], bool | CelError] = {}
         self.evaluations = 0
 
@@ -311,10 +317,12 @@ class SelectorCache:
 
     def _evaluate(self, selector: Selector, device: Device) -> bool | CelError:
         ident = (device.driver, device.pool, device.generation, device.name)
-        view = self._views.get(ident)
-        if view is None:
+        last = self._view
+        if last is not None and last[0] == ident:
+            view = last[1]
+        else:
             view = device_view(device)
-            self._views[ident] = view
+            self._view = (ident, view)
         if (
             selector.domains - view["attributes"].keys()
             or selector.domains - view["capacity"].keys()
@@ -340,6 +348,6 @@ class SelectorCache:
         return value
 
     def forget_older(self, live: Mapping[tuple[str, str], int]) -> None:
-        """Drop cached views/results of pools whose generation is not ``live[(driver, pool)]``."""
-        self._views = {k: v for k, v in self._views.items() if live.get(k[:2]) == k[2]}
+        """Drop cached results of pools whose generation is not ``live[(driver, pool)]``."""
+        self._view = None
         self._results = {k: v for k, v in self._results.items() if live.get((k[1], k[2])) == k[3]}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator.capacity import effective_capacity, fits
@@ -22,6 +21,7 @@ from dra_driver.allocator.k8s_rules import keeps_off
 from dra_driver.allocator.ledger import Ledger
 from dra_driver.allocator.model import Capacity, Device, DeviceClass, ExactRequest
 from dra_driver.allocator.packing import Placement, first_fit
+from dra_driver.base.quantity import Amount
 
 MatchKey = tuple[str, tuple[str, ...], tuple[Any, ...]]
 IndexEntry = tuple[Any, ...]
@@ -54,22 +54,20 @@ class Match:
     """Node name -> positions of its matching devices, in device order."""
 
 
-def memory_floor(
-    group: Group, alt: ExactRequest, requested: Mapping[str, Fraction]
-) -> Fraction | None:
+def memory_floor(group: Group, alt: ExactRequest, requested: Mapping[str, Amount]) -> Amount | None:
     """Free memory a device of ``group`` needs to take ``alt`` alone; None: no device can
     (the request does not fit the group's capacities, or asks capacity of a plain one)."""
     if group.shareable:
         need = fits(requested, group.caps, {})
         if isinstance(need, str):
             return None
-        return need.get("memory", Fraction(0))
+        return need.get("memory", 0)
     # A share (asked by capacity.requests or by the claim's GpuShare) never goes to a
     # device that cannot be shared (search.place): no need to walk such a group at all.
     # Without the GpuShare case every MIG partition was walked, and refused, per claim.
     if alt.capacity_requests or (requested and not alt.admin_access):
         return None
-    return Fraction(0)
+    return 0
 
 
 def _tolerated(request: ExactRequest, device: Device) -> bool:
@@ -134,12 +132,12 @@ class DeviceIndex:
             match.groups = list(by_sig.values())
         return match.groups
 
-    def _total(self, group: Group) -> Fraction:
-        return group.caps["memory"].value if "memory" in group.caps else Fraction(0)
+    def _total(self, group: Group) -> Amount:
+        return group.caps["memory"].value if "memory" in group.caps else 0
 
     def _placement(self, group: Group, pos: int) -> Placement:
         device = self.devices[pos]
-        return Placement(device, Fraction(0), 0, self._index[pos], self._total(group))
+        return Placement(device, 0, 0, self._index[pos], self._total(group))
 
     def _entry(self, group: Group, pos: int) -> IndexEntry | None:
         device = self.devices[pos]
@@ -147,7 +145,7 @@ class DeviceIndex:
         if use.exclusive or (not group.shareable and use.in_use):
             return None
         total = self._total(group)
-        free = total - use.consumed.get("memory", Fraction(0)) if group.shareable else Fraction(0)
+        free = total - use.consumed.get("memory", 0) if group.shareable else 0
         return (free, use.shares, self._index[pos], total, device.pool, device.name, pos)
 
     def _refresh(self, pos: int) -> None:

@@ -11,12 +11,11 @@ computePercent, clients, or the device held whole).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from fractions import Fraction
 
 from dra_driver.allocator.capacity import consumed_capacity, effective_capacity
 from dra_driver.allocator.ledger import Ledger
 from dra_driver.allocator.model import Claim, Device
-from dra_driver.base.quantity import format_bytes
+from dra_driver.base.quantity import Amount, format_bytes
 
 NO_CONTROLLER_DEVICES = (
     "no GPU of driver {driver} is published for the controller: every node's GPUs "
@@ -36,7 +35,7 @@ def unfit_reason(
     ledger: Ledger,
     usable: Callable[[Device], bool],
     matching: Sequence[int],
-    requested: Mapping[str, Fraction] | None,
+    requested: Mapping[str, Amount] | None,
 ) -> str:
     """The reason for a claim that found no placement.
 
@@ -47,7 +46,7 @@ def unfit_reason(
     where = f"claim {claim.namespace}/{claim.name}"
     if not devices:
         return f"cannot allocate {where}: " + NO_CONTROLLER_DEVICES.format(driver=driver)
-    reachable = [i for i, d in enumerate(devices) if usable(d)]
+    reachable = sum(1 for d in devices if usable(d))
     if not reachable:
         nodes = sorted({d.node_name or "-" for d in devices})
         return (
@@ -57,7 +56,7 @@ def unfit_reason(
     candidates = [i for i in matching if usable(devices[i])]
     if not candidates:
         return (
-            f"cannot allocate {where}: none of the {len(reachable)} controller-managed "
+            f"cannot allocate {where}: none of the {reachable} controller-managed "
             "GPU(s) on the nodes its pods may use matches the request's device class and "
             "selectors (or tolerates their taints)"
         )
@@ -73,15 +72,21 @@ def unfit_reason(
     )
 
 
-def _free_memory(device: Device, ledger: Ledger) -> Fraction:
-    _, caps = effective_capacity(device)
-    use = ledger.use(device.key)
-    if use.exclusive or "memory" not in caps:
-        return Fraction(-1)
-    return caps["memory"].value - use.consumed.get("memory", Fraction(0))
+def _free_memory(device: Device, ledger: Ledger) -> Amount:
+    """The device's memory less its shares' (-1: no memory, or held whole). Read for
+    every matching device of a claim that fits nowhere: no object made per device."""
+    memory = effective_capacity(device)[1].get("memory")
+    if memory is None:
+        return -1
+    use = ledger.devices.get(device.key)
+    if use is None:
+        return memory.value
+    if use.exclusive:
+        return -1
+    return memory.value - use.consumed.get("memory", 0)
 
 
-def describe_use(device: Device, ledger: Ledger, requested: Mapping[str, Fraction]) -> str:
+def describe_use(device: Device, ledger: Ledger, requested: Mapping[str, Amount]) -> str:
     """``node/device``: what is free of each capacity and why the request does not fit."""
     name = f"{device.node_name or '-'}/{device.name}"
     use = ledger.use(device.key)
@@ -92,20 +97,18 @@ def describe_use(device: Device, ledger: Ledger, requested: Mapping[str, Fractio
         return f"{name} is not shareable and already in use"
     parts = []
     for key in sorted(caps):
-        total, used = caps[key].value, use.consumed.get(key, Fraction(0))
+        total, used = caps[key].value, use.consumed.get(key, 0)
         parts.append(f"{key} {_amount(key, total - used)} of {_amount(key, total)} free")
     missing = sorted(k for k in requested if k not in caps)
     if missing:
         return f"{name} has no capacity {', '.join(missing)}"
     wanted = consumed_capacity(requested, caps)
-    short = [
-        k for k, v in sorted(wanted.items()) if use.consumed.get(k, Fraction(0)) + v > caps[k].value
-    ]
+    short = [k for k, v in sorted(wanted.items()) if use.consumed.get(k, 0) + v > caps[k].value]
     asked = ", ".join(f"{k} {_amount(k, v)}" for k, v in sorted(wanted.items()) if v)
     why = f"; not enough {' and '.join(short)}" if short else ""
     return f"{name}: {', '.join(parts)} (the claim takes {asked or 'nothing'}){why}"
 
 
-def _amount(key: str, value: Fraction) -> str:
+def _amount(key: str, value: Amount) -> str:
     whole = int(value)
     return format_bytes(whole) if key == "memory" else str(whole)

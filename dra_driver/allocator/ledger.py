@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator.model import Device, Pool, allocated_results
+from dra_driver.base.quantity import Amount
 
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device)."""
@@ -15,12 +15,12 @@ CounterKey = tuple[str, str, str]
 """(driver, pool, counter set)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceUse:
     exclusive: bool = False
     """A result without shareID holds the whole device."""
     shares: int = 0
-    consumed: dict[str, Fraction] = field(default_factory=dict)
+    consumed: dict[str, Amount] = field(default_factory=dict)
 
     @property
     def in_use(self) -> bool:
@@ -30,12 +30,12 @@ class DeviceUse:
 @dataclass
 class Ledger:
     devices: dict[DeviceKey, DeviceUse] = field(default_factory=dict)
-    counters: dict[CounterKey, dict[str, Fraction]] = field(default_factory=dict)
+    counters: dict[CounterKey, dict[str, Amount]] = field(default_factory=dict)
 
     def use(self, key: DeviceKey) -> DeviceUse:
         return self.devices.get(key) or DeviceUse()
 
-    def counters_used(self, key: CounterKey) -> Mapping[str, Fraction]:
+    def counters_used(self, key: CounterKey) -> Mapping[str, Amount]:
         return self.counters.get(key, {})
 
     def add(
@@ -43,7 +43,7 @@ class Ledger:
         key: DeviceKey,
         device: Device | None,
         share_id: str | None,
-        consumed: Mapping[str, Fraction],
+        consumed: Mapping[str, Amount],
     ) -> None:
         use = self.devices.setdefault(key, DeviceUse())
         first = not use.in_use
@@ -52,12 +52,12 @@ class Ledger:
         else:
             use.shares += 1
             for name, amount in consumed.items():
-                use.consumed[name] = use.consumed.get(name, Fraction(0)) + amount
+                use.consumed[name] = use.consumed.get(name, 0) + amount
         if device is not None and first:  # counters are consumed once per device
             for counter_set, counters in device.consumes_counters:
                 used = self.counters.setdefault((key[0], key[1], counter_set), {})
                 for name, amount in counters.items():
-                    used[name] = used.get(name, Fraction(0)) + amount
+                    used[name] = used.get(name, 0) + amount
 
 
 def build_ledger(pools: Iterable[Pool], allocated_claims: Iterable[Mapping[str, Any]]) -> Ledger:

@@ -1,19 +1,26 @@
-"""Typed, read-only views of the resource.k8s.io/v1 objects the allocator reads (JSON dicts in).
+r"""Typed, read-only views of the resource.k8s.io/v1 objects the allocator reads (JSON dicts in).
 
 Only the highest generation of each pool counts; a pool whose slices at that
 generation are fewer than ``resourceSliceCount`` is incomplete and skipped (as the
 scheduler does).
+
+Quantities are exact :data:`~dra_driver.base.quantity.Amount`\ s: ints where whole
+(memory is bytes, counts and percentages are whole in every slice the driver
+publishes), Fractions where not. A large cluster's devices repeat a few shapes, so
+the state shares what repeats (:class:`_Shared`): one capacity mapping per distinct
+published capacity, one object per attribute name and short string value.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator.k8s_rules import tolerates
-from dra_driver.base.quantity import parse_quantity
+from dra_driver.base.quantity import Amount, parse_amount
 from dra_driver.core import claim_shape
 from dra_driver.core.allocation import share_grant_for
 from dra_driver.core.claim_shape import MalformedClaimError
@@ -29,11 +36,11 @@ AttributeValue = int | bool | str | SemVer | tuple[Any, ...]
 
 @dataclass(frozen=True)
 class RequestPolicy:
-    default: Fraction | None = None
-    valid_values: tuple[Fraction, ...] | None = None
-    min: Fraction | None = None
-    max: Fraction | None = None
-    step: Fraction | None = None
+    default: Amount | None = None
+    valid_values: tuple[Amount, ...] | None = None
+    min: Amount | None = None
+    max: Amount | None = None
+    step: Amount | None = None
 
     @property
     def has_range(self) -> bool:
@@ -42,7 +49,7 @@ class RequestPolicy:
 
 @dataclass(frozen=True)
 class Capacity:
-    value: Fraction
+    value: Amount
     policy: RequestPolicy | None = None
 
 
@@ -64,7 +71,7 @@ class Device:
     attributes: Mapping[str, AttributeValue]
     capacity: Mapping[str, Capacity]
     allow_multiple_allocations: bool = False
-    consumes_counters: tuple[tuple[str, Mapping[str, Fraction]], ...] = ()
+    consumes_counters: tuple[tuple[str, Mapping[str, Amount]], ...] = ()
     taints: tuple[Taint, ...] = ()
     node_selector: Mapping[str, Any] | None = None
 
@@ -79,7 +86,7 @@ class Pool:
     name: str
     generation: int
     devices: tuple[Device, ...]
-    counter_sets: Mapping[str, Mapping[str, Fraction]] = field(default_factory=dict)
+    counter_sets: Mapping[str, Mapping[str, Amount]] = field(default_factory=dict)
 
 
 def _attribute(raw: Mapping[str, Any]) -> AttributeValue:
@@ -100,34 +107,76 @@ def _attribute(raw: Mapping[str, Any]) -> AttributeValue:
 def _policy(raw: Mapping[str, Any] | None) -> RequestPolicy | None:
     if not raw:
         return None
-    default = parse_quantity(raw["default"]) if raw.get("default") is not None else None
+    default = parse_amount(raw["default"]) if raw.get("default") is not None else None
     values = raw.get("validValues")
-    valid_values = tuple(sorted(parse_quantity(v) for v in values)) if values else None
+    valid_values = tuple(sorted(parse_amount(v) for v in values)) if values else None
     rng = raw.get("validRange") or {}
 
-    def opt(name: str) -> Fraction | None:
-        return parse_quantity(rng[name]) if rng.get(name) is not None else None
+    def opt(name: str) -> Amount | None:
+        return parse_amount(rng[name]) if rng.get(name) is not None else None
 
     return RequestPolicy(default, valid_values, opt("min"), opt("max"), opt("step"))
 
 
-def _device(raw: Mapping[str, Any], spec: Mapping[str, Any], generation: int) -> Device:
+SHORT = 64
+"""Attribute strings up to this long are shared (models, architectures, modes); longer
+ones are seldom repeated."""
+
+
+class _Shared:
+    """What one :func:`gather_pools` pass shares between devices: the parsed capacity
+    mappings (by their published JSON), attribute names, short strings and versions."""
+
+    def __init__(self) -> None:
+        self._capacities: dict[str, Mapping[str, Capacity]] = {}
+        self._versions: dict[str, SemVer] = {}
+
+    def capacity(self, raw: Mapping[str, Any] | None) -> Mapping[str, Capacity]:
+        """The device's capacities; one (never mutated) mapping per distinct JSON."""
+        if not raw:
+            return {}
+        key = json.dumps(raw, sort_keys=True, separators=(",", ":"))  # 1 is not true
+        found = self._capacities.get(key)
+        if found is None:
+            found = self._capacities[key] = {
+                sys.intern(k): Capacity(parse_amount(v["value"]), _policy(v.get("requestPolicy")))
+                for k, v in raw.items()
+            }
+        return found
+
+    def attributes(self, raw: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
+        return {sys.intern(k): self._attribute(v) for k, v in (raw or {}).items()}
+
+    def _attribute(self, raw: Mapping[str, Any]) -> AttributeValue:
+        value = _attribute(raw)
+        if isinstance(value, str):
+            return sys.intern(value) if len(value) <= SHORT else value
+        if isinstance(value, SemVer):  # one object per distinct version
+            return self._versions.setdefault(value.text, value)
+        return value
+
+
+def _interned(value: Any) -> Any:
+    """A name shared with every other device's equal one (a string; else as it is)."""
+    return sys.intern(value) if type(value) is str else value
+
+
+def _device(
+    raw: Mapping[str, Any], spec: Mapping[str, Any], generation: int, shared: _Shared
+) -> Device:
     body = raw.get("basic", raw)  # v1beta1 wrapped the fields in `basic`
     node = spec.get("nodeName") or body.get("nodeName")
     return Device(
-        driver=spec["driver"],
-        pool=spec["pool"]["name"],
+        driver=_interned(spec["driver"]),
+        pool=_interned(spec["pool"]["name"]),
         generation=generation,
-        name=raw["name"],
-        node_name=node,
-        attributes={k: _attribute(v) for k, v in (body.get("attributes") or {}).items()},
-        capacity={
-            k: Capacity(parse_quantity(v["value"]), _policy(v.get("requestPolicy")))
-            for k, v in (body.get("capacity") or {}).items()
-        },
+        name=_interned(raw["name"]),
+        node_name=_interned(node),
+        attributes=shared.attributes(body.get("attributes")),
+        capacity=shared.capacity(body.get("capacity")),
         allow_multiple_allocations=bool(body.get("allowMultipleAllocations")),
         consumes_counters=tuple(
-            (c["counterSet"], {n: parse_quantity(x["value"]) for n, x in c["counters"].items()})
+            (c["counterSet"], {n: parse_amount(x["value"]) for n, x in c["counters"].items()})
             for c in body.get("consumesCounters") or ()
         ),
         taints=tuple(
@@ -152,7 +201,7 @@ class _PoolParts:
     """``resourceSliceCount`` of its first slice: fewer slices is an incomplete pool."""
     slices: int = 0
     devices: list[Device] = field(default_factory=list)
-    counter_sets: dict[str, dict[str, Fraction]] = field(default_factory=dict)
+    counter_sets: dict[str, dict[str, Amount]] = field(default_factory=dict)
 
 
 def gather_pools(slices: Iterable[Mapping[str, Any]]) -> list[Pool]:
@@ -162,6 +211,7 @@ def gather_pools(slices: Iterable[Mapping[str, Any]]) -> list[Pool]:
     large cluster need never all be decoded at once (the controller keeps them packed,
     :mod:`dra_driver.controller.cache`)."""
     parts: dict[tuple[str, str], _PoolParts] = {}
+    shared = _Shared()
     for obj in slices:
         spec = _spec(obj)
         key = (spec["driver"], spec["pool"]["name"])
@@ -174,10 +224,10 @@ def gather_pools(slices: Iterable[Mapping[str, Any]]) -> list[Pool]:
         elif generation < held.generation:
             continue
         held.slices += 1
-        held.devices.extend(_device(d, spec, generation) for d in spec.get("devices") or ())
+        held.devices.extend(_device(d, spec, generation, shared) for d in spec.get("devices") or ())
         for cs in spec.get("sharedCounters") or ():
             held.counter_sets[cs["name"]] = {
-                n: parse_quantity(v["value"]) for n, v in cs["counters"].items()
+                n: parse_amount(v["value"]) for n, v in cs["counters"].items()
             }
     return [
         Pool(driver, name, p.generation, tuple(p.devices), p.counter_sets)
@@ -237,7 +287,7 @@ class ExactRequest:
     count: int
     admin_access: bool
     tolerations: tuple[Toleration, ...]
-    capacity_requests: Mapping[str, Fraction]
+    capacity_requests: Mapping[str, Amount]
 
 
 @dataclass(frozen=True)
@@ -277,7 +327,7 @@ def _exact(name: str, raw: Mapping[str, Any], admin: bool) -> ExactRequest:
             for t in raw.get("tolerations") or ()
         ),
         capacity_requests={
-            k: parse_quantity(v)
+            k: parse_amount(v)
             for k, v in ((raw.get("capacity") or {}).get("requests") or {}).items()
         },
     )
@@ -328,7 +378,7 @@ class AllocatedResult:
     pool: str
     device: str
     share_id: str | None
-    consumed: Mapping[str, Fraction]
+    consumed: Mapping[str, Amount]
     admin_access: bool
 
 
@@ -355,15 +405,17 @@ def _allocated_result(
     r: Mapping[str, Any], configs: Sequence[Mapping[str, Any]]
 ) -> AllocatedResult:
     share_id = r.get("shareID")
-    consumed = {k: parse_quantity(v) for k, v in (r.get("consumedCapacity") or {}).items()}
+    consumed: dict[str, Amount] = {
+        k: parse_amount(v) for k, v in (r.get("consumedCapacity") or {}).items()
+    }
     if not share_id:
         grant = share_grant_for(configs, r)
         if grant is not None:
             share_id = grant.share_id
             consumed = consumed or {
-                "memory": Fraction(grant.memory_bytes),
-                "computePercent": Fraction(grant.compute_percent),
-                "clients": Fraction(1),
+                "memory": grant.memory_bytes,
+                "computePercent": grant.compute_percent,
+                "clients": 1,
             }
     return AllocatedResult(
         request=r.get("request", ""),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator.device_index import DeviceIndex, Group, IndexEntry, Match, memory_floor
@@ -28,6 +27,7 @@ from dra_driver.allocator.search import (
     requested_capacity,
     solve,
 )
+from dra_driver.base.quantity import Amount
 
 
 class NodeSearch(DeviceIndex):
@@ -123,7 +123,7 @@ class NodeSearch(DeviceIndex):
 
     def _shapes(
         self, claim: Claim, matches: Sequence[tuple[ExactRequest, Match]]
-    ) -> list[tuple[Group, Fraction]]:
+    ) -> list[tuple[Group, Amount]]:
         """Per alternative, per group of its matching devices that can take it alone:
         the group and the free memory a device needs for it."""
         shapes = []
@@ -136,16 +136,16 @@ class NodeSearch(DeviceIndex):
         return shapes
 
     def _alone_key(
-        self, policy: Policy, group: Group, entry: IndexEntry, floor: Fraction
+        self, policy: Policy, group: Group, entry: IndexEntry, floor: Amount
     ) -> tuple[Any, ...]:
         """The key of the device of ``entry`` taking a request of ``floor`` alone."""
         self.walked += 1
-        free = entry[0] - floor if group.shareable else Fraction(0)
+        free = entry[0] - floor if group.shareable else 0
         return policy(Placement(self.devices[entry[-1]], free, entry[1], entry[2], entry[3]))
 
     def _alone_keys(
         self,
-        shapes: Sequence[tuple[Group, Fraction]],
+        shapes: Sequence[tuple[Group, Amount]],
         policy: Policy,
         usable: Callable[[Device], bool],
     ) -> dict[str | None, dict[int, tuple[Any, ...]]]:
@@ -169,7 +169,7 @@ class NodeSearch(DeviceIndex):
     def _node_alone_keys(
         self,
         node: str | None,
-        shapes: Sequence[tuple[Group, Fraction]],
+        shapes: Sequence[tuple[Group, Amount]],
         policy: Policy,
         usable: Callable[[Device], bool],
     ) -> list[tuple[Any, ...]]:
@@ -188,7 +188,7 @@ class NodeSearch(DeviceIndex):
 
     def _ascending_alone_keys(
         self,
-        shapes: Sequence[tuple[Group, Fraction]],
+        shapes: Sequence[tuple[Group, Amount]],
         policy: Policy,
         usable: Callable[[Device], bool],
     ) -> Iterator[AloneKey]:
@@ -200,7 +200,7 @@ class NodeSearch(DeviceIndex):
         return streams[0] if len(streams) == 1 else heapq.merge(*streams)
 
     def _group_alone_keys(
-        self, group: Group, floor: Fraction, policy: Policy, usable: Callable[[Device], bool]
+        self, group: Group, floor: Amount, policy: Policy, usable: Callable[[Device], bool]
     ) -> Iterator[AloneKey]:
         if policy is best_fit:
             ordered = group.ordered  # by index: the list is not changed during a search

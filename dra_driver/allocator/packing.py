@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator.model import Device
+from dra_driver.base.quantity import Amount
 
 
 @dataclass(frozen=True)
 class Placement:
     device: Device
-    free_memory_after: Fraction
+    free_memory_after: Amount
     """Memory the device has left after this placement (0 for a dedicated device)."""
     shares: int
     """Shares the device holds before this placement."""
     index: int
     """The GPU index (``index`` or ``parentIndex`` attribute; large if absent)."""
-    total_memory: Fraction
+    total_memory: Amount
 
 
 Policy = Callable[[Placement], tuple[Any, ...]]

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Literal
 
 from dra_driver.allocator.model import Claim, DeviceClass
 from dra_driver.allocator.search import Pick
 from dra_driver.api import GpuShareGrant, encode_config
-from dra_driver.base.quantity import format_bytes, format_count
+from dra_driver.base.quantity import Amount, format_bytes, format_count
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class Result:
     pool: str
     device: str
     share_id: str | None
-    consumed: Mapping[str, Fraction]
+    consumed: Mapping[str, Amount]
     admin_access: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -44,7 +43,7 @@ class Result:
         return out
 
 
-def _format(key: str, value: Fraction) -> str:
+def _format(key: str, value: Amount) -> str:
     if value.denominator != 1:
         return f"{int(value * 1000)}m"
     return format_bytes(int(value)) if key == "memory" else format_count(int(value))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator.capacity import effective_capacity, fits
@@ -32,6 +31,7 @@ from dra_driver.allocator.model import Claim, Device, ExactRequest, Pool, parse_
 from dra_driver.allocator.packing import Placement, Policy
 from dra_driver.allocator.quota import VramQuota
 from dra_driver.api import GpuShare, decode_config
+from dra_driver.base.quantity import Amount
 
 SEARCH_BUDGET = 10_000
 _BIG = 1 << 30
@@ -42,9 +42,9 @@ class Pick:
     request: ExactRequest
     device: Device
     share: bool
-    consumed: dict[str, Fraction]
+    consumed: dict[str, Amount]
     key: tuple[Any, ...]
-    memory: Fraction
+    memory: Amount
     """What the pick charges the namespace's VRAM quota: a share its memory, a whole
     device all of it, admin access nothing."""
 
@@ -55,10 +55,10 @@ class Budget:
     the least memory of a placement refused for it (the amount a refusal names)."""
 
     quota: VramQuota
-    left: Fraction
-    blocked: Fraction | None = None
+    left: Amount
+    blocked: Amount | None = None
 
-    def admits(self, memory: Fraction) -> bool:
+    def admits(self, memory: Amount) -> bool:
         if memory <= self.left:
             return True
         if self.blocked is None or memory < self.blocked:
@@ -88,7 +88,7 @@ def index_of(device: Device) -> int:
     return _BIG
 
 
-def requested_capacity(request: ExactRequest, claim: Claim, driver: str) -> dict[str, Fraction]:
+def requested_capacity(request: ExactRequest, claim: Claim, driver: str) -> dict[str, Amount]:
     """``capacity.requests``, or (dropped by the API) the claim's ``GpuShare`` config."""
     if request.capacity_requests:
         return dict(request.capacity_requests)
@@ -107,8 +107,8 @@ def requested_capacity(request: ExactRequest, claim: Claim, driver: str) -> dict
     if share is None:
         return {}
     return {
-        "memory": Fraction(share.memory_bytes),
-        "computePercent": Fraction(share.compute_percent),
+        "memory": share.memory_bytes,
+        "computePercent": share.compute_percent,
     }
 
 
@@ -141,13 +141,14 @@ def _decoded_share_of(parameters: Any, driver: str) -> GpuShare | None:
     return obj if isinstance(obj, GpuShare) else None
 
 
-def requested_size(claim_obj: Mapping[str, Any], driver_name: str) -> tuple[int, Fraction]:
+def requested_size(claim_obj: Mapping[str, Any], driver_name: str) -> tuple[int, Amount]:
     """How much a claim asks, to place a burst largest first: (devices it takes whole,
     memory its shares ask). Per request its first alternative (the one it prefers)
     times its count (``All``: once); a request that names no memory takes a whole
     device (a share's default is all of it), admin access nothing."""
     claim = parse_claim(claim_obj)
-    whole, memory = 0, Fraction(0)
+    whole = 0
+    memory_asked: Amount = 0
     for request in claim.requests:
         alt = request.alternatives[0]
         if alt.admin_access:
@@ -157,8 +158,8 @@ def requested_size(claim_obj: Mapping[str, Any], driver_name: str) -> tuple[int,
         if asked is None:
             whole += count
         else:
-            memory += asked * count
-    return whole, memory
+            memory_asked += asked * count
+    return whole, memory_asked
 
 
 def _covers(constraint_requests: Sequence[str], name: str) -> bool:
@@ -224,12 +225,12 @@ def place(search: Search, request: ExactRequest, device: Device) -> Pick | None:
         asked = requested_capacity(request, search.claim, device.driver)
         if not admin and (use.in_use or pending or asked):
             return None
-        consumed: dict[str, Fraction] = {}
+        consumed: dict[str, Amount] = {}
     else:
         used = dict(use.consumed)
         for p in pending:
             for k, v in p.consumed.items():
-                used[k] = used.get(k, Fraction(0)) + v
+                used[k] = used.get(k, 0) + v
         result = fits(requested_capacity(request, search.claim, device.driver), caps, used)
         if isinstance(result, str):
             return None
@@ -237,23 +238,23 @@ def place(search: Search, request: ExactRequest, device: Device) -> Pick | None:
     first = not use.in_use and not pending
     if first and not admin and not _counters_fit(search, device):
         return None
-    total = caps["memory"].value if "memory" in caps else Fraction(0)
+    total = caps["memory"].value if "memory" in caps else 0
     if shareable:
-        used_memory = use.consumed.get("memory", Fraction(0)) + sum(
-            (p.consumed.get("memory", Fraction(0)) for p in pending), Fraction(0)
+        used_memory = use.consumed.get("memory", 0) + sum(
+            (p.consumed.get("memory", 0) for p in pending), 0
         )
-        free = total - used_memory - consumed.get("memory", Fraction(0))
+        free = total - used_memory - consumed.get("memory", 0)
     else:
-        free = Fraction(0)
+        free = 0
     placement = Placement(device, free, use.shares + len(pending), index_of(device), total)
-    memory = consumed.get("memory", Fraction(0)) if shareable else total
+    memory = consumed.get("memory", 0) if shareable else total
     return Pick(
         request,
         device,
         shareable and not admin,
         consumed,
         search.policy(placement),
-        Fraction(0) if admin else memory,
+        0 if admin else memory,
     )
 
 
@@ -271,9 +272,9 @@ def _counters_fit(search: Search, device: Device) -> bool:
                 for cs, cnt in p.device.consumes_counters:
                     if cs == counter_set:
                         for n, v in cnt.items():
-                            used[n] = used.get(n, Fraction(0)) + v
+                            used[n] = used.get(n, 0) + v
         for name, amount in counters.items():
-            if name not in available or used.get(name, Fraction(0)) + amount > available[name]:
+            if name not in available or used.get(name, 0) + amount > available[name]:
                 return False
     return True
 
@@ -285,7 +286,7 @@ def solve(search: Search, slots: list[list[ExactRequest]], at: int) -> bool:
     search.steps += 1
     if search.steps > SEARCH_BUDGET:
         return False
-    taken = sum((p.memory for p in search.picks), Fraction(0))
+    taken = sum((p.memory for p in search.picks), 0)
     for request in slots[at]:
         options = []
         for device in search.candidates.get(request.name, ()):

@@ -13,7 +13,6 @@ import bisect
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator.capacity import effective_capacity
@@ -45,15 +44,17 @@ from dra_driver.allocator.search import (
     place,
     requested_capacity,
 )
+from dra_driver.base.quantity import Amount
 from dra_driver.core import claim_shape
 
 ALLOCATOR_ATTRIBUTE = "allocator"
 CONTROLLER = "controller"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceMemory:
-    """One controller-managed device's memory as the ledger sees it."""
+    """One controller-managed device's memory as the ledger sees it (one per device,
+    kept by the metrics: slots, no per-object dict)."""
 
     node: str | None
     pool: str
@@ -121,7 +122,7 @@ class AllocatorState(NodeSearch):
         """Devices checked for fit (placement computed), over all claims so far."""
         self.walked = 0
         """Alone keys computed to rank nodes for multi-device claims, over all claims."""
-        self._held: dict[str, Fraction] = {}
+        self._held: dict[str, Amount] = {}
         for obj in claims:
             namespace = claim_shape.namespace(obj)
             for r in allocated_results(obj):
@@ -138,38 +139,36 @@ class AllocatorState(NodeSearch):
         out = []
         for device in self.devices:
             shareable, caps = effective_capacity(device)
-            total = caps["memory"].value if "memory" in caps else Fraction(0)
+            total = caps["memory"].value if "memory" in caps else 0
             use = self.ledger.use(device.key)
-            if use.exclusive or (not shareable and use.in_use):
-                free = Fraction(0)
-            else:
-                free = max(total - use.consumed.get("memory", Fraction(0)), Fraction(0))
+            held = use.exclusive or (not shareable and use.in_use)
+            free = 0 if held else max(total - use.consumed.get("memory", 0), 0)
             out.append(
                 DeviceMemory(device.node_name, device.pool, device.name, int(total), int(free))
             )
         return out
 
-    def memory_held(self, namespace: str) -> Fraction:
+    def memory_held(self, namespace: str) -> Amount:
         """Memory the claims of ``namespace`` hold on controller-managed devices: shares
         their memory, whole devices all of theirs, admin access nothing."""
-        return self._held.get(namespace, Fraction(0))
+        return self._held.get(namespace, 0)
 
     def _charge(
         self,
         namespace: str,
         key: tuple[str, str, str],
         share_id: str | None,
-        consumed: Mapping[str, Fraction],
+        consumed: Mapping[str, Amount],
     ) -> None:
         pos = self._position.get(key)
         if pos is None:
             return  # not a controller-managed device of ours: not charged
         if share_id is not None:
-            memory = consumed.get("memory", Fraction(0))
+            memory = consumed.get("memory", 0)
         else:
             caps = effective_capacity(self.devices[pos])[1]
-            memory = caps["memory"].value if "memory" in caps else Fraction(0)
-        self._held[namespace] = self._held.get(namespace, Fraction(0)) + memory
+            memory = caps["memory"].value if "memory" in caps else 0
+        self._held[namespace] = self._held.get(namespace, 0) + memory
 
     # --- allocation ---------------------------------------------------------------
 
@@ -194,8 +193,17 @@ class AllocatorState(NodeSearch):
                 f" {claim.namespace}/{claim.name}"
             )
 
+        verdicts: dict[str, bool] = {}
+
         def usable(device: Device) -> bool:
-            return device.node_name is None or node_filter is None or node_filter(device.node_name)
+            """``node_filter`` asked once per node per claim, not once per device."""
+            node = device.node_name
+            if node is None or node_filter is None:
+                return True
+            found = verdicts.get(node)
+            if found is None:
+                found = verdicts[node] = node_filter(node)
+            return found
 
         matches = self._matches_of(claim, usable)
         if isinstance(matches, AllocationOutcome):
@@ -295,29 +303,29 @@ class AllocatorState(NodeSearch):
 
     def _over_quota(self, claim: Claim, budget: Budget) -> AllocationOutcome:
         """The refusal: what the namespace holds and the least this claim would take."""
-        asked = max(budget.blocked or Fraction(0), self._memory_floor(claim))
+        asked = max(budget.blocked or 0, self._memory_floor(claim))
         used = self.memory_held(claim.namespace)
         return AllocationOutcome(
             reason=budget.quota.refusal(int(used), int(asked)), failure="quota"
         )
 
-    def _memory_floor(self, claim: Claim) -> Fraction:
+    def _memory_floor(self, claim: Claim) -> Amount:
         """Memory the claim takes at least, whatever devices it gets: per request the
         cheapest alternative's memory request times its count (rounding by a request
         policy, and whole devices, only add to it)."""
-        total = Fraction(0)
+        total: Amount = 0
         for request in claim.requests:
             total += min(
-                Fraction(0)
+                0
                 if alt.admin_access
-                else requested_capacity(alt, claim, self.driver_name).get("memory", Fraction(0))
+                else requested_capacity(alt, claim, self.driver_name).get("memory", 0)
                 * (1 if alt.mode == "All" else alt.count)
                 for alt in request.alternatives
             )
         return total
 
     def _add(
-        self, key: tuple[str, str, str], share: str | None, consumed: Mapping[str, Fraction]
+        self, key: tuple[str, str, str], share: str | None, consumed: Mapping[str, Amount]
     ) -> None:
         driver, pool, name = key
         pos = self._position.get(key)

@@ -56,13 +56,15 @@ class ClaimPodIndex:
     def __init__(self) -> None:
         self._pods_naming: dict[NameKey, set[str]] = {}
         """Claim (namespace, name) -> UIDs of the pods that name it."""
-        self._named_by_pod: dict[str, set[NameKey]] = {}
+        self._named_by_pod: dict[str, tuple[NameKey, ...]] = {}
+        """Pod UID -> the claims it names (a tuple: a set is 216 bytes even for one)."""
         self._claim_by_key: dict[NameKey, str] = {}
         """Claim (namespace, name) -> its UID."""
         self._claims_owned: dict[str, set[str]] = {}
         """Pod UID -> UIDs of the claims it owns."""
-        self._claim_keys: dict[str, tuple[NameKey, set[str]]] = {}
-        """Claim UID -> its (namespace, name) and owner pod UIDs, as indexed."""
+        self._claim_keys: dict[str, tuple[NameKey, tuple[str, ...]]] = {}
+        """Claim UID -> its (namespace, name) and owner pod UIDs, as indexed (tuples:
+        most claims have no owner pod, and an empty set is 216 bytes a claim)."""
 
     # --- pods --------------------------------------------------------------------------
 
@@ -77,12 +79,12 @@ class ClaimPodIndex:
         self.pod_gone(uid)
         keys = claims_named_by(pod)
         if keys:
-            self._named_by_pod[uid] = keys
+            self._named_by_pod[uid] = tuple(keys)
             for key in keys:
                 self._pods_naming.setdefault(key, set()).add(uid)
 
     def pod_gone(self, uid: str) -> None:
-        for key in self._named_by_pod.pop(uid, set()):
+        for key in self._named_by_pod.pop(uid, ()):
             pods = self._pods_naming.get(key)
             if pods is not None:
                 pods.discard(uid)
@@ -105,7 +107,7 @@ class ClaimPodIndex:
         self._claim_by_key[key] = uid
         for pod in owners:
             self._claims_owned.setdefault(pod, set()).add(uid)
-        self._claim_keys[uid] = (key, owners)
+        self._claim_keys[uid] = (key, tuple(owners))
 
     def claim_gone(self, uid: str) -> None:
         indexed = self._claim_keys.pop(uid, None)

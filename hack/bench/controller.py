@@ -328,7 +328,7 @@ def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
     kinds: Counter[str] = Counter(request_kind(r.method, r.path, r.query) for r in api.request_log)
     devices: set[tuple[str, str]] = set()
     shares: list[int] = []
-    for claim in api.objects("ResourceClaim", NAMESPACE):
+    for claim in api.objects("ResourceClaim", NAMESPACE, copies=False):  # read only
         allocation = (claim.get("status") or {}).get("allocation")
         if not allocation:
             continue

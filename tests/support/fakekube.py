@@ -24,11 +24,11 @@ exact field list, and what is not emulated, is in
 :mod:`tests.support.fakekube_version`.
 
 Layout: ``fakekube_types`` (kinds, Status errors), ``fakekube_selectors``,
-``fakekube_patch``, ``fakekube_raw``, ``fakekube_schema`` and ``fakekube_version``
-(pure), ``fakekube_store``
-(objects, resourceVersion, watch history under one lock), ``fakekube_http``
-(routing, verbs, watch streams) and this module (lifecycle, test-side API,
-fault injection). Each connection gets
+``fakekube_patch``, ``fakekube_raw``, ``fakekube_schema`` (with its compiled check,
+``fakekube_schema_compiled``) and ``fakekube_version`` (pure), ``fakekube_store``
+(objects, resourceVersion, watch history under one lock; stored objects never change,
+so they are shared, not copied), ``fakekube_http`` (routing, verbs, watch streams)
+and this module (lifecycle, test-side API, fault injection). Each connection gets
 a thread; :meth:`FakeKubeApi.close` ends open watch streams and cuts idle
 keep-alive connections, so it returns promptly.
 
@@ -119,6 +119,7 @@ from typing import Self
 from tests.support.fakekube_admission import ApiSecurity
 from tests.support.fakekube_auth import User
 from tests.support.fakekube_http import Answer, Fault, RecordedRequest, Server
+from tests.support.fakekube_raw import copy_json
 from tests.support.fakekube_store import Store, accept_all
 from tests.support.fakekube_types import (
     DEFAULT_KINDS,
@@ -148,7 +149,8 @@ class FakeKubeApi:
     ``fake_kube`` fixture in ``tests/conftest.py`` yields a started one. The
     Python-side methods act directly on the store (no HTTP, not logged in
     :attr:`requests`), raise :class:`FakeApiError` like the HTTP side answers,
-    and produce the same watch events.
+    and produce the same watch events. What they return is a copy: a test may
+    change it without touching the stored object.
     """
 
     def __init__(
@@ -181,6 +183,8 @@ class FakeKubeApi:
         self.version = ServerVersion(kube_minor, drop_gated_fields, binary_minor)
         validate = self.version.validate if validate_schema else accept_all
         self._store = Store(kinds, history_limit, self.version.prepare, validate)
+        self._kinds_by_ref: dict[str, ResourceKind] = {}
+        """What :meth:`kind` found for each name it was given."""
         self._lock = threading.Lock()  # requests, faults and connections
         self._request_log: list[RecordedRequest] = []
         self._answer_log: list[Answer] = []
@@ -266,11 +270,15 @@ class FakeKubeApi:
         """A served kind by Kind (``"ResourceClaim"``), plural, or ``apiVersion/Kind``."""
         if isinstance(ref, ResourceKind):
             return ref
+        known = self._kinds_by_ref.get(ref)
+        if known is not None:
+            return known
         found = [
             k for k in self._store.kinds if ref in (k.kind, k.plural, f"{k.api_version}/{k.kind}")
         ]
         if len(found) != 1:
             raise ValueError(f"{ref!r} names {len(found)} served kinds; pass a ResourceKind")
+        self._kinds_by_ref[ref] = found[0]  # the served kinds never change
         return found[0]
 
     def create(self, obj: JsonObj) -> JsonObj:
@@ -281,24 +289,25 @@ class FakeKubeApi:
         can build a ``ClaimRef`` before seeding.
         """
         kind = self.kind(f"{obj.get('apiVersion')}/{obj.get('kind')}")
-        return self._store.create(kind, self._namespace_of(kind, obj), obj, keep_uid=True)
+        stored = self._store.create(kind, self._namespace_of(kind, obj), obj, keep_uid=True)
+        return copy_json(stored)
 
     def get(self, kind: str | ResourceKind, name: str, namespace: str | None = None) -> JsonObj:
         k = self.kind(kind)
-        return self._store.get(k, self._namespace(k, namespace), name)
+        return copy_json(self._store.get(k, self._namespace(k, namespace), name))
 
     def update(self, obj: JsonObj) -> JsonObj:
         """Like PUT: a set ``metadata.resourceVersion`` must be current."""
         kind = self.kind(f"{obj.get('apiVersion')}/{obj.get('kind')}")
         name = str((obj.get("metadata") or {}).get("name", ""))
-        return self._store.replace(kind, self._namespace_of(kind, obj), name, obj)
+        return copy_json(self._store.replace(kind, self._namespace_of(kind, obj), name, obj))
 
     def update_status(self, obj: JsonObj) -> JsonObj:
         """Like PUT on ``/status``: only ``status`` changes."""
         kind = self.kind(f"{obj.get('apiVersion')}/{obj.get('kind')}")
         name = str((obj.get("metadata") or {}).get("name", ""))
         namespace = self._namespace_of(kind, obj)
-        return self._store.replace(kind, namespace, name, obj, status_only=True)
+        return copy_json(self._store.replace(kind, namespace, name, obj, status_only=True))
 
     def patch(
         self,
@@ -311,7 +320,7 @@ class FakeKubeApi:
     ) -> JsonObj:
         """JSON merge patch (RFC 7386) of the object, or of its status with ``status=True``."""
         k = self.kind(kind)
-        return self._store.patch(
+        patched = self._store.patch(
             k,
             self._namespace(k, namespace),
             name,
@@ -319,15 +328,22 @@ class FakeKubeApi:
             "application/merge-patch+json",
             status_only=status,
         )
+        return copy_json(patched)
 
     def delete(self, kind: str | ResourceKind, name: str, namespace: str | None = None) -> JsonObj:
         k = self.kind(kind)
-        return self._store.delete(k, self._namespace(k, namespace), name, None)[1]
+        return copy_json(self._store.delete(k, self._namespace(k, namespace), name, None)[1])
 
-    def objects(self, kind: str | ResourceKind, namespace: str | None = None) -> list[JsonObj]:
-        """Stored objects of ``kind`` (all namespaces unless given), sorted by namespace/name."""
+    def objects(
+        self, kind: str | ResourceKind, namespace: str | None = None, *, copies: bool = True
+    ) -> list[JsonObj]:
+        """Stored objects of ``kind`` (all namespaces unless given), sorted by namespace/name.
+
+        ``copies=False``: the stored objects themselves, which the caller must only read
+        (a benchmark reading thousands of claims at the end of a run)."""
         k = self.kind(kind)
-        return self._store.list_objects(k, namespace, lambda _: True, lambda _: True)[0]
+        stored = self._store.list_objects(k, namespace, lambda _: True, lambda _: True)[0]
+        return copy_json(stored) if copies else stored
 
     @property
     def resource_version(self) -> int:

@@ -35,10 +35,10 @@ PUTs neither take nor check ownership).
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
+from tests.support.fakekube_raw import copy_json
 from tests.support.fakekube_types import FakeApiError, JsonObj, bad_request
 
 APPLY_MEDIA_TYPE = "application/apply-patch+yaml"
@@ -105,7 +105,7 @@ def _applied_entries(current: JsonObj, body: Any) -> list[JsonObj]:
     devices = status.get("devices") or []
     if not isinstance(devices, list):
         raise FakeApiError(422, "status.devices: must be a list")
-    return [copy.deepcopy(e) for e in devices]
+    return [copy_json(e) for e in devices]
 
 
 def _validate(entries: list[JsonObj], allocated: set[DeviceKey]) -> list[DeviceKey]:
@@ -138,7 +138,7 @@ def apply_claim_devices(
         raise bad_request("PATCH: fieldManager is required for apply requests")
     applied = _applied_entries(current, body)
     keys = _validate(applied, _allocated_keys(current))
-    new = copy.deepcopy(current)
+    new = copy_json(current)
     status = new.setdefault("status", {})
     stored: list[JsonObj] = list(status.get("devices") or [])
     by_key = {device_key(e): e for e in stored}

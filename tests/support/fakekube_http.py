@@ -1,4 +1,11 @@
-"""HTTP side of the fake API server: routing, verbs, chunked watch streams."""
+"""HTTP side of the fake API server: routing, verbs, chunked watch streams.
+
+An object answered or sent in a watch event is encoded once per stored version
+(:meth:`~tests.support.fakekube_store.Store.wire`), and shared by the write's answer
+and every watcher's event; a watcher writes each batch of events it is woken for in
+one write to its socket (one chunk per event, as before), and waits
+:data:`WATCH_BATCH_S` before it looks for the next batch.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.support.fakekube_admission import ApiSecurity, WriteRequest
 from tests.support.fakekube_auth import User, request_attributes
-from tests.support.fakekube_raw import decode_body, encode_wire, raw_paths, under
+from tests.support.fakekube_raw import decode_body, encode_wire, event_line, raw_paths, under
 from tests.support.fakekube_selectors import parse_field_selector, parse_label_selector
 from tests.support.fakekube_store import Admit, Store, WatchFilter, without
 from tests.support.fakekube_types import (
@@ -146,6 +153,13 @@ class Server(ThreadingHTTPServer):
 
 
 _WATCH_TRUE = ("true", "1")
+WATCH_BATCH_S = 0.001
+"""After sending a batch of events, a watch waits this long before it looks for more:
+the events committed meanwhile go as one batch, instead of waking the watch's thread
+for each (in a burst of writes, a thread hand-off and a socket write per event cost the
+fake more CPU than the events themselves)."""
+_dates: dict[int, str] = {}
+"""The ``Date`` header of the current second (:meth:`_Handler.date_time_string`)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -165,6 +179,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the per-request stderr log; tests read ``FakeKubeApi.requests``."""
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The ``Date`` header, formatted once per second (the same text each time)."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        second = int(time.time())
+        held = _dates.get(second)
+        if held is None:
+            held = super().date_time_string(second)
+            _dates.clear()
+            _dates[second] = held
+        return held
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -234,12 +260,17 @@ class _Handler(BaseHTTPRequestHandler):
             listed = method == "GET" and route.name is None
             paths = raw_paths(route.kind)
             raw_at: frozenset[tuple[str, ...]] = under(("items", "*"), paths) if listed else paths
+            # One object from the store (not a list): its encoding is shared.
+            stored_kind: ResourceKind | None = None if listed else route.kind
         except FakeApiError as err:
-            code, obj, raw_at = err.code, err.status(), frozenset()
+            code, obj, raw_at, stored_kind = err.code, err.status(), frozenset(), None
         except Exception as err:  # a bug in the fake: make the test fail loudly, not hang
             code, obj = 500, FakeApiError(500, f"fake API server bug: {err!r}").status()
-            raw_at = frozenset()
-        self._send_json(code, obj, raw_at=raw_at)
+            raw_at, stored_kind = frozenset(), None
+        if stored_kind is not None:
+            self._send_data(code, store.wire(stored_kind, obj))
+        else:
+            self._send_json(code, obj, raw_at=raw_at)
         if self.server.answered is not None:
             self.server.answered(Answer(request, code, time.monotonic()))
 
@@ -282,14 +313,23 @@ class _Handler(BaseHTTPRequestHandler):
         raw_at: frozenset[tuple[str, ...]] | None = None,
     ) -> None:
         """``raw_at``: where ``obj`` may hold opaque values (:func:`encode_wire`)."""
-        data = encode_wire(obj, raw_at)
+        self._send_data(code, encode_wire(obj, raw_at), headers)
+
+    def _send_data(self, code: int, data: bytes, headers: Mapping[str, str] | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
+        # The blank line and the body join the buffered headers: one write to the socket
+        # (one TLS record, one segment), the same bytes as end_headers() and a write.
+        buffered = getattr(self, "_headers_buffer", None)
+        if isinstance(buffered, list):
+            buffered += (b"\r\n", data)
+            self.flush_headers()
+        else:
+            self.end_headers()
+            self.wfile.write(data)
 
     def _send_fault(self, fault: Fault) -> None:
         if fault.status is None:
@@ -329,14 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.close_connection = True
             if expired is None:
-                self._stream(
-                    store,
-                    flt,
-                    initial,
-                    cursor,
-                    deadline,
-                    raw_at=under(("object",), raw_paths(route.kind)),
-                )
+                self._stream(store, flt, initial, cursor, deadline)
             else:
                 self._write_event("ERROR", expired.status())
             self.wfile.write(b"0\r\n\r\n")
@@ -356,21 +389,25 @@ class _Handler(BaseHTTPRequestHandler):
         initial: list[JsonObj],
         cursor: int,
         deadline: float | None,
-        *,
-        raw_at: frozenset[tuple[str, ...]],
     ) -> None:
-        for obj in initial:
-            self._write_event("ADDED", obj, raw_at)
+        kind = flt.kind
+        self._write_chunks([event_line("ADDED", store.wire(kind, obj)) for obj in initial])
         while True:
             try:
                 events, cursor, done = store.next_events(flt, cursor, deadline)
             except FakeApiError as err:  # history trimmed under a slow watcher
                 self._write_event("ERROR", err.status())
                 return
-            for event_type, obj in events:
-                self._write_event(event_type, obj, raw_at)
+            self._write_chunks([event_line(t, store.wire(kind, obj)) for t, obj in events])
             if done:
                 return
+            if events:
+                time.sleep(WATCH_BATCH_S)
+
+    def _write_chunks(self, lines: list[bytes]) -> None:
+        """Each line as one chunk, all in one write to the socket."""
+        if lines:
+            self.wfile.write(b"".join(b"%X\r\n%s\r\n" % (len(line), line) for line in lines))
 
     def _write_event(
         self, event_type: str, obj: JsonObj, raw_at: frozenset[tuple[str, ...]] | None = None

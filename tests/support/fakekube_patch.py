@@ -1,24 +1,31 @@
-"""JSON merge patch (RFC 7386) and JSON patch (RFC 6902) for the fake API server (pure)."""
+"""JSON merge patch (RFC 7386) and JSON patch (RFC 6902) for the fake API server (pure).
+
+Values taken from a patch are copied (:func:`~tests.support.fakekube_raw.copy_json`), so
+the result never shares a node with the patch; ``in_place`` saves the copy of the
+target when the caller already holds one of its own (the store patches a copy of the
+stored object: one copy per write, not one per step).
+"""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
+from tests.support.fakekube_raw import copy_json
 from tests.support.fakekube_types import FakeApiError, bad_request
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
+def merge_patch(target: Any, patch: Any, *, in_place: bool = False) -> Any:
     """RFC 7386 JSON merge patch: objects merge recursively, ``null`` deletes, the rest replaces.
 
-    Returns a new document; neither argument is modified.
+    Returns a new document; neither argument is modified, unless ``in_place``: then
+    ``target`` is patched and returned (when it is an object).
     """
-    return _merge(copy.deepcopy(target), patch)
+    return _merge(target if in_place else copy_json(target), patch)
 
 
 def _merge(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return copy_json(patch)
     result = target if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -65,28 +72,31 @@ def _pointer_remove(doc: Any, tokens: list[str]) -> tuple[Any, Any]:
     return doc, removed
 
 
-def json_patch(doc: Any, operations: Any) -> Any:
-    """RFC 6902 JSON patch; 422 Invalid when an operation cannot apply."""
+def json_patch(doc: Any, operations: Any, *, in_place: bool = False) -> Any:
+    """RFC 6902 JSON patch; 422 Invalid when an operation cannot apply. ``doc`` is not
+    modified, unless ``in_place``."""
     if not isinstance(operations, list):
         raise bad_request("a JSON patch must be a list of operations")
-    doc = copy.deepcopy(doc)
+    doc = doc if in_place else copy_json(doc)
     for operation in operations:
         try:
             op = operation["op"]
             path = _pointer(operation["path"])
             if op == "add":
-                doc = _pointer_add(doc, path, copy.deepcopy(operation["value"]))
+                doc = _pointer_add(doc, path, copy_json(operation["value"]))
             elif op == "remove":
                 doc, _ = _pointer_remove(doc, path)
             elif op == "replace":
                 _pointer_get(doc, path)  # must exist
-                doc = _pointer_add(_pointer_remove(doc, path)[0], path, operation["value"])
+                doc = _pointer_add(
+                    _pointer_remove(doc, path)[0], path, copy_json(operation["value"])
+                )
             elif op in ("move", "copy"):
                 source = _pointer(operation["from"])
                 if op == "move":
                     doc, value = _pointer_remove(doc, source)
                 else:
-                    value = copy.deepcopy(_pointer_get(doc, source))
+                    value = copy_json(_pointer_get(doc, source))
                 doc = _pointer_add(doc, path, value)
             elif op == "test":
                 if _pointer_get(doc, path) != operation["value"]:

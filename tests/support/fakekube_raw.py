@@ -28,6 +28,7 @@ the rest as Python writes them); invalid UTF-8.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -79,8 +80,12 @@ _HTML_ESCAPES = {
 _HTML = re.compile("[<>&\u2028\u2029]")
 
 
+@functools.lru_cache(maxsize=4096)
 def go_compact(raw: str) -> str:
-    """``json.Compact`` with HTML escaping: whitespace outside strings dropped."""
+    """``json.Compact`` with HTML escaping: whitespace outside strings dropped.
+
+    Remembered (a pure function of the text): every answer and event re-sends the
+    same few stored texts."""
     out: list[str] = []
     in_string = escaped = False
     for char in raw:
@@ -130,7 +135,13 @@ def decode_body(text: str, paths: frozenset[_Path]) -> Any:
     value = json.loads(text)  # validity (and its error message) first
     if not isinstance(value, dict) or not any(f'"{p[-1]}"' in text for p in paths):
         return value  # no field that could hold one: nothing to keep
-    return _parse(text, 0, (), paths)[0]
+    return _parse(text, 0, (), paths, _prefixes(paths))[0]
+
+
+@functools.cache
+def _prefixes(paths: frozenset[_Path]) -> frozenset[_Path]:
+    """Every path on the way to one of ``paths``: below any other, nothing is kept raw."""
+    return frozenset(p[:i] for p in paths for i in range(len(p) + 1))
 
 
 def _ws(text: str, i: int) -> int:
@@ -138,25 +149,29 @@ def _ws(text: str, i: int) -> int:
     return match.end() if match else i
 
 
-def _parse(text: str, i: int, path: _Path, paths: frozenset[_Path]) -> tuple[Any, int]:
+def _parse(
+    text: str, i: int, path: _Path, paths: frozenset[_Path], prefixes: frozenset[_Path]
+) -> tuple[Any, int]:
     i = _ws(text, i)
     start = i
     value: Any
-    if text[i] == "{":
+    if path not in prefixes:
+        value, i = _DECODER.raw_decode(text, i)  # nothing raw below: json's own parser
+    elif text[i] == "{":
         value, i = {}, _ws(text, i + 1)
         if text[i] == "}":
             i += 1
         while text[i - 1] != "}":
             key, i = _DECODER.raw_decode(text, _ws(text, i))
             i = _ws(text, i) + 1  # the colon
-            value[key], i = _parse(text, i, (*path, key), paths)
+            value[key], i = _parse(text, i, (*path, key), paths, prefixes)
             i = _ws(text, i) + 1  # a comma or the closing brace
     elif text[i] == "[":
         value, i = [], _ws(text, i + 1)
         if text[i] == "]":
             i += 1
         while text[i - 1] != "]":
-            item, i = _parse(text, i, (*path, "*"), paths)
+            item, i = _parse(text, i, (*path, "*"), paths, prefixes)
             value.append(item)
             i = _ws(text, i) + 1
     else:
@@ -260,23 +275,46 @@ def encode_wire(obj: Any, raw_at: frozenset[_Path] | None = None) -> bytes:
             return [swap(v) for v in node]
         return node
 
-    def along(node: Any, paths: frozenset[_Path]) -> Any:
-        if () in paths:
+    def along(node: Any, trie: _Trie) -> Any:
+        if trie is _LEAF:
             return swap(node)
-        if isinstance(node, list) and any(p[0] == "*" for p in paths):
-            rest = frozenset(p[1:] for p in paths if p[0] == "*")
-            return [along(v, rest) for v in node]
+        if isinstance(node, list):
+            below = trie.get("*")
+            return node if below is None else [along(v, below) for v in node]
         if isinstance(node, dict):
-            out = dict(node)
-            for key in {p[0] for p in paths} & node.keys():
-                out[key] = along(node[key], frozenset(p[1:] for p in paths if p[0] == key))
-            return out
+            out = None
+            for key, below in trie.items():
+                if key in node:
+                    out = dict(node) if out is None else out
+                    out[key] = along(node[key], below)
+            return node if out is None else out
         return node
 
-    text = json.dumps(swap(obj) if raw_at is None else along(obj, raw_at) if raw_at else obj)
+    text = json.dumps(swap(obj) if raw_at is None else along(obj, _trie(raw_at)) if raw_at else obj)
     for i, raw in enumerate(raws):
         text = text.replace(f'"\\u0000raw{i}\\u0000"', raw, 1)
     return text.encode()
+
+
+_Trie = dict[str, Any]
+_LEAF: _Trie = {}
+"""The end of a path: everything below may be raw."""
+
+
+@functools.cache
+def _trie(paths: frozenset[_Path]) -> _Trie:
+    """``paths`` as nested dicts, step by step (built once per set of paths)."""
+    if () in paths:
+        return _LEAF
+    steps = sorted({p[0] for p in paths})
+    return {step: _trie(frozenset(p[1:] for p in paths if p[0] == step)) for step in steps}
+
+
+def event_line(event_type: str, encoded: bytes) -> bytes:
+    """A watch event's line from its object's :func:`encode_wire` bytes: the same bytes
+    as ``encode_wire({"type": event_type, "object": obj}, <the paths under "object">)``
+    plus the newline (``json.dumps`` writes ``{"type": ..., "object": ...}`` so)."""
+    return b'{"type": %s, "object": %s}\n' % (json.dumps(event_type).encode(), encoded)
 
 
 def under(prefix: _Path, paths: frozenset[_Path]) -> frozenset[_Path]:
@@ -290,9 +328,9 @@ _IMMUTABLE = (str, int, float, bool, type(None))
 
 def copy_json(node: _T) -> _T:
     """A deep copy of a JSON tree (what the store holds): plain dicts and lists are
-    rebuilt, scalars shared, anything else (a :class:`RawJson`) deep-copied. The same
-    result as ``copy.deepcopy`` several times faster: no memo of shared nodes, which a
-    tree decoded from JSON never has."""
+    rebuilt, scalars shared, a :class:`RawJson` rebuilt with its text, anything else
+    deep-copied. The same result as ``copy.deepcopy`` several times faster: no memo
+    of shared nodes, which a tree decoded from JSON never has."""
     return cast(_T, _copied(node))
 
 
@@ -304,6 +342,8 @@ def _copied(node: Any) -> Any:
         return [_copied(v) for v in node]
     if kind in _IMMUTABLE:
         return node
+    if kind is RawJson:
+        return RawJson({k: _copied(v) for k, v in node.items()}, node.raw)
     return copy.deepcopy(node)
 
 
@@ -312,6 +352,19 @@ def _copied(node: Any) -> Any:
 
 def same_bytes(a: Any, b: Any) -> bool:
     """Equal as the API server compares: ``RawJson`` by its stored text."""
+    kind, other = type(a), type(b)
+    # Plain JSON nodes first, by exact type (the walk of every write's whole object).
+    if kind is dict and other is dict:
+        return a.keys() == b.keys() and _same_values(a, b)
+    if kind is list and other is list:
+        return len(a) == len(b) and _same_items(a, b)
+    if kind in _IMMUTABLE and other in _IMMUTABLE:
+        return bool(a == b)
+    return _same_other(a, b)
+
+
+def _same_other(a: Any, b: Any) -> bool:
+    """:func:`same_bytes` of anything but two plain dicts, lists or scalars."""
     if isinstance(a, RawJson) or isinstance(b, RawJson):
         return isinstance(a, RawJson) and isinstance(b, RawJson) and a.raw == b.raw
     if isinstance(a, dict) and isinstance(b, dict):
@@ -319,6 +372,20 @@ def same_bytes(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(same_bytes(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+def _same_values(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    for key, value in a.items():  # noqa: SIM110 (a loop: no generator frame per node)
+        if not same_bytes(value, b[key]):
+            return False
+    return True
+
+
+def _same_items(a: list[Any], b: list[Any]) -> bool:
+    for x, y in zip(a, b, strict=True):  # noqa: SIM110 (as above)
+        if not same_bytes(x, y):
+            return False
+    return True
 
 
 def check_claim_update(

@@ -2,6 +2,12 @@
 
 Independent of HTTP: the server and the test-side API both call :class:`Store`,
 so objects seeded from Python produce the same watch events as HTTP writes.
+
+A stored object is never changed once stored: each write stores a new one, built
+from a copy of what it changes. So the watch history, a list in progress and every
+answer share the stored objects instead of copying them (one copy per write, not
+one per step, watcher and answer); :class:`~tests.support.fakekube.FakeKubeApi`
+copies what it hands to tests, and the HTTP layer only encodes what it gets.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from tests.support.fakekube_raw import (
     as_sent,
     check_claim_update,
     copy_json,
+    encode_wire,
+    raw_paths,
     same_bytes,
 )
 from tests.support.fakekube_selectors import Predicate
@@ -76,6 +84,9 @@ class WatchFilter:
         return ("DELETED", event.obj) if before else None
 
 
+_WIRE_KEPT = 4096
+"""Encoded objects kept (:meth:`Store.wire`); the oldest goes first."""
+
 _CONTINUES_KEPT = 64
 """Lists in progress held at once; the oldest token expires first."""
 
@@ -88,6 +99,25 @@ def _check_identity(kind: ResourceKind, namespace: str | None, name: str, meta: 
         raise bad_request(
             "the namespace of the provided object does not match the namespace sent on the request"
         )
+
+
+def _halves(kind: ResourceKind, current: JsonObj, new: JsonObj, *, status_only: bool) -> JsonObj:
+    """What an update stores (but its metadata): each endpoint owns its half, the status
+    subresource only status, the main resource everything but status. ``new`` is the
+    store's own copy; what comes from ``current`` (stored) is copied."""
+    if not kind.status_subresource:
+        return new
+    if status_only:
+        # metadata is replaced by the caller, in its place: the key order stays
+        obj = {k: None if k == "metadata" else copy_json(v) for k, v in current.items()}
+        obj.pop("status", None)
+        if "status" in new:
+            obj["status"] = new["status"]
+        return obj
+    obj = without(new, "status")
+    if "status" in current:
+        obj["status"] = copy_json(current["status"])
+    return obj
 
 
 def _now() -> str:
@@ -125,19 +155,17 @@ Admit = Callable[[str, JsonObj | None, JsonObj | None], None]
 """Called with (operation, old, new) after validation and before storing, as the API
 server's validating admission runs: raises :class:`FakeApiError` to refuse the write.
 ``operation`` is CREATE, UPDATE or DELETE; old is None on create, new on delete.
-None (the Python-side seeding of tests): no admission."""
-
-
-def _no_admission(operation: str, old: JsonObj | None, new: JsonObj | None) -> None:
-    """What ``admit=None`` does: let every write through."""
+It reads the objects and must not change them (old is the stored one). None (the
+Python-side seeding of tests): no admission."""
 
 
 class Store:
     """All objects and the event history, guarded by one condition variable.
 
-    Every method deep-copies what goes in and out, so callers never alias
-    stored state. Writes take ``dry_run``: everything happens (defaults,
-    ``prepare``, conflicts) except storing and the watch event.
+    Every method copies what goes in (a caller may change its dict afterwards) and
+    returns stored objects themselves: read-only to the caller (see the module's
+    docstring). Writes take ``dry_run``: everything happens (defaults, ``prepare``,
+    conflicts) except storing and the watch event.
     """
 
     def __init__(
@@ -165,6 +193,9 @@ class Store:
         """Watches may resume from any resourceVersion >= this."""
         self._continues: dict[str, tuple[int, list[JsonObj]]] = {}
         """Continue token -> (the list's resourceVersion, the items still to send)."""
+        self._wire: dict[int, tuple[JsonObj, bytes]] = {}
+        """id(object) -> (the object, its encoding): see :meth:`wire`."""
+        self._wire_lock = threading.Lock()
         self._apply_owners: dict[tuple[_Key, str], Owners] = {}
         """Server-side apply ownership per (object, uid); see :mod:`fakekube_apply`."""
 
@@ -177,15 +208,14 @@ class Store:
 
     def get(self, kind: ResourceKind, namespace: str | None, name: str) -> JsonObj:
         with self._cond:
-            return copy_json(self._get(kind, namespace, name))
+            return self._get(kind, namespace, name)
 
     def list_objects(
         self, kind: ResourceKind, namespace: str | None, labels: Predicate, fields: Predicate
     ) -> tuple[list[JsonObj], int]:
         flt = WatchFilter(kind, namespace, labels, fields)
         with self._cond:
-            items = [copy_json(o) for o in self._matching(flt)]
-            return items, self._rv
+            return list(self._matching(flt)), self._rv
 
     def list_page(
         self,
@@ -216,7 +246,7 @@ class Store:
                 rv, rest = held
             else:
                 flt = WatchFilter(kind, namespace, labels, fields)
-                rv, rest = self._rv, [copy_json(o) for o in self._matching(flt)]
+                rv, rest = self._rv, list(self._matching(flt))
             page, rest = (rest[:limit], rest[limit:]) if limit > 0 else (rest, [])
             following = ""
             if rest:
@@ -245,7 +275,7 @@ class Store:
         A dry run answers like the API server's: uid, creationTimestamp and
         generation are filled in, resourceVersion stays empty.
         """
-        obj = as_sent(self._checked_body(kind, body), kind)
+        obj: JsonObj = as_sent(self._checked_body(kind, body), kind)
         meta = obj["metadata"]
         if kind.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
@@ -280,10 +310,10 @@ class Store:
             if checked:
                 self._validate(kind, obj)
             if admit is not None:
-                admit("CREATE", None, copy_json(obj))
+                admit("CREATE", None, obj)
             if not dry_run:
                 self._commit(kind, key, "ADDED", obj, None)
-            return copy_json(obj)
+            return obj
 
     def replace(
         self,
@@ -337,14 +367,16 @@ class Store:
         with self._cond:
             current = self._get(kind, namespace, name)
             owners: Owners | None = None
+            # Each patches its own copy of the stored object, in place.
             if media == "application/merge-patch+json":
-                patched = as_patched(
-                    merge_patch(as_answered(copy_json(current), kind), patch), kind
-                )
+                answered = as_answered(copy_json(current), kind)
+                patched = as_patched(merge_patch(answered, patch, in_place=True), kind)
             elif media == "application/strategic-merge-patch+json":
-                patched = as_generic(merge_patch(as_generic(copy_json(current), kind), patch), kind)
+                generic = as_generic(copy_json(current), kind)
+                patched = as_generic(merge_patch(generic, patch, in_place=True), kind)
             elif media == "application/json-patch+json":
-                patched = as_patched(json_patch(as_answered(copy_json(current), kind), patch), kind)
+                answered = as_answered(copy_json(current), kind)
+                patched = as_patched(json_patch(answered, patch, in_place=True), kind)
             elif media == APPLY_MEDIA_TYPE and kind.kind == "ResourceClaim" and status_only:
                 owner_key = (self._key(kind, namespace, name), str(current["metadata"]["uid"]))
                 patched, owners = apply_claim_devices(
@@ -357,7 +389,7 @@ class Store:
                 patched = as_generic(patched, kind)
             else:
                 raise FakeApiError(415, f"the body of the request was in an unknown format {media}")
-            new = self._checked_body(kind, patched)
+            new = self._checked_body(kind, patched, fresh=True)
             written = self._write(
                 kind,
                 namespace,
@@ -401,17 +433,32 @@ class Store:
             key = self._key(kind, namespace, name)
             obj = copy_json(current)
             if admit is not None:
-                admit("DELETE", copy_json(current), None)
+                admit("DELETE", current, None)
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     obj["metadata"]["deletionTimestamp"] = _now()
                     if dry_run:
                         return False, obj
                     self._commit(kind, key, "MODIFIED", obj, current)
-                return False, copy_json(self._objects[key])
+                return False, self._objects[key]
             if not dry_run:
                 self._commit(kind, key, "DELETED", obj, current)
-            return True, copy_json(obj)
+            return True, obj
+
+    def wire(self, kind: ResourceKind, obj: JsonObj) -> bytes:
+        """``obj`` (one this store returned) as the server sends it (:func:`encode_wire`),
+        encoded once per stored version: a write's answer and every watcher's event
+        share the bytes. Keyed by identity, which is safe as stored objects never change
+        and the cache holds each one it keys."""
+        held = self._wire.get(id(obj))
+        if held is not None and held[0] is obj:
+            return held[1]
+        data = encode_wire(obj, raw_paths(kind))
+        with self._wire_lock:
+            if len(self._wire) >= _WIRE_KEPT:
+                del self._wire[next(iter(self._wire))]  # the oldest
+            self._wire[id(obj)] = (obj, data)
+        return data
 
     # Watch
 
@@ -419,7 +466,7 @@ class Store:
         """Initial ADDED objects and the resourceVersion to stream after."""
         with self._cond:
             if resource_version in ("", "0"):
-                return [copy_json(o) for o in self._matching(flt)], self._rv
+                return list(self._matching(flt)), self._rv
             try:
                 start = int(resource_version)
             except ValueError:
@@ -440,7 +487,7 @@ class Store:
                 if start < len(self._history):
                     batch = self._history[start:]
                     views = [v for v in map(flt.view, batch) if v is not None]
-                    return copy_json(views), batch[-1].rv, False
+                    return views, batch[-1].rv, False
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return [], after, True
@@ -501,10 +548,11 @@ class Store:
             if self._key(kind, namespace, name) not in self._objects:
                 return name
 
-    def _checked_body(self, kind: ResourceKind, body: Any) -> JsonObj:
+    def _checked_body(self, kind: ResourceKind, body: Any, *, fresh: bool = False) -> JsonObj:
+        """``fresh``: ``body`` is the store's own (a patched copy): not copied again."""
         if not isinstance(body, dict) or not isinstance(body.get("metadata", {}), dict):
             raise bad_request("the request body must be a JSON object with object metadata")
-        obj = copy_json(body)
+        obj = body if fresh else copy_json(body)
         for attr, expected in (("apiVersion", kind.api_version), ("kind", kind.kind)):
             if obj.get(attr) not in (None, "", expected):
                 raise bad_request(f"{attr} {obj[attr]!r} does not match {expected!r}")
@@ -549,17 +597,8 @@ class Store:
                 kind=kind,
                 name=name,
             )
-        if kind.status_subresource:
-            # Each endpoint owns its half: the status subresource writes only
-            # status, the main resource everything but status.
-            base, source = (current, new) if status_only else (new, current)
-            obj = without(base, "status")
-            if "status" in source:
-                obj["status"] = source["status"]
-            obj = copy_json(obj)
-        else:
-            obj = new
-        meta = obj["metadata"] = copy_json(new_meta if not status_only else cur_meta)
+        obj = _halves(kind, current, new, status_only=status_only)
+        meta = obj["metadata"] = copy_json(cur_meta) if status_only else new_meta
         for attr in (*_SERVER_METADATA, "namespace", "resourceVersion"):
             if attr in cur_meta:
                 meta[attr] = cur_meta[attr]
@@ -568,17 +607,21 @@ class Store:
         self._prepare(kind, obj)
         if checked:
             self._validate(kind, obj)
-        (admit or _no_admission)("UPDATE", copy_json(current), copy_json(obj))
-        if same_bytes(obj, current):
-            return copy_json(current)  # a no-op write keeps its resourceVersion
+        if admit is not None:
+            admit("UPDATE", current, obj)
+        # A no-op write keeps its resourceVersion. (``!=`` first, in C: every RawJson
+        # here says what its text says, so objects unequal as values are never the
+        # same bytes; equal ones are compared byte for byte.)
+        if obj == current and same_bytes(obj, current):
+            return current
         if without(obj, "metadata", "status") != without(current, "metadata", "status"):
             meta["generation"] = int(cur_meta.get("generation", 0)) + 1
         key = self._key(kind, namespace, name)
         if dry_run:
-            return copy_json(obj)  # still the stored resourceVersion
+            return obj  # still the stored resourceVersion
         gone = bool(meta.get("deletionTimestamp")) and not meta.get("finalizers")
         self._commit(kind, key, "DELETED" if gone else "MODIFIED", obj, current)
-        return copy_json(obj)
+        return obj
 
     def _commit(
         self,
@@ -594,7 +637,7 @@ class Store:
             del self._objects[key]
         else:
             self._objects[key] = obj
-        self._history.append(_Event(self._rv, kind, event_type, copy_json(obj), old))
+        self._history.append(_Event(self._rv, kind, event_type, obj, old))
         if len(self._history) > self._history_limit:
             dropped = self._history[: len(self._history) - self._history_limit]
             del self._history[: len(dropped)]

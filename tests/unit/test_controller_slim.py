@@ -11,7 +11,14 @@ from dra_driver.allocator import why_node_unfit
 from dra_driver.controller.cache import PackedCache, PlainCache
 from dra_driver.controller.claim_index import ClaimPodIndex
 from dra_driver.controller.reconcile import pod_is_live, pod_uses
-from dra_driver.controller.slim import shared, slim_claim, slim_namespace, slim_node, slim_pod
+from dra_driver.controller.slim import (
+    Subtrees,
+    shared,
+    slim_claim,
+    slim_namespace,
+    slim_node,
+    slim_pod,
+)
 
 JsonObj = dict[str, Any]
 
@@ -140,3 +147,73 @@ def test_a_packed_cache_reads_as_a_plain_one_and_hands_out_copies() -> None:
     assert taken is not None
     taken["metadata"]["name"] = "changed"
     assert packed.get("a") == NODE
+
+
+def _allocated_claim(n: int, node: str, memory: str) -> JsonObj:
+    share = {"apiVersion": "gpu.fractional.dev/v1alpha1", "kind": "GpuShare", "memory": memory}
+    config = {"requests": ["gpu"], "opaque": {"driver": "gpu.fractional.dev", "parameters": share}}
+    grant = {"opaque": {"parameters": {"kind": "GpuShareGrant", "shareID": f"s-{n}"}}}
+    selector = {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "values": [node]}]}]
+    }
+    return {
+        "metadata": {"name": f"c{n}", "uid": f"u{n}", "finalizers": ["f"]},
+        "spec": {"devices": {"requests": [{"name": "gpu"}], "config": [config]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"shareID": f"s-{n}", "consumedCapacity": {"memory": memory}}],
+                    "config": [{"source": "FromClaim", **config}, grant],
+                },
+                "nodeSelector": selector,
+            }
+        },
+    }
+
+
+def test_claims_share_their_equal_subtrees_and_keep_their_own() -> None:
+    one = slim_claim(decoded(_allocated_claim(1, "node-a", "10Gi")))
+    two = slim_claim(decoded(_allocated_claim(2, "node-a", "10Gi")))
+    other = slim_claim(decoded(_allocated_claim(3, "node-b", "20Gi")))
+    assert one == _allocated_claim(1, "node-a", "10Gi")  # nothing lost or changed
+    assert two == _allocated_claim(2, "node-a", "10Gi")
+    assert one["spec"] is two["spec"] and one["spec"] is not other["spec"]
+    alloc_one, alloc_two = one["status"]["allocation"], two["status"]["allocation"]
+    assert alloc_one["nodeSelector"] is alloc_two["nodeSelector"]
+    assert alloc_one["devices"]["config"][0] is alloc_two["devices"]["config"][0]
+    grant_one, grant_two = alloc_one["devices"]["config"][1], alloc_two["devices"]["config"][1]
+    assert grant_one is not grant_two and grant_one != grant_two  # its own share ID
+    results_one, results_two = alloc_one["devices"]["results"], alloc_two["devices"]["results"]
+    assert results_one[0]["consumedCapacity"] is results_two[0]["consumedCapacity"]
+    assert results_one[0] is not results_two[0]
+    assert other["status"]["allocation"]["nodeSelector"] is not alloc_one["nodeSelector"]
+
+
+def test_subtrees_equal_only_in_python_are_not_shared() -> None:
+    table = Subtrees()
+    counted = {"count": 1}
+    assert table.one(counted) is counted
+    flag, real = {"count": True}, {"count": 1.0}
+    assert flag == counted == real  # equal in Python, not in JSON
+    assert table.one(flag) is flag
+    assert table.one(real) is real
+    assert table.one({"count": 1}) is counted
+
+
+def test_the_subtree_table_starts_afresh_at_its_limit() -> None:
+    table = Subtrees(limit=3)
+    first = {"n": 0}
+    assert table.one(first) is first
+    for n in range(1, 10):
+        table.one({"n": n})
+        assert len(table) <= 3
+    assert table.one({"n": 0}) is not first  # forgotten, the objects holding it keep it
+
+
+def test_values_no_other_object_shares_are_not_interned() -> None:
+    pod = {**POD, "metadata": {**POD["metadata"], "resourceVersion": "4815162342"}}
+    one, two = shared(decoded(pod)), shared(decoded(pod))
+    assert one == two == pod
+    assert one["metadata"]["uid"] is not two["metadata"]["uid"]  # each object's own
+    assert one["metadata"]["resourceVersion"] is not two["metadata"]["resourceVersion"]
+    assert one["metadata"]["name"] is two["metadata"]["name"]  # names may repeat: shared
