@@ -10,13 +10,13 @@ the claim exists.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator import requested_size
+from dra_driver.base.quantity import Amount
 from dra_driver.core import claim_shape
 
-Size = tuple[int, Fraction]
+Size = tuple[int, Amount]
 """(devices taken whole, memory its shares ask)"""
 
 

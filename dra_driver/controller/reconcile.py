@@ -37,6 +37,7 @@ from dra_driver.allocator import (
     requested_size,
     why_node_unfit,
 )
+from dra_driver.base.quantity import Amount
 from dra_driver.core import claim_shape
 from dra_driver.core.claim_shape import MalformedClaimError
 
@@ -169,7 +170,7 @@ def placement_key(
     uid: str,
     claim: JsonObj | None,
     driver_name: str,
-    size: Callable[[JsonObj], tuple[int, Fraction]] | None = None,
+    size: Callable[[JsonObj], tuple[int, Amount]] | None = None,
 ) -> tuple[Any, ...]:
     """Where a claim goes in :func:`placement_order`; its first three items are its size
     (:func:`size_rank`): ``size(claim)``, by default :func:`requested_size`."""
