@@ -32,13 +32,17 @@ class ControllerConfig:
     batch_window_s: float = 0.2
     """Claims queued within this long of the oldest are worked together, largest
     first; 0: one at a time in arrival order."""
-    write_concurrency: int = 32
+    write_concurrency: int = 16
     """Claims whose writes may be in flight at once (with a batching window; without
-    one, a claim's writes end before the next claim is decided)."""
+    one, a claim's writes end before the next claim is decided). Each has a thread:
+    with 32, the threads' contention for the interpreter cost the controller about a
+    millisecond more CPU per claim than with 16, for no more claims a second
+    (``hack/bench/controller.py``, 50 nodes, 600-claim burst); 16 writes of 20 ms
+    each are 400 claims a second."""
     metrics_port: int = 0
     """Serve Prometheus metrics on this port (:func:`dra_driver.app.controller.run_controller`);
     0: not served."""
     metrics_address: str = "0.0.0.0"
     metrics_refresh_s: float = 5.0
-    """How often the free-memory and pending-claims gauges are recomputed (when
-    anything changed)."""
+    """How often the free-memory and pending-claims gauges are recomputed at most: when
+    anything changed and a scrape read them since (:mod:`.metrics`)."""

@@ -9,16 +9,18 @@ The blocking client calls run in a thread of the informer's own: a watch holds
 its thread for up to the read timeout, and six informers in ``asyncio.to_thread``'s
 default pool (``min(32, CPUs + 4)`` threads: 6 on 2 CPUs) left the controller's
 writes and the Lease waiting for a watch to time out. Cache changes are applied on the
-event loop (``call_soon_threadsafe``), so readers on the loop never see a
-half-applied event. ``on_change(type, new, old)`` runs on the loop after each
-change (``type``: ADDED, MODIFIED, DELETED, or SYNCED after a (re)list with
-``new``/``old`` empty).
+event loop (``call_soon_threadsafe``, once for all the events read meanwhile), so
+readers on the loop never see a half-applied event. ``on_change(type, new, old)``
+runs on the loop after each change (``type``: ADDED, MODIFIED, DELETED, or SYNCED
+after a (re)list with ``new``/``old`` empty).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -101,6 +103,10 @@ class Informer:
         self.relists = 0
         self._version = ""
         self._canceller = WatchCanceller()
+        self._arrived: deque[tuple[str, JsonObj]] = deque()
+        """Watch events read by the watch thread, not yet applied on the loop."""
+        self._drain_due = False
+        """A :meth:`_drain` is scheduled on the loop and has not started."""
 
     def get(self, uid: str) -> JsonObj | None:
         return self.objects.get(uid)
@@ -165,24 +171,39 @@ class Informer:
         return objects, version
 
     def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:
-        def emit(etype: str, obj: JsonObj) -> None:
-            version = (obj.get("metadata") or {}).get("resourceVersion")
-            if version:
-                self._version = str(version)
-            if etype in ("ADDED", "MODIFIED", "DELETED"):
-                try:
-                    loop.call_soon_threadsafe(self._apply, etype, self.kind.keep(obj))
-                except RuntimeError:  # the loop closed under us: shutting down
-                    self._canceller.cancel()
-
         watch_events(
             self._api,
             self.kind.path,
             self._version,
-            emit,
+            functools.partial(self._arrive, loop),
             read_timeout_s=self._read_timeout_s,
             canceller=self._canceller,
         )
+
+    def _arrive(self, loop: asyncio.AbstractEventLoop, etype: str, obj: JsonObj) -> None:
+        """In the watch thread: one event read, handed to the loop."""
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self._version = str(version)
+        if etype not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        self._arrived.append((etype, self.kind.keep(obj)))
+        if self._drain_due:
+            return  # the loop has a drain to run: it takes this one too
+        self._drain_due = True
+        try:
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop closed under us: shutting down
+            self._canceller.cancel()
+
+    def _drain(self) -> None:
+        """On the loop: every event arrived so far, in order. One wake of the loop for
+        all the events its watch thread read meanwhile (a burst's come many at a time)."""
+        self._drain_due = False  # first: an event arriving from now on schedules a drain
+        arrived = self._arrived
+        while arrived:
+            etype, obj = arrived.popleft()
+            self._apply(etype, obj)
 
     def _apply(self, etype: str, obj: JsonObj) -> None:
         uid = uid_of(obj)

@@ -44,6 +44,7 @@ from dra_driver.allocator import SelectorCache
 from dra_driver.base.errors import ApiConflictError, ApiError
 from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.claim_index import ClaimPodIndex
+from dra_driver.controller.claim_sizes import ClaimSizes
 from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.config import ControllerConfig
 from dra_driver.controller.events import ClaimEventRecorder
@@ -61,10 +62,11 @@ from dra_driver.controller.informer import (
 )
 from dra_driver.controller.leader import LeaderElector
 from dra_driver.controller.ledger_cache import LedgerCache, Sources
+from dra_driver.controller.lenient import allocated, deleting
+from dra_driver.controller.lenient import namespace as claim_namespace
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import (
-    FINALIZER,
     Allocate,
     ClusterView,
     Deallocate,
@@ -73,11 +75,9 @@ from dra_driver.controller.reconcile import (
     RecordRejected,
     Refuse,
     Wait,
-    allocation_patch,
     deallocation_patch,
     decide,
     describe_allocation,
-    finalizer_patch,
     finalizer_removal_patch,
     is_ours,
     placement_key,
@@ -87,35 +87,10 @@ from dra_driver.controller.reconcile import (
 )
 from dra_driver.controller.worker import ClaimSlot, Rank, work_batches
 from dra_driver.core import claim_shape
-from dra_driver.core.claim_shape import MalformedClaimError
-from dra_driver.k8s.events import now_rfc3339
+from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.rest import JsonObj
 
 log = logging.getLogger(__name__)
-
-
-# The loops over every claim (the queueing, the pending gauge) and the claim handler's
-# "was something freed" read claims through these: a claim whose status or metadata
-# cannot be read counts as unallocated and alive, so that one such claim stops none of
-# those loops and is queued, and decide() refuses it with an Event that names the field.
-
-
-def _allocated(claim: JsonObj) -> bool:
-    try:
-        return claim_shape.is_allocated(claim)
-    except MalformedClaimError:
-        return False
-
-
-def _deleting(claim: JsonObj) -> bool:
-    try:
-        return claim_shape.is_deleting(claim)
-    except MalformedClaimError:
-        return False
-
-
-def _namespace(claim: JsonObj) -> str:
-    return claim_shape.ref(claim).namespace
 
 
 MAX_CONFLICT_RETRIES = 5
@@ -146,6 +121,7 @@ class Controller:
         elector: LeaderElector,
         metrics: ControllerMetrics,
         writer: ThreadPoolExecutor,
+        lane: WriteLane | None = None,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self.config = config
@@ -181,12 +157,15 @@ class Controller:
             self._selectors,
         )
         self.index = ClaimPodIndex()
+        self.sizes = ClaimSizes(config.driver_name)
         self._nodes_index: dict[str, JsonObj] | None = None
         self._namespaces_index: dict[str, JsonObj] | None = None
         """Nodes and Namespaces by name, built when first asked after a change."""
         self._writer = writer
         """The threads the claims' writes block in (shut down by :meth:`close`)."""
-        self.claim_writes = ClaimWriter(api_client, writer, self.assume, events)
+        self.claim_writes = ClaimWriter(
+            api_client, writer, self.assume, events, lane=lane, missed=queue.add
+        )
         self.metrics = metrics
         self._cluster_changed = True
         """Something the metrics' gauges show changed since they were last computed."""
@@ -234,6 +213,7 @@ class Controller:
         self._cluster_changed = True
         if etype == "SYNCED":
             self.index.reset_claims(self.claims.values())
+            self.sizes.retain(self.claims.uids())
             self.ledger.invalidate()  # a relist may have dropped or changed anything
             self._enqueue_ours()
             return
@@ -244,17 +224,19 @@ class Controller:
             self.written.pop(uid, None)
             self.index.claim_gone(uid)
             self.ledger.claim_gone(uid)
+            self.sizes.forget(uid)
         else:
             self.index.claim_changed(new)
             current = self.current_claim(uid)
             if current is not None:
                 self.ledger.claim_seen(current)
-        if is_ours(new) and not (known and etype == "MODIFIED"):
+        echo = etype == "MODIFIED" and (known or self.claim_writes.echo(new))
+        if is_ours(new) and not echo:
             # The echo of our own write was decided upon when it was written (and the
             # worker goes on from its answer): deciding it again finds nothing to do.
             self.queue.add(uid)
-        freed = etype == "DELETED" or not _allocated(new)
-        if freed and _allocated(old):
+        freed = etype == "DELETED" or not allocated(new)
+        if freed and allocated(old):
             self._enqueue_ours(pending_only=True)
 
     def _pod_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
@@ -296,9 +278,9 @@ class Controller:
         for claim in self.all_claims():
             if not is_ours(claim):
                 continue
-            if pending_only and _allocated(claim):
+            if pending_only and allocated(claim):
                 continue
-            if namespace is not None and _namespace(claim) != namespace:
+            if namespace is not None and claim_namespace(claim) != namespace:
                 continue
             self.queue.add(uid_of(claim))
 
@@ -306,13 +288,15 @@ class Controller:
 
     def background(self) -> dict[str, Work]:
         """The tasks that must run as long as the controller, by name: an informer per
-        kind, the leader election, the leader's worker, the resync and the metrics.
-        Cancelling them ends every loop and releases the Lease."""
+        kind, the leader election, the leader's worker, the resync, the metrics and the
+        Events' sender. Cancelling them ends every loop and releases the Lease."""
         work: dict[str, Work] = {f"informer-{i.kind.name}": i.run for i in self.informers}
         work["leader-election"] = self.elector.run
         work["worker"] = self._lead
         work["resync"] = self._resync
         work["metrics"] = self._refresh_metrics
+        if self.events.queue is not None:
+            work["events"] = self.events.run
         return work
 
     def close(self) -> None:
@@ -320,6 +304,7 @@ class Controller:
         threads end with the writes they have (each bounded by the client's timeout)."""
         self.queue.close()
         self._writer.shutdown(wait=False)
+        self.events.close()
 
     async def synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
@@ -332,8 +317,8 @@ class Controller:
     async def _refresh_metrics(self) -> None:
         await self.synced()
         while True:
-            if self._cluster_changed:
-                self._cluster_changed = False
+            if self._cluster_changed and self.metrics.wanted:
+                self._cluster_changed = self.metrics.wanted = False
                 try:
                     self.refresh_cluster_metrics()
                 except Exception:  # metrics are advice: never a reason to stop allocating
@@ -344,7 +329,7 @@ class Controller:
         """Recompute the free memory per device and the pending claims from the caches."""
         claims = self.all_claims()
         state = self.ledger.state()  # decisions in flight count as taken
-        pending = sum(1 for c in claims if is_ours(c) and not _allocated(c) and not _deleting(c))
+        pending = sum(1 for c in claims if is_ours(c) and not allocated(c) and not deleting(c))
         self.metrics.set_cluster(state.free_memory(), pending)
 
     async def _lead(self) -> None:
@@ -382,7 +367,10 @@ class Controller:
     def _placement_order(self, batch: Sequence[str]) -> list[tuple[str, Rank]]:
         driver = self.config.driver_name
         keyed = sorted(  # stable: claims that allocate nothing keep queue order
-            ((placement_key(uid, self.current_claim(uid), driver), uid) for uid in batch),
+            (
+                (placement_key(uid, self.current_claim(uid), driver, self.sizes), uid)
+                for uid in batch
+            ),
             key=lambda item: item[0],
         )
         return [(uid, size_rank(key)) for key, uid in keyed]
@@ -455,34 +443,26 @@ class Controller:
                 return None
             case Wait(reason=reason, event=event):
                 if event:
-                    await self.events.record(claim, "CannotAllocate", reason, "Warning")
+                    self.events.post(claim, "CannotAllocate", reason, "Warning")
                     self.queue.add_after(uid, self.config.retry_unfit_s)
                 return None
             case Refuse(reason=reason):
-                await self.events.record(claim, "AllocationRefused", reason, "Warning")
+                self.events.post(claim, "AllocationRefused", reason, "Warning")
                 return None
             case Allocate(allocation=allocation, node=node):
-                protect = finalizer_patch(claim)
-                if protect is not None:
-                    claim = await self.claim_writes.patch_metadata(
-                        claim, protect, "the finalizer " + FINALIZER
-                    )
-                if slot is not None:
-                    await slot.wait_turn()
-                body = allocation_patch(claim, allocation, now_rfc3339(), keep_shares=True)
-                claim = await self.claim_writes.patch(claim, body, status=True)
+                claim = await self.claim_writes.allocate(claim, allocation, slot)
                 self.ledger.written(uid)
                 self.written[uid] = node or ""
                 if slot is not None:
                     slot.written()
-                await self.events.record(claim, "Allocated", describe_allocation(allocation))
+                self.events.post(claim, "Allocated", describe_allocation(allocation))
                 return None
             case RecordRejected(node=node):
                 claim = await self.claim_writes.patch_metadata(
                     claim, rejected_patch(claim, node), "the rejected-nodes annotation"
                 )
                 self.written.pop(uid, None)
-                await self.events.record(
+                self.events.post(
                     claim,
                     "NodeRejected",
                     f"the scheduler cleared the allocation on node {node}; allocating elsewhere",
@@ -496,7 +476,7 @@ class Controller:
                     )
                     self.ledger.claim_seen(claim)  # freed: the state is built anew
                     self.written.pop(uid, None)
-                    await self.events.record(
+                    self.events.post(
                         claim, "Deallocated", "allocated but never reserved and no pod uses it"
                     )
                 unprotect = finalizer_removal_patch(claim)

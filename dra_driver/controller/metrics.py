@@ -14,6 +14,9 @@ serves them (followers count nothing but keep the cluster gauges current)::
     fractional_gpu_dra_controller_allocation_duration_seconds
         histogram: from taking a claim off the queue to its allocation written
         (the allocator, the finalizer and status writes, conflict retries)
+    fractional_gpu_dra_controller_events_dropped_total
+        Events dropped because the queue of Events to send was full (the API
+        server took them slower than they came; each drop is also logged)
     fractional_gpu_dra_controller_gpu_free_memory_bytes{node, device}
         free memory of each controller-managed device, from the ledger of every
         allocated claim and the assume cache (0 while a device is held whole)
@@ -22,7 +25,11 @@ serves them (followers count nothing but keep the cluster gauges current)::
 
 The two gauges are a snapshot the controller refreshes on its event loop
 (:meth:`ControllerMetrics.set_cluster`); a scrape, which runs on the metrics
-server's thread, only reads the latest snapshot and never waits on the loop.
+server's thread, only reads the latest snapshot and never waits on the loop. The
+snapshot is refreshed only once a scrape asked for one (:attr:`ControllerMetrics.wanted`):
+it reads every device of the cluster and every claim (a tenth of the controller's CPU at
+500 nodes when done every few seconds, ``hack/bench/controller.py``), so it is done per
+scrape, not per change, and a scrape shows the cluster as of about one scrape before.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ class _ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._metrics.snapshot  # one read: the loop replaces it whole
+        self._metrics.wanted = True  # the next one, for the next scrape
         free = GaugeMetricFamily(
             f"{PREFIX}_gpu_free_memory_bytes",
             "Free memory of each controller-managed device, from the controller's ledger",
@@ -111,12 +119,25 @@ class ControllerMetrics:
             subsystem=sub,
             registry=reg,
         )
+        self.events_dropped = Counter(
+            "events_dropped",
+            "Events dropped because the queue of Events to send was full",
+            namespace=ns,
+            subsystem=sub,
+            registry=reg,
+        )
         self.snapshot = ClusterSnapshot()
+        self.wanted = False
+        """A scrape read the snapshot since it was last refreshed (set on the server's
+        thread, cleared on the loop)."""
         self.registry.register(_ClusterCollector(self))
 
     def allocated(self, seconds: float) -> None:
         self.allocations.inc()
         self.latency.observe(seconds)
+
+    def event_dropped(self) -> None:
+        self.events_dropped.inc()
 
     def failed(self, reason: str) -> None:
         self.failures.labels(reason).inc()

@@ -37,6 +37,7 @@ from dra_driver.allocator import (
     requested_size,
     why_node_unfit,
 )
+from dra_driver.base.quantity import Amount
 from dra_driver.core import claim_shape
 from dra_driver.core.claim_shape import MalformedClaimError
 
@@ -165,9 +166,14 @@ def rejected_nodes(claim: Mapping[str, Any]) -> list[str]:
     return [n for n in str(raw).split(",") if n]
 
 
-def placement_key(uid: str, claim: JsonObj | None, driver_name: str) -> tuple[Any, ...]:
+def placement_key(
+    uid: str,
+    claim: JsonObj | None,
+    driver_name: str,
+    size: Callable[[JsonObj], tuple[int, Amount]] | None = None,
+) -> tuple[Any, ...]:
     """Where a claim goes in :func:`placement_order`; its first three items are its size
-    (:func:`size_rank`)."""
+    (:func:`size_rank`): ``size(claim)``, by default :func:`requested_size`."""
     if claim is None or not is_ours(claim):
         return (0,)
     try:
@@ -177,7 +183,7 @@ def placement_key(uid: str, claim: JsonObj | None, driver_name: str) -> tuple[An
     except MalformedClaimError:  # decide() says what is wrong
         return (0,)
     try:
-        whole, memory = requested_size(claim, driver_name)
+        whole, memory = requested_size(claim, driver_name) if size is None else size(claim)
     except (MalformedClaimError, KeyError, TypeError, ValueError):  # as above
         whole, memory = 0, Fraction(0)
     return (1, -whole, -memory, created, uid)

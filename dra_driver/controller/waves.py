@@ -46,6 +46,10 @@ class Turn:
         self.wave = wave
         self._left = False
 
+    def passed(self) -> bool:
+        """Every larger claim of the batch is done: :meth:`wait` would not wait."""
+        return self.wave.before is None or self.wave.before.done.is_set()
+
     async def wait(self) -> None:
         """Until every larger claim of the batch is done."""
         if self.wave.before is not None:

@@ -3,9 +3,9 @@ up to a bound of claims at once.
 
 Each claim of a batch is started in the order given (its decision is taken at its
 start, before any later claim's) and holds a write slot until its own writes are done
-(:meth:`ClaimSlot.written`) or it ends; its Event may still be in flight then (the
-write threads bound those). A claim's :class:`~.waves.Turn` orders its allocation
-write after every larger claim's of its batch.
+(:meth:`ClaimSlot.written`) or it ends; its Event is queued, written later by the
+Events' sender (:mod:`dra_driver.k8s.event_queue`). A claim's :class:`~.waves.Turn`
+orders its allocation write after every larger claim's of its batch.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ class ClaimSlot:
     def pass_turn(self) -> None:
         """It writes no allocation: the smaller claims after it may go on."""
         self._turn.leave()
+
+    def turn_passed(self) -> bool:
+        """Its allocation may be written now (:meth:`wait_turn` would not wait)."""
+        return self._turn.passed()
 
     async def wait_turn(self) -> None:
         """Until every larger claim of the batch has had its allocation answered."""

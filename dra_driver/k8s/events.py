@@ -16,9 +16,9 @@ kubelet plugin on claims and on its Node. Rules:
   WARNING with the RBAC rule to add, then no more Events until restart.
 * **Never blocking**: :meth:`EventRecorder.emit` schedules the write as a task
   and returns (at most ``max_in_flight`` writes at once; more are dropped);
-  :meth:`EventRecorder.record` awaits the write, for callers that are already
-  in a worker task (the controller). :meth:`EventRecorder.close` waits for
-  scheduled writes, then cancels what is left.
+  :meth:`EventRecorder.record` awaits the write. :meth:`EventRecorder.close` waits
+  for scheduled writes, then cancels what is left. The controller queues its Events
+  instead (:mod:`dra_driver.k8s.event_queue`: one sender, behind its claim writes).
 
 Events are the legacy core/v1 kind (``firstTimestamp``/``lastTimestamp``/
 ``count``, no ``eventTime``): every supported release serves it, and the API
@@ -64,10 +64,22 @@ NORMAL = "Normal"
 WARNING = "Warning"
 
 
+_STAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+_last_stamp: tuple[int, str] = (-1, "")
+"""(second, its text): the controller stamps two writes per claim, many a second."""
+
+
 def now_rfc3339(now: datetime.datetime | None = None) -> str:
     """A timestamp as the API writes ``metav1.Time`` (seconds, UTC, ``Z``)."""
-    now = now or datetime.datetime.now(datetime.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    global _last_stamp  # noqa: PLW0603 (one cached value; a tuple, replaced whole)
+    if now is not None:
+        return now.strftime(_STAMP_FORMAT)
+    second = int(time.time())
+    cached = _last_stamp
+    if cached[0] != second:
+        cached = (second, time.strftime(_STAMP_FORMAT, time.gmtime(second)))
+        _last_stamp = cached
+    return cached[1]
 
 
 @dataclass(frozen=True)
@@ -242,6 +254,14 @@ class EventRecorder:
         if self._forbidden or not self.should_send(involved, reason, message):
             return
         await self._write(involved, reason, message, event_type)
+
+    async def send(
+        self, involved: InvolvedObject, reason: str, message: str, event_type: str = NORMAL
+    ) -> None:
+        """Write an Event already let through :meth:`should_send` (a queue's sender,
+        :mod:`dra_driver.k8s.event_queue`); failures are logged, never raised."""
+        if not self._forbidden:
+            await self._write(involved, reason, message, event_type)
 
     def emit(
         self, involved: InvolvedObject, reason: str, message: str, event_type: str = NORMAL

@@ -43,7 +43,12 @@ _MIN_INT64 = -(2**63)
 _RISKY_NUMBERS = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+[.eE][\d.eE+-]*|-?\d{19,})')
 """JSON strings (skipped: group 1 is empty), or a number token Go may write otherwise:
 a float, or an integer of 19 digits or more (int64 holds up to 19)."""
-_HTML_TABLE = str.maketrans(_GO_HTML_ESCAPES)
+_MAYBE_RISKY = re.compile(r"[:\[,]-?(?:\d+[.eE]|\d{19})")
+"""Where such a token could start: compact JSON has a number only at the start or after
+``:``, ``[`` or ``,``. Text inside strings may match too (then the exact scan decides);
+a body without a match has no such number, and is not scanned string by string."""
+_NUMBER_STARTS = frozenset("-0123456789")
+"""A text that is a number itself (not a body, but :func:`canonical_json` takes any value)."""
 
 
 def encode_body(body: Mapping[str, Any] | list[Any]) -> bytes:
@@ -67,10 +72,15 @@ def canonical_json(value: Any) -> str:
         allow_nan=False,
         default=_as_plain,
     )
-    # findall runs in C: one pass over the text, no Python call per string.
-    if any(_go_writes_otherwise(n) for n in _RISKY_NUMBERS.findall(text) if n):
+    # The quick search first (most bodies hold no float); findall runs in C: one pass
+    # over the text, no Python call per string, but a list entry per string.
+    if (_MAYBE_RISKY.search(text) or text[:1] in _NUMBER_STARTS) and any(
+        _go_writes_otherwise(n) for n in _RISKY_NUMBERS.findall(text) if n
+    ):
         text = "".join(_encode(value))
-    return text.translate(_HTML_TABLE)
+    for char, escaped in _GO_HTML_ESCAPES.items():  # str.replace: a C scan each, no copy
+        text = text.replace(char, escaped)  # when the character is not there
+    return text
 
 
 def _as_plain(value: Any) -> Any:

@@ -260,6 +260,40 @@ def allocated_at(answers: Iterable[Any], names: set[str], done: dict[str, float]
             done[name] = answer.at
 
 
+EVENTS_WAIT_S = 60.0
+"""How long a run waits, after its last allocation, for the claims' Events."""
+EVENTS_QUIET_S = 3.0
+"""...and no longer than this without a new one (the controller dropped the rest)."""
+
+
+def events_written(answers: Iterable[Any]) -> list[float]:
+    """When each Event was written (its answered POST), from the fake's answer log."""
+    return [
+        a.at
+        for a in answers
+        if a.request.method == "POST" and a.request.path.endswith("/events") and a.code < 300
+    ]
+
+
+def wait_for_events(api: Any, wanted: int, deadline: float) -> list[float]:
+    """When each Event was written, once ``wanted`` are (one per allocated claim), or at
+    ``deadline``, or after :data:`EVENTS_QUIET_S` without a new one."""
+    written: list[float] = []
+    read = 0  # each poll reads only the answers not looked at yet
+    last_new = time.monotonic()
+    while len(written) < wanted:
+        answers = api.answer_log
+        new = events_written(answers[read:])
+        read = len(answers)
+        written += new
+        now = time.monotonic()
+        last_new = now if new else last_new
+        if now >= deadline or now - last_new >= EVENTS_QUIET_S:
+            break
+        time.sleep(0.05)
+    return written
+
+
 def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
     count, rate, mode = int(spec["claims"]), float(spec["rate"]), str(spec["mode"])
     memory = share_mix(count)
@@ -287,6 +321,8 @@ def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
         if len(done) >= count or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
+    # The Events are sent after the allocations: their cost is part of the run's.
+    events = wait_for_events(api, len(done), time.monotonic() + EVENTS_WAIT_S)
     time.sleep(0.3)  # the Events and finalizers in flight land in the log too
     latencies = [done[n] - created[n] for n in names if n in done]
     kinds: Counter[str] = Counter(request_kind(r.method, r.path, r.query) for r in api.request_log)
@@ -303,6 +339,9 @@ def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
         "claims": count,
         "allocated": len(done),
         "claims_per_s": throughput(list(created.values()), list(done.values())),
+        "events_written": len(events),
+        "events_done_s": max(events) - min(created.values()) if events else None,
+        "allocations_done_s": max(done.values()) - min(created.values()) if done else None,
         "p50_s": percentile(latencies, 0.5),
         "p99_s": percentile(latencies, 0.99),
         "requests_per_claim": per_claim(kinds, count),
@@ -484,6 +523,10 @@ def one_run(root: str, run: RunSpec, profile: str | None, traced: str | None = N
             api.wait()
 
 
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
 def report(run: Mapping[str, Any]) -> str:
     by_kind = run["requests_per_claim"]
     shown = ", ".join(
@@ -502,6 +545,9 @@ def report(run: Mapping[str, Any]) -> str:
             f"   (load average {run['load']:.2f})",
             f"  allocated            {run['allocated']} of {run['claims']}",
             f"  claims/s             {run['claims_per_s']:.1f}",
+            f"  done                 allocations {seconds(run['allocations_done_s'])},"
+            f" their Events {seconds(run['events_done_s'])} after the first pod"
+            f" ({run['events_written']} Events written)",
             f"  latency p50 / p99    {1000 * run['p50_s']:.0f} / {1000 * run['p99_s']:.0f} ms",
             f"  requests per claim   {shown}",
             f"  claim writes/claim   {claim_writes(by_kind):.2f}",

@@ -19,6 +19,7 @@ BENCH = os.path.join(ROOT, "hack", "bench", "controller.py")
 FIELDS = (
     "allocated            30 of 30",
     "claims/s",
+    "their Events",
     "latency p50 / p99",
     "requests per claim",
     "PATCH resourceclaims/status",
@@ -51,6 +52,7 @@ def test_quick_mode_allocates_every_claim_and_prints_every_figure(tmp_path: Path
     for run in runs:
         assert run["allocated"] == run["claims"] == 30
         assert run["claims_per_s"] > 0
+        assert 0 < run["allocations_done_s"] <= run["events_done_s"]  # every Event landed
         assert 0 < run["p50_s"] <= run["p99_s"]
         assert run["gpus_lower_bound"] <= run["gpus_used"]
         assert run["requests_per_claim"]["PATCH resourceclaims/status"] >= 1

@@ -104,3 +104,22 @@ def test_cpu_and_memory_from_proc(bench: ModuleType) -> None:
         bench.status_kib(status, "VmSwap")
     own = bench.proc_file(os.getpid(), "stat")
     assert bench.cpu_ticks(own) >= 0
+
+
+def test_events_written_are_the_answered_event_posts(bench: ModuleType) -> None:
+    class Request:
+        def __init__(self, method: str, path: str) -> None:
+            self.method, self.path = method, path
+
+    class Answer:
+        def __init__(self, method: str, path: str, code: int, at: float) -> None:
+            self.request, self.code, self.at = Request(method, path), code, at
+
+    answers = [
+        Answer("POST", "/api/v1/namespaces/bench/events", 201, 1.0),
+        Answer("POST", "/api/v1/namespaces/bench/events", 403, 2.0),  # refused: not written
+        Answer("PATCH", "/api/v1/namespaces/bench/events/e1", 200, 3.0),  # a count, not one
+        Answer("PATCH", "/apis/resource.k8s.io/v1/namespaces/b/resourceclaims/c/status", 200, 4),
+        Answer("POST", "/api/v1/namespaces/bench/events", 201, 5.0),
+    ]
+    assert bench.events_written(answers) == [1.0, 5.0]

@@ -73,3 +73,20 @@ def test_what_json_cannot_hold_is_refused(bad: Any) -> None:
 
 def test_go_number_negative_zero() -> None:
     assert go_number(-0.0) == "-0" and go_number(0) == "0"
+
+
+@pytest.mark.parametrize(
+    ("value", "go"),
+    [
+        (2.0, "2"),
+        (-1e-7, "-1e-7"),
+        ([3.0], "[3]"),
+        ({"a": "x:1.5", "b": 2.0}, '{"a":"x:1.5","b":2}'),
+        ({"a": "x:1.5", "b": 2}, '{"a":"x:1.5","b":2}'),
+        ({"a": [1, -2.5e3]}, '{"a":[1,-2500]}'),
+    ],
+    ids=["top-level", "top-level-negative", "first-in-list", "after-a-string", "no-float", "neg"],
+)
+def test_every_place_a_number_can_stand_is_looked_at(value: Any, go: str) -> None:
+    # The quick search for where a float could be must miss none of them.
+    assert canonical_json(value) == go
