@@ -54,6 +54,6 @@ def test_quick_mode_allocates_every_claim_and_prints_every_figure(tmp_path: Path
         assert run["claims_per_s"] > 0
         assert 0 < run["allocations_done_s"] <= run["events_done_s"]  # every Event landed
         assert 0 < run["p50_s"] <= run["p99_s"]
-        assert run["gpus_lower_bound"] <= run["gpus_used"]
+        assert run["gpus_lower_bound"] <= run["gpus_pairing_bound"] <= run["gpus_used"]
         assert run["requests_per_claim"]["PATCH resourceclaims/status"] >= 1
         assert run["rss_mb"] > 0 and run["ready_rss_mb"] > 0 and run["cpu_ms_per_claim"] > 0

@@ -46,6 +46,19 @@ def test_lower_bound_rounds_the_shares_up_to_whole_gpus(bench: ModuleType) -> No
     assert bench.lower_bound([], 80 * GI) == 0
 
 
+def test_the_pairing_bound_counts_the_shares_no_two_of_which_fit_one_gpu(
+    bench: ModuleType,
+) -> None:
+    # Two 40 Gi shares on 79.6 GiB GPUs: the memory alone says 2, pairing says 3.
+    gpu = int(79.6 * GI)
+    shares = [40 * GI, 40 * GI, 40 * GI, 4 * GI]
+    assert bench.lower_bound(shares, gpu) == 2
+    assert bench.pairing_bound(shares, gpu) == 3
+    # Small shares only: the memory bound is the tighter one.
+    assert bench.pairing_bound([10 * GI] * 16, 80 * GI) == 2
+    assert bench.pairing_bound([], gpu) == 0
+
+
 def test_the_share_mix_is_seeded_and_of_the_four_sizes(bench: ModuleType) -> None:
     mix = bench.share_mix(400)
     assert mix == bench.share_mix(400)
