@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from dra_driver.allocator import Allocation
 from dra_driver.base.errors import ApiError, ApiNotFoundError
@@ -33,6 +33,8 @@ from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
+
+_T = TypeVar("_T")
 
 
 def claim_path(claim: JsonObj, status: bool = False) -> str:
@@ -69,7 +71,7 @@ class ClaimWriter:
         """Claim UID -> the newest resourceVersion the watch showed while both its
         writes were in flight (0: none yet)."""
 
-    async def _call(self, call: Callable[[], JsonObj]) -> JsonObj:
+    async def _call(self, call: Callable[[], _T]) -> _T:
         """``call`` in one of the write threads."""
         with self.lane.held():
             return await asyncio.get_running_loop().run_in_executor(self._writer, call)
@@ -87,16 +89,7 @@ class ClaimWriter:
 
     async def patch(self, claim: JsonObj, patch: JsonObj, *, status: bool = False) -> JsonObj:
         """A JSON merge patch of the claim (or its ``/status``); the answer is assumed."""
-        written = await self._call(
-            functools.partial(
-                send_json,
-                self._api,
-                "PATCH",
-                claim_path(claim, status),
-                patch,
-                content_type=MERGE_PATCH,
-            )
-        )
+        written = await self._call(functools.partial(self._send_patch, claim, patch, status))
         self.writes += 1
         self._assumed.assume(written)
         return written
@@ -144,9 +137,7 @@ class ClaimWriter:
         uid = uid_of(claim)
         self._writing[uid] = 0
         try:
-            both = await self._call_both(
-                functools.partial(self._both, claim, protect, allocation_of)
-            )
+            both = await self._call(functools.partial(self._both, claim, protect, allocation_of))
         finally:
             echoed = self._writing.pop(uid, 0)
         if both.protected is not None:
@@ -163,35 +154,29 @@ class ClaimWriter:
             self._missed(uid)
         return both.allocated
 
-    async def _call_both(self, call: Callable[[], _Both]) -> _Both:
-        with self.lane.held():
-            return await asyncio.get_running_loop().run_in_executor(self._writer, call)
-
     def _both(
         self, claim: JsonObj, protect: JsonObj, allocation_of: Callable[[JsonObj], JsonObj]
     ) -> _Both:
         """In a write thread: both writes, and what became of each."""
         both = _Both()
         try:
-            both.protected = send_json(
-                self._api, "PATCH", claim_path(claim), protect, content_type=MERGE_PATCH
-            )
+            both.protected = self._send_patch(claim, protect, False)
         except ApiError as err:
             if err.status != 422:
                 raise  # nothing written
             both.refused = err
         base = both.protected if both.protected is not None else claim
         try:
-            both.allocated = send_json(
-                self._api,
-                "PATCH",
-                claim_path(base, True),
-                allocation_of(base),
-                content_type=MERGE_PATCH,
-            )
+            both.allocated = self._send_patch(base, allocation_of(base), True)
         except Exception as err:  # raised on the loop, after the first answer is assumed
             both.error = err
         return both
+
+    def _send_patch(self, claim: JsonObj, patch: JsonObj, status: bool) -> JsonObj:
+        """In a write thread: a JSON merge patch of the claim (or its ``/status``)."""
+        return send_json(
+            self._api, "PATCH", claim_path(claim, status), patch, content_type=MERGE_PATCH
+        )
 
     async def patch_metadata(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj:
         """A metadata patch that the claim may refuse for good; then it goes on without.

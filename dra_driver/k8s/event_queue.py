@@ -39,7 +39,7 @@ DEFAULT_DEPTH = 10_000
 for other writes; this one waits for a burst's claim writes, so it must hold a burst's
 Events: a 5,000-claim burst at 500 nodes (``hack/bench/controller.py``) queued them all,
 about half a kilobyte each. An API server as slow as the fake one there takes about
-four Events a second while 32 claim writes are in flight: with 1000, three quarters
+four Events a second while a burst's claim writes are in flight: with 1000, three quarters
 of that burst's Events were dropped."""
 DEFAULT_MAX_DELAY_S = 5.0
 """The longest an Event gives way to the lane's writes."""
