@@ -55,8 +55,9 @@ def controller_parser(sub: Any) -> None:
     add_flag(
         controller,
         "--batch-window",
-        "seconds claims that become ready together are collected, then allocated largest"
-        " first (0: one at a time in arrival order)",
+        "seconds an idle controller holds its first claim, so that the claims that come"
+        " with it are allocated largest first with it (claims are always taken largest"
+        " first; 0: one at a time in arrival order)",
         default="0.2",
     )
     common_flags(controller)

@@ -7,7 +7,7 @@ class ``share.gpu.fractional.dev`` (see docs/architecture.md).
 * :mod:`.leader`: Lease-based leader election; :mod:`.events`: rate-limited Events;
 * :mod:`.ledger_cache`: the allocator's state kept across claims; :mod:`.assume`: our
   writes laid over the informer's claims; :mod:`.claim_index`: pods and claims both ways;
-* :mod:`.worker` and :mod:`.waves`: batches worked largest first, writes side by side;
+* :mod:`.worker` and :mod:`.turns`: claims worked largest first, writes side by side;
   :mod:`.claim_writes`: the claims' writes in the write threads;
 * :mod:`.main`: :class:`~.main.Controller` (built and run by :mod:`dra_driver.app.controller`).
 """

@@ -1,7 +1,7 @@
 """What each claim asks (:func:`~dra_driver.allocator.requested_size`), worked out once.
 
-A batch is ordered largest claim first (:func:`~.reconcile.placement_key`), and a claim
-is ordered again each time it is queued (its pod seen after it, a retry): each time its
+The worker starts claims largest first (:func:`~.reconcile.placement_key`), and a claim
+is placed again each time it is queued (its pod seen after it, a retry): each time its
 requests were parsed and its GpuShare config read anew. A claim's spec cannot change
 (the API server refuses any change to it), so its size is kept by UID, for as long as
 the claim exists.

@@ -98,8 +98,8 @@ class ClaimWriter:
         self, claim: JsonObj, allocation: Allocation, slot: ClaimSlot | None = None
     ) -> JsonObj:
         """The finalizer (unless there), then ``status.allocation`` once the claim's turn
-        in its batch came (``slot``); in one hand-off when the turn already came. The
-        allocation's answer."""
+        came (``slot``: every larger claim started before it answered); in one hand-off
+        when the turn already came. The allocation's answer."""
         protect, what = finalizer_patch(claim), "the finalizer " + FINALIZER
 
         def status(base: JsonObj) -> JsonObj:

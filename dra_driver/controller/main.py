@@ -10,13 +10,15 @@ so one claim's round trips never wait behind another's; a claim's own steps stay
 in order (finalizer, then allocation), and a write that fails drops the decision
 from the allocator's state before the claim is decided again.
 
-Batching window (``batch_window_s``): the worker takes claims from the queue in
-batches, every claim queued by the time the oldest has waited the window, and
-works a batch largest claim first (:func:`~.reconcile.placement_order`), so a
-burst is packed as best fit packs a sorted list rather than in arrival order. A
-claim waits at most the window plus the decisions ahead of it (not their writes);
-retries and backoff stay per claim (the queue's). 0 turns it off: one claim at a
-time in arrival order, its writes done before the next is decided.
+Placement order (:mod:`.worker`): the worker starts the largest claim it holds next
+(:func:`~.reconcile.placement_key`), taking in what the queue holds each time a
+write slot frees, so a burst is packed as best fit packs it sorted rather than in
+arrival order, even when its claims span many reads of the queue. The batching
+window (``batch_window_s``) holds only an idle worker's first claim, so that the
+claims that come with it are sorted together; a claim that comes while others are
+worked waits for no window. Retries and backoff stay per claim (the queue's). 0
+turns the order off: one claim at a time in arrival order, its writes done before
+the next is decided.
 
 Namespaces are watched for the VRAM quota annotation; a change to one requeues
 that namespace's pending claims. Metrics (:mod:`.metrics`) are kept by every
@@ -36,7 +38,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -85,7 +87,7 @@ from dra_driver.controller.reconcile import (
     rejected_patch,
     size_rank,
 )
-from dra_driver.controller.worker import ClaimSlot, Rank, work_batches
+from dra_driver.controller.worker import ClaimSlot, Rank, work_claims
 from dra_driver.core import claim_shape
 from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.rest import JsonObj
@@ -94,6 +96,13 @@ log = logging.getLogger(__name__)
 
 
 MAX_CONFLICT_RETRIES = 5
+
+_IN_ARRIVAL = ((0,), (0,))
+
+
+def _arrival_order(uid: str) -> tuple[tuple[Any, ...], Rank]:
+    """Without a window: every claim in one place, so the worker keeps queue order."""
+    return _IN_ARRIVAL
 
 
 InformerFactory = Callable[[KindPath, ChangeHandler], Informer]
@@ -353,27 +362,21 @@ class Controller:
         return max(1, self.config.write_concurrency) if self.config.batch_window_s > 0 else 1
 
     async def _work(self) -> None:
-        """Batches of claims in placement order, up to :meth:`_concurrency` at once
-        (:func:`~.worker.work_batches`). A claim that fails with anything but an API
+        """Claims in placement order, up to :meth:`_concurrency` at once
+        (:func:`~.worker.work_claims`). A claim that fails with anything but an API
         error stops the worker with that error."""
-        await work_batches(
+        await work_claims(
             self.queue,
             batch_window_s=self.config.batch_window_s,
             concurrency=self._concurrency(),
-            order=self._placement_order,
+            order=self._placement if self.config.batch_window_s > 0 else _arrival_order,
             work=self._work_claim,
         )
 
-    def _placement_order(self, batch: Sequence[str]) -> list[tuple[str, Rank]]:
-        driver = self.config.driver_name
-        keyed = sorted(  # stable: claims that allocate nothing keep queue order
-            (
-                (placement_key(uid, self.current_claim(uid), driver, self.sizes), uid)
-                for uid in batch
-            ),
-            key=lambda item: item[0],
-        )
-        return [(uid, size_rank(key)) for key, uid in keyed]
+    def _placement(self, uid: str) -> tuple[tuple[Any, ...], Rank]:
+        """Largest first; claims that allocate nothing first of all, in queue order."""
+        key = placement_key(uid, self.current_claim(uid), self.config.driver_name, self.sizes)
+        return key, size_rank(key)
 
     async def _work_claim(self, uid: str, slot: ClaimSlot) -> None:
         try:

@@ -10,13 +10,17 @@ queued key has been queued for the window, then hands out every queued key at
 once (all held until their :meth:`~WorkQueue.done`), so the caller can order a
 burst before working it. The window is counted from when the oldest key was
 queued, not from the call: a key queued while the worker was busy does not wait
-a second window, and keys queued during the window do not extend it.
+a second window, and keys queued during the window do not extend it. A caller that
+is ``busy`` (claims of its own in flight) takes what is queued at once: those keys
+wait behind its work anyway. :meth:`WorkQueue.take_all` takes what is queued without
+waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 
 class WorkQueue:
@@ -69,23 +73,32 @@ class WorkQueue:
         self._hold(key)
         return key
 
-    async def get_batch(self, window_s: float) -> list[str]:
-        """Every key queued once the oldest has waited ``window_s``, in queue order; each
-        is held until :meth:`done`. ``window_s`` 0: the oldest key alone (:meth:`get`)."""
+    async def get_batch(
+        self, window_s: float, *, busy: Callable[[], bool] = lambda: False
+    ) -> list[str]:
+        """Every key queued once the oldest has waited ``window_s``, in queue order, or
+        at once if ``busy()`` when a key is there; each is held until :meth:`done`.
+        ``window_s`` 0: the oldest key alone (:meth:`get`)."""
         if window_s <= 0:
             return [await self.get()]
         loop = asyncio.get_running_loop()
         while True:
             await self._wait_for_keys()
             closes = self._since[self._order[0]] + window_s
-            if closes > loop.time():
+            if closes > loop.time() and not busy():
                 await asyncio.sleep(closes - loop.time())
-            batch = list(self._order)  # empty if another worker took them meanwhile
-            self._order.clear()
-            for key in batch:
-                self._hold(key)
+            batch = self.take_all()  # empty if another worker took them meanwhile
             if batch:
                 return batch
+
+    def take_all(self) -> list[str]:
+        """Every key queued now, in queue order, without waiting; each is held until
+        :meth:`done`."""
+        batch = list(self._order)
+        self._order.clear()
+        for key in batch:
+            self._hold(key)
+        return batch
 
     def _hold(self, key: str) -> None:
         self._queued.discard(key)
