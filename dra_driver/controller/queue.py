@@ -12,8 +12,10 @@ burst before working it. The window is counted from when the oldest key was
 queued, not from the call: a key queued while the worker was busy does not wait
 a second window, and keys queued during the window do not extend it. A caller that
 is ``busy`` (claims of its own in flight) takes what is queued at once: those keys
-wait behind its work anyway. :meth:`WorkQueue.take_all` takes what is queued without
-waiting.
+wait behind its work anyway. A caller may also take the window's keys as soon as
+``enough`` are queued (the worker: as many as it works at once, enough to keep it
+busy; those that come after are sorted behind them). :meth:`WorkQueue.take_all`
+takes what is queued without waiting.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class WorkQueue:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._since: dict[str, float] = {}
         """Queued key -> loop time it was queued."""
+        self._enough = 0
+        """A getter waits for this many keys (0: none waits)."""
+        self._filled = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -48,6 +53,8 @@ class WorkQueue:
         self._order.append(key)
         self._since[key] = asyncio.get_running_loop().time()
         self._nonempty.set()
+        if 0 < self._enough <= len(self._order):
+            self._filled.set()
 
     def add_after(self, key: str, delay_s: float) -> None:
         """Add ``key`` after ``delay_s``; a later call for the same key replaces the timer."""
@@ -74,22 +81,42 @@ class WorkQueue:
         return key
 
     async def get_batch(
-        self, window_s: float, *, busy: Callable[[], bool] = lambda: False
+        self,
+        window_s: float,
+        *,
+        busy: Callable[[], bool] = lambda: False,
+        enough: int = 0,
     ) -> list[str]:
-        """Every key queued once the oldest has waited ``window_s``, in queue order, or
-        at once if ``busy()`` when a key is there; each is held until :meth:`done`.
-        ``window_s`` 0: the oldest key alone (:meth:`get`)."""
+        """Every key queued once the oldest has waited ``window_s``, in queue order; at
+        once if ``busy()`` when a key is there, and as soon as ``enough`` keys (if more
+        than 0) are queued. Each is held until :meth:`done`. ``window_s`` 0: the oldest
+        key alone (:meth:`get`)."""
         if window_s <= 0:
             return [await self.get()]
         loop = asyncio.get_running_loop()
         while True:
             await self._wait_for_keys()
             closes = self._since[self._order[0]] + window_s
-            if closes > loop.time() and not busy():
-                await asyncio.sleep(closes - loop.time())
+            if closes > loop.time() and not busy() and not 0 < enough <= len(self._order):
+                await self._wait_until(closes, enough)
             batch = self.take_all()  # empty if another worker took them meanwhile
             if batch:
                 return batch
+
+    async def _wait_until(self, closes: float, enough: int) -> None:
+        """Until the loop time ``closes``, or until ``enough`` keys are queued."""
+        loop = asyncio.get_running_loop()
+        if enough <= 0:
+            await asyncio.sleep(closes - loop.time())
+            return
+        self._enough = enough
+        self._filled.clear()
+        try:
+            await asyncio.wait_for(self._filled.wait(), closes - loop.time())
+        except TimeoutError:
+            pass
+        finally:
+            self._enough = 0
 
     def take_all(self) -> list[str]:
         """Every key queued now, in queue order, without waiting; each is held until

@@ -8,8 +8,10 @@ than they are decided, a larger claim that arrives later is still placed before 
 smaller ones waiting, so a burst is packed as best fit packs it sorted, however many
 reads of the queue it spans. The batching window applies only when nothing is in
 flight and nothing waits: the first claim of a burst waits the window, so that the
-claims arriving with it are sorted together; a claim that comes while others are
-worked waits for no window (the wait behind them sorts it).
+claims arriving with it are sorted together, but no longer than until as many claims
+are queued as the worker works at once (enough to keep every write slot busy: those
+that come after are sorted behind them in the heap); a claim that comes while others
+are worked waits for no window (the wait behind them sorts it).
 
 Each claim is started in order (its decision is taken at its start, before any later
 claim's) and holds a write slot until its own writes are done
@@ -134,7 +136,11 @@ async def work_claims(
         try:
             while True:
                 if not ready:
-                    ready.take(await queue.get_batch(batch_window_s, busy=lambda: bool(claims)))
+                    ready.take(
+                        await queue.get_batch(
+                            batch_window_s, busy=lambda: bool(claims), enough=concurrency
+                        )
+                    )
                 await slots.acquire()
                 ready.take(queue.take_all())  # queued while it waited: they may go first
                 uid, rank = ready.first()
