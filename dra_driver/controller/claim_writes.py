@@ -1,15 +1,17 @@
-"""The controller's reads and writes of claims, in its write threads; every answer is
-assumed (:mod:`.assume`), so the next decision sees it before the watch does. Each
-holds the :class:`~dra_driver.k8s.event_queue.WriteLane` from before it waits for a
-thread to its answer: the Events give way to it.
+"""The controller's reads and writes of claims; every answer is assumed
+(:mod:`.assume`), so the next decision sees it before the watch does. Each holds the
+:class:`~dra_driver.k8s.event_queue.WriteLane` from before it is sent to its answer:
+the Events give way to it.
 
-A claim's finalizer and allocation go in one hand-off to a write thread when nothing
-makes the allocation wait (:meth:`ClaimWriter.protect_and_allocate`): one thread
-switch and one wake of the loop per claim instead of two. The watch shows the
-finalizer's write before the loop has its answer; such an echo of a claim with writes
-in flight is not queued (:meth:`ClaimWriter.echo`): a change by anyone else meanwhile
-makes the guarded allocation write fail (409, and the claim is read again), and one
-after it is newer than the allocation's answer, and the claim is queued then.
+The patches are sent on the event loop (:mod:`dra_driver.k8s.loop_http`) when the
+client's configuration allows it, else through the official client's transport in
+the write threads. A claim's finalizer and allocation go one after the other when
+nothing makes the allocation wait (:meth:`ClaimWriter.protect_and_allocate`). The
+watch shows the finalizer's write before the loop has its answer; such an echo of a
+claim with writes in flight is not queued (:meth:`ClaimWriter.echo`): a change by
+anyone else meanwhile makes the guarded allocation write fail (409, and the claim is
+read again), and one after it is newer than the allocation's answer, and the claim
+is queued then.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dra_driver.controller.worker import ClaimSlot
 from dra_driver.core import claim_shape
 from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
+from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
 
@@ -56,10 +59,13 @@ class ClaimWriter:
         *,
         lane: WriteLane | None = None,
         missed: Callable[[str], None] = lambda uid: None,
+        http: LoopHttp | None = None,
     ) -> None:
         """``missed(uid)``: a change of the claim came while its writes were in flight
-        and is newer than their answer (the caller queues the claim)."""
+        and is newer than their answer (the caller queues the claim). ``http``: the
+        patches are sent on the loop (None: in the write threads)."""
         self._api = api_client
+        self._http = http
         self.lane = lane if lane is not None else WriteLane()
         self._writer = writer
         self._assumed = assumed
@@ -89,7 +95,8 @@ class ClaimWriter:
 
     async def patch(self, claim: JsonObj, patch: JsonObj, *, status: bool = False) -> JsonObj:
         """A JSON merge patch of the claim (or its ``/status``); the answer is assumed."""
-        written = await self._call(functools.partial(self._send_patch, claim, patch, status))
+        with self.lane.held():
+            written = await self._send_patch(claim, patch, status)
         self.writes += 1
         self._assumed.assume(written)
         return written
@@ -132,12 +139,13 @@ class ClaimWriter:
     ) -> JsonObj:
         """The metadata patch ``protect`` (the finalizer, ``what``; refused for good as
         :meth:`patch_metadata` tells), then the ``/status`` patch ``allocation_of(the
-        claim as the first answer shows it)``, in one write thread; both answers are
-        assumed. Raises as :meth:`patch` does."""
+        claim as the first answer shows it)``; both answers are assumed. Raises as
+        :meth:`patch` does."""
         uid = uid_of(claim)
         self._writing[uid] = 0
         try:
-            both = await self._call(functools.partial(self._both, claim, protect, allocation_of))
+            with self.lane.held():
+                both = await self._both(claim, protect, allocation_of)
         finally:
             echoed = self._writing.pop(uid, 0)
         if both.protected is not None:
@@ -154,28 +162,33 @@ class ClaimWriter:
             self._missed(uid)
         return both.allocated
 
-    def _both(
+    async def _both(
         self, claim: JsonObj, protect: JsonObj, allocation_of: Callable[[JsonObj], JsonObj]
     ) -> _Both:
-        """In a write thread: both writes, and what became of each."""
+        """Both writes, and what became of each."""
         both = _Both()
         try:
-            both.protected = self._send_patch(claim, protect, False)
+            both.protected = await self._send_patch(claim, protect, False)
         except ApiError as err:
             if err.status != 422:
                 raise  # nothing written
             both.refused = err
         base = both.protected if both.protected is not None else claim
         try:
-            both.allocated = self._send_patch(base, allocation_of(base), True)
-        except Exception as err:  # raised on the loop, after the first answer is assumed
+            both.allocated = await self._send_patch(base, allocation_of(base), True)
+        except Exception as err:  # raised by the caller, after the first answer is assumed
             both.error = err
         return both
 
-    def _send_patch(self, claim: JsonObj, patch: JsonObj, status: bool) -> JsonObj:
-        """In a write thread: a JSON merge patch of the claim (or its ``/status``)."""
-        return send_json(
-            self._api, "PATCH", claim_path(claim, status), patch, content_type=MERGE_PATCH
+    async def _send_patch(self, claim: JsonObj, patch: JsonObj, status: bool) -> JsonObj:
+        """A JSON merge patch of the claim (or its ``/status``), on the loop or in a
+        write thread."""
+        path = claim_path(claim, status)
+        if self._http is not None:
+            return await self._http.send_json("PATCH", path, patch, content_type=MERGE_PATCH)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._writer,
+            functools.partial(send_json, self._api, "PATCH", path, patch, content_type=MERGE_PATCH),
         )
 
     async def patch_metadata(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj:

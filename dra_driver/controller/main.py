@@ -90,6 +90,7 @@ from dra_driver.controller.reconcile import (
 from dra_driver.controller.worker import ClaimSlot, Rank, work_claims
 from dra_driver.core import claim_shape
 from dra_driver.k8s.event_queue import WriteLane
+from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.rest import JsonObj
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,9 @@ class Controller:
         writer: ThreadPoolExecutor,
         lane: WriteLane | None = None,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        http: LoopHttp | None = None,
     ) -> None:
+        """``http``: the claims' patches are sent on the loop (None: in ``writer``)."""
         self.config = config
         self._share_id = share_id
         self.claims = informer(CLAIMS, self._claim_changed)
@@ -172,8 +175,9 @@ class Controller:
         """Nodes and Namespaces by name, built when first asked after a change."""
         self._writer = writer
         """The threads the claims' writes block in (shut down by :meth:`close`)."""
+        self._http = http
         self.claim_writes = ClaimWriter(
-            api_client, writer, self.assume, events, lane=lane, missed=queue.add
+            api_client, writer, self.assume, events, lane=lane, missed=queue.add, http=http
         )
         self.metrics = metrics
         self._cluster_changed = True
@@ -313,6 +317,8 @@ class Controller:
         threads end with the writes they have (each bounded by the client's timeout)."""
         self.queue.close()
         self._writer.shutdown(wait=False)
+        if self._http is not None:
+            self._http.close()
         self.events.close()
 
     async def synced(self) -> None:

@@ -364,6 +364,8 @@ def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
         "events_written": len(events),
         "events_done_s": max(events) - min(created.values()) if events else None,
         "allocations_done_s": max(done.values()) - min(created.values()) if done else None,
+        "created_s": max(created.values()) - min(created.values()),
+        "first_allocation_s": min(done.values()) - min(created.values()) if done else None,
         "allocating_cpu_ms_per_claim": [
             1000 * (after - before) / hz / max(1, len(done))
             for before, after in zip(ticks_before, ticks_allocated, strict=True)
@@ -560,7 +562,7 @@ def one_run(root: str, run: RunSpec, profile: str | None, traced: str | None = N
 
 
 def seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} s"
+    return "-" if value is None else f"{value:.2f} s"
 
 
 def report(run: Mapping[str, Any]) -> str:
@@ -584,6 +586,8 @@ def report(run: Mapping[str, Any]) -> str:
             f"   (load average {run['load']:.2f})",
             f"  allocated            {run['allocated']} of {run['claims']}",
             f"  claims/s             {run['claims_per_s']:.1f}",
+            f"  pods created in      {seconds(run['created_s'])}; the first allocation"
+            f" {seconds(run['first_allocation_s'])} after the first pod",
             f"  done                 allocations {seconds(run['allocations_done_s'])},"
             f" their Events {seconds(run['events_done_s'])} after the first pod"
             f" ({run['events_written']} Events written)",

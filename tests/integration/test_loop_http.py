@@ -1,0 +1,230 @@
+"""The loop transport (:mod:`dra_driver.k8s.loop_http`): against the fake API server over
+HTTPS (its TLS, its token, its refusals), and against small servers that answer the way
+a real server may (chunked, ``Connection: close``, no length, a kept connection closed
+while idle, nothing at all)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_driver.base.errors import ApiConflictError, ApiNotFoundError, ApiUnavailableError
+from dra_driver.fakes.objects import resource_claim
+from dra_driver.k8s.client import USER_AGENT, KubeClient
+from dra_driver.k8s.loop_http import LoopHttp
+from dra_driver.k8s.official import Configuration
+from dra_driver.k8s.watch import MERGE_PATCH
+from tests.support.fakekube import FakeKubeApi
+from tests.support.tls import SelfSigned, openssl_missing, self_signed, server_context
+
+CLAIM = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> SelfSigned:
+    if openssl_missing() is not None:
+        pytest.skip(str(openssl_missing()))
+    return self_signed(str(tmp_path / "tls"))
+
+
+@pytest.fixture
+def https_kube(pair: SelfSigned) -> Iterator[FakeKubeApi]:
+    with FakeKubeApi(tls=server_context(pair)) as api:
+        api.create(resource_claim("default", "c1", uid="uid-1"))
+        yield api
+
+
+def _client(url: str, ca_file: str | None = None, token: str | None = None) -> KubeClient:
+    configuration = Configuration(host=url)
+    if ca_file is not None:
+        configuration.ssl_ca_cert = ca_file
+    if token is not None:
+        configuration.api_key = {"authorization": f"Bearer {token}"}
+    return KubeClient(configuration)
+
+
+def _http(client: KubeClient, **kwargs: object) -> LoopHttp:
+    http = LoopHttp.for_client(client, **kwargs)  # type: ignore[arg-type]
+    assert http is not None
+    return http
+
+
+def test_patches_over_https_with_the_clients_token_and_tls(
+    https_kube: FakeKubeApi, pair: SelfSigned
+) -> None:
+    http = _http(_client(https_kube.url, pair.cert, token="the-token"))
+
+    async def scenario() -> list[str]:
+        versions = []
+        for value in ("a", "b", "c"):  # one kept connection, three requests
+            answer = await http.send_json(
+                "PATCH",
+                CLAIM,
+                {"metadata": {"annotations": {"x": value}}},
+                content_type=MERGE_PATCH,
+            )
+            versions.append(answer["metadata"]["annotations"]["x"])
+        http.close()
+        return versions
+
+    assert asyncio.run(scenario()) == ["a", "b", "c"]
+    patches = [r for r in https_kube.request_log if r.method == "PATCH"]
+    assert len(patches) == 3
+    assert all(r.authorization == "Bearer the-token" for r in patches)
+    assert all(r.user_agent == USER_AGENT for r in patches)
+    claim = https_kube.get("ResourceClaim", "c1", "default")
+    assert claim["metadata"]["annotations"] == {"x": "c"}
+
+
+def test_refusals_are_the_clients_errors(https_kube: FakeKubeApi, pair: SelfSigned) -> None:
+    http = _http(_client(https_kube.url, pair.cert))
+
+    async def scenario() -> None:
+        stale = {"metadata": {"resourceVersion": "987654321", "annotations": {"x": "y"}}}
+        with pytest.raises(ApiConflictError, match="409"):
+            await http.send_json("PATCH", CLAIM, stale, content_type=MERGE_PATCH)
+        with pytest.raises(ApiNotFoundError):
+            await http.send_json("GET", CLAIM.replace("/c1", "/gone"))
+        http.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_server_certificate_nobody_vouches_for_is_refused(https_kube: FakeKubeApi) -> None:
+    http = _http(_client(https_kube.url))  # the system's CAs only
+
+    async def scenario() -> None:
+        with pytest.raises(ApiUnavailableError, match="CERTIFICATE_VERIFY_FAILED"):
+            await http.send_json("GET", CLAIM)
+
+    asyncio.run(scenario())
+
+
+def test_configurations_it_does_not_speak_keep_the_clients_transport() -> None:
+    for setting, value in (
+        ("proxy", "http://proxy:3128"),
+        ("assert_hostname", False),
+        ("socket_options", []),
+        ("retries", 5),
+    ):
+        configuration = Configuration(host="https://127.0.0.1:6443")
+        setattr(configuration, setting, value)
+        assert LoopHttp.for_client(KubeClient(configuration)) is None, setting
+    assert LoopHttp.for_client(object()) is None
+
+
+# --- answers the fake does not give ------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _server(handler: Handler) -> AsyncIterator[str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            await reader.readexactly(int(line.split(b":", 1)[1]))
+    return head
+
+
+def test_chunked_and_close_and_unframed_answers() -> None:
+    answers = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'4\r\n{"a"\r\n3;x=y\r\n:1}\r\n0\r\n\r\n',
+        b'HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\n{"b":2}',
+        b'HTTP/1.1 200 OK\r\n\r\n{"c":3}',  # no length: ends with the connection
+    ]
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while answers:
+                await _read_request(reader)
+                answer = answers.pop(0)
+                writer.write(answer)
+                await writer.drain()
+                if b"Transfer-Encoding" not in answer:
+                    break  # close after this one
+        writer.close()
+
+    async def scenario() -> list[dict[str, int]]:
+        async with _server(handler) as url:
+            http = _http(_client(url))
+            got = [await http.send_json("GET", "/x") for _ in range(3)]
+            http.close()
+            return got
+
+    assert asyncio.run(scenario()) == [{"a": 1}, {"b": 2}, {"c": 3}]
+    assert connections == 2  # the chunked answer kept its connection; the close did not
+
+
+def test_a_kept_connection_closed_while_idle_is_replaced() -> None:
+    served = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await _read_request(reader)
+            served += 1
+            # Kept alive by its headers, then closed: as a server's idle timeout does.
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        async with _server(handler) as url:
+            http = _http(_client(url))
+            assert await http.send_json("POST", "/x", {"n": 1}) == {}
+            await asyncio.sleep(0.1)  # the server has closed the kept connection
+            assert await http.send_json("POST", "/x", {"n": 2}) == {}
+            http.close()
+
+    asyncio.run(scenario())
+    assert served == 2
+
+
+def test_no_answer_is_a_timeout_and_garbage_is_unavailable() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await _read_request(reader)
+            await reader.read()  # never answers; until the client gives up
+        writer.close()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await _read_request(reader)
+            writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        async with _server(silent) as url:
+            http = _http(_client(url))
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(ApiUnavailableError, match="TimeoutError"):
+                await http.send_json("GET", "/x", timeout_s=0.3)
+            assert loop.time() - started < 2
+            http.close()
+        async with _server(garbage) as url:
+            http = _http(_client(url))
+            with pytest.raises(ApiUnavailableError, match="not an HTTP answer"):
+                await http.send_json("GET", "/x")
+            http.close()
+
+    asyncio.run(scenario())
