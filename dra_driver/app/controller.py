@@ -60,7 +60,14 @@ def build_controller(
         max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
     )
 
-    # The Events: one sender, in a thread of its own, behind the claim writes (the lane).
+    # The claims' patches and the Events on the loop where the configuration allows
+    # (no thread hand-off, a third of the CPU per write); else in threads.
+    http = LoopHttp.for_client(api_client, max_idle=max(1, config.write_concurrency) + 1)
+    log.info(
+        "claim writes and Events: %s",
+        "on the event loop" if http is not None else "in write threads (the client's transport)",
+    )
+    # The Events: one sender behind the claim writes (the lane).
     lane = WriteLane()
     metrics = ControllerMetrics()
     events = ClaimEventRecorder(
@@ -69,13 +76,7 @@ def build_controller(
         queued=True,
         lane=lane,
         on_drop=metrics.event_dropped,
-    )
-    # The claims' patches on the loop where the configuration allows (no thread
-    # hand-off, a third of the CPU per write); else in the write threads.
-    http = LoopHttp.for_client(api_client, max_idle=max(1, config.write_concurrency))
-    log.info(
-        "claim writes: %s",
-        "on the event loop" if http is not None else "in write threads (the client's transport)",
+        http=http,
     )
     return Controller(
         config,

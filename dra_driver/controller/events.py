@@ -22,6 +22,7 @@ from dra_driver.k8s import event_queue
 from dra_driver.k8s import events as k8s_events
 from dra_driver.k8s.event_queue import EventQueue, WriteLane
 from dra_driver.k8s.events import InvolvedObject
+from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.rest import JsonObj
 
 COMPONENT = "fractional-gpu-dra-controller"
@@ -48,16 +49,23 @@ class ClaimEventRecorder:
         queued: bool = False,
         depth: int = event_queue.DEFAULT_DEPTH,
         on_drop: Callable[[], None] = lambda: None,
+        http: LoopHttp | None = None,
     ) -> None:
         """``queued``: :meth:`post` queues for one sender, giving way to ``lane``'s
-        writes, in a thread of its own; otherwise the writes run in ``executor``
-        (None: ``asyncio.to_thread``'s)."""
+        writes, in a thread of its own (on the loop with ``http``); otherwise the
+        writes run in ``executor`` (None: ``asyncio.to_thread``'s) or on the loop with
+        ``http``."""
         self._thread: ThreadPoolExecutor | None = None
-        if queued:
+        if queued and http is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="controller-events")
             executor = self._thread
         self._events = k8s_events.EventRecorder(
-            api_client, component=COMPONENT, interval_s=interval_s, clock=clock, executor=executor
+            api_client,
+            component=COMPONENT,
+            interval_s=interval_s,
+            clock=clock,
+            executor=executor,
+            http=http,
         )
         self.queue: EventQueue | None = None
         if queued:

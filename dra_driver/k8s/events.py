@@ -37,12 +37,12 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
 
 from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.base.ids import ClaimRef
 from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
+from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.rest import JsonObj, request_json
 
 log = logging.getLogger(__name__)
@@ -212,11 +212,14 @@ class EventRecorder:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         clock: Callable[[], float] = time.monotonic,
         executor: Executor | None = None,
+        http: LoopHttp | None = None,
     ) -> None:
         """``executor``: the threads the writes block in (the caller's own pool for
-        its writes, so Events keep pace with them); None: ``asyncio.to_thread``'s."""
+        its writes, so Events keep pace with them); None: ``asyncio.to_thread``'s.
+        ``http``: the writes go on the event loop instead (no thread)."""
         self._api = api_client
         self._executor = executor
+        self._http = http
         self.component = component
         self.instance = instance
         self.interval_s = interval_s
@@ -322,9 +325,7 @@ class EventRecorder:
                 instance=self.instance,
             )
             namespace = involved.event_namespace
-            await self._in_thread(
-                self._send, "POST", f"/api/v1/namespaces/{namespace}/events", event
-            )
+            await self._request("POST", f"/api/v1/namespaces/{namespace}/events", event)
             self._written[key] = _Written(event["metadata"]["name"], namespace, 1)
         except ApiError as err:
             if err.status == 403:
@@ -343,7 +344,7 @@ class EventRecorder:
         }
         path = f"/api/v1/namespaces/{prior.namespace}/events/{prior.name}"
         try:
-            await self._in_thread(self._send, "PATCH", path, patch, "application/merge-patch+json")
+            await self._request("PATCH", path, patch, "application/merge-patch+json")
         except ApiNotFoundError:
             return False  # expired (Events live an hour by default): write a fresh one
         except ApiError as err:
@@ -360,12 +361,18 @@ class EventRecorder:
         prior.count += 1
         return True
 
-    async def _in_thread(self, *call: Any) -> None:
-        fn, args = call[0], call[1:]
-        if self._executor is None:
-            await asyncio.to_thread(fn, *args)
+    async def _request(
+        self, method: str, path: str, body: JsonObj, content_type: str = "application/json"
+    ) -> None:
+        """On the loop (``http``), else in a thread; raises ``ApiError``."""
+        if self._http is not None:
+            await self._http.send_json(method, path, body, content_type=content_type)
+        elif self._executor is None:
+            await asyncio.to_thread(self._send, method, path, body, content_type)
         else:
-            await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._send, method, path, body, content_type
+            )
 
     def _send(
         self, method: str, path: str, body: JsonObj, content_type: str = "application/json"

@@ -1,0 +1,70 @@
+"""Where the controller's writes go: on the event loop when the client's configuration
+allows it (:mod:`dra_driver.k8s.loop_http`), else through the official client's
+transport in threads. Both paths allocate and write the Event, under the chart's RBAC."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from dra_driver.k8s.loop_http import LoopHttp
+from tests.support.chart import CONTROLLER_VALUES
+from tests.support.controller_env import (
+    allocation_of,
+    events_for,
+    make_claim,
+    make_pod,
+    running,
+    seed_cluster,
+    settled,
+)
+from tests.support.eventually import eventually
+from tests.support.fakekube import FakeKubeApi
+
+pytestmark = pytest.mark.chart(CONTROLLER_VALUES)
+
+
+def _write_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("controller-write"))
+
+
+def _allocate_one(api: FakeKubeApi) -> tuple[bool, int]:
+    """Allocate one claim; (the controller had a loop transport, its write threads)."""
+    seed_cluster(api, {"node-a": "h100-80gb:1"})
+    make_claim(api, "c1", "10Gi")
+    seen: list[tuple[bool, int]] = []
+
+    async def scenario() -> None:
+        async with running(api) as controller:
+            await settled(controller)
+            make_pod(api, "p1", "c1")
+            await eventually(lambda: allocation_of(api, "c1") is not None)
+            await eventually(lambda: bool(events_for(api, "c1", "Allocated")))
+            seen.append((controller._http is not None, _write_threads()))
+
+    asyncio.run(scenario())
+    return seen[0]
+
+
+def test_the_writes_go_on_the_loop(fake_kube: FakeKubeApi) -> None:
+    on_loop, threads = _allocate_one(fake_kube)
+    assert on_loop
+    assert threads == 0  # the pool starts its threads on a first write: none was sent there
+    patches = [p for m, p in fake_kube.requests if m == "PATCH" and "/resourceclaims/" in p]
+    assert len(patches) == 2, patches  # the finalizer, then the allocation
+
+
+def test_the_clients_transport_where_the_loop_does_not_speak_its_configuration(
+    fake_kube: FakeKubeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(cls: type[LoopHttp], api_client: object, *, max_idle: int = 16) -> None:
+        return None  # as for a proxy, socket options, assert_hostname or retries
+
+    monkeypatch.setattr(LoopHttp, "for_client", classmethod(refuse))
+    on_loop, threads = _allocate_one(fake_kube)
+    assert not on_loop
+    assert threads >= 1
+    patches = [p for m, p in fake_kube.requests if m == "PATCH" and "/resourceclaims/" in p]
+    assert len(patches) == 2, patches
