@@ -21,9 +21,12 @@ second). Each run has a fresh API server and a fresh controller. Printed per run
 * p50 / p99 of each claim's pod created -> allocation written;
 * API requests per claim by kind, from the fake's request log (long watches and
   the Lease's renewals shown apart), and the claim writes per claim;
+* when the pods were all created and when the first allocation was written;
 * the controller's CPU seconds per claim (``/proc/<pid>/stat``, during the run) and
   its RSS at the end (its peak, and once synced before the claims); beside it the
-  fake API server's CPU per claim (making the claims and pods included);
+  fake API server's CPU per claim (making the claims and pods included); and each
+  process's CPU per claim until the last allocation (what sets the rate and the
+  latencies: the Events are sent after it);
 * the GPUs the shares landed on against the lower bound (sum of shares / the memory
   of one GPU, rounded up);
 * the load average beside each run (the machine is shared).
