@@ -10,14 +10,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from dra_driver.fakes.objects import resource_claim
 from dra_driver.k8s.client import KubeClient
 from tests.support.chart import plugin_client
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import Node, cleanup, make_node
 from tests.support.node import NodeDirs
+from tests.support.tls import SelfSigned, openssl_missing, self_signed, server_context
 
 
 @pytest.fixture
@@ -60,3 +63,19 @@ def legacy_node() -> Iterator[Node]:
     made = make_node("legacy")
     yield made
     cleanup(made)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> SelfSigned:
+    """A self-signed CA and server certificate (skips without openssl)."""
+    if openssl_missing() is not None:
+        pytest.skip(str(openssl_missing()))
+    return self_signed(str(tmp_path / "tls"))
+
+
+@pytest.fixture
+def https_kube(pair: SelfSigned) -> Iterator[FakeKubeApi]:
+    """The fake API server over HTTPS with ``pair``, holding claim default/c1 (uid-1)."""
+    with FakeKubeApi(tls=server_context(pair)) as api:
+        api.create(resource_claim("default", "c1", uid="uid-1"))
+        yield api

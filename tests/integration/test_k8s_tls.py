@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,29 +13,16 @@ import pytest
 
 from dra_driver.base.errors import ApiUnavailableError
 from dra_driver.base.ids import ClaimRef, ClaimUID
-from dra_driver.fakes.objects import resource_claim
 from dra_driver.k8s import client as client_module
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import USER_AGENT, KubeClient, make_api_client
 from dra_driver.k8s.official import Configuration
 from tests.support.fakekube import FakeKubeApi
-from tests.support.tls import SelfSigned, openssl_missing, self_signed, server_context
+from tests.support.tls import SelfSigned, openssl_missing, self_signed
 
 pytestmark = pytest.mark.skipif(openssl_missing() is not None, reason=str(openssl_missing()))
 
 TOKEN = "service-account-token"
-
-
-@pytest.fixture
-def pair(tmp_path: Path) -> SelfSigned:
-    return self_signed(str(tmp_path / "tls"))
-
-
-@pytest.fixture
-def https_kube(pair: SelfSigned) -> Iterator[FakeKubeApi]:
-    with FakeKubeApi(tls=server_context(pair)) as api:
-        api.create(resource_claim("default", "c1", uid="uid-1"))
-        yield api
 
 
 def trusting(url: str, ca_file: str, **kwargs: Any) -> KubeClient:

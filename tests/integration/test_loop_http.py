@@ -7,37 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from dra_driver.base.errors import ApiConflictError, ApiNotFoundError, ApiUnavailableError
-from dra_driver.fakes.objects import resource_claim
 from dra_driver.k8s.client import USER_AGENT, KubeClient
 from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.official import Configuration
 from dra_driver.k8s.watch import MERGE_PATCH
 from tests.support.fakekube import FakeKubeApi
-from tests.support.tls import SelfSigned, openssl_missing, self_signed, server_context
+from tests.support.tls import SelfSigned
 
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@pytest.fixture
-def pair(tmp_path: Path) -> SelfSigned:
-    if openssl_missing() is not None:
-        pytest.skip(str(openssl_missing()))
-    return self_signed(str(tmp_path / "tls"))
-
-
-@pytest.fixture
-def https_kube(pair: SelfSigned) -> Iterator[FakeKubeApi]:
-    with FakeKubeApi(tls=server_context(pair)) as api:
-        api.create(resource_claim("default", "c1", uid="uid-1"))
-        yield api
 
 
 def _client(url: str, ca_file: str | None = None, token: str | None = None) -> KubeClient:
