@@ -86,6 +86,16 @@ class KubeClient:
             self._auth = (now, headers)
         return headers
 
+    def fresh_auth_headers(self) -> dict[str, str] | None:
+        """The credentials' headers if :meth:`auth_headers` would answer them without
+        asking the configuration (whose refresh hook may run a kubeconfig's exec
+        plugin, a process, or read a token file); None when it would ask."""
+        with self._pool_lock:
+            cached = self._auth
+        if cached is not None and self._clock() - cached[0] < AUTH_REUSE_S:
+            return cached[1]
+        return None
+
     def connection_pool(self) -> urllib3.HTTPConnectionPool | None:
         """The API server's connection pool, to send a request-URI to; None behind an
         HTTP proxy (the pool manager must write those requests itself).

@@ -8,7 +8,8 @@ row): 467 us of user CPU and 347 us of system CPU through urllib3 in a thread, 1
 
 What it takes from the official client's :class:`~dra_driver.k8s.client.KubeClient`:
 the host (and its path prefix), the credentials' headers (asked per request, so a
-rotated token is sent as the client would send it) and the TLS settings
+rotated token is sent as the client would send it; in a thread when the client would
+refresh them, which may run a kubeconfig's exec plugin) and the TLS settings
 (``verify_ssl``, ``ssl_ca_cert`` / ``ca_cert_data``, ``cert_file`` / ``key_file``,
 ``tls_server_name``). Configurations it does not speak (a proxy, socket options,
 ``assert_hostname``, custom retries) get None from :meth:`LoopHttp.for_client`, and
@@ -80,9 +81,13 @@ class LoopHttp:
         headers: Callable[[], dict[str, str]],
         *,
         max_idle: int = 16,
+        fresh_headers: Callable[[], dict[str, str] | None] | None = None,
     ) -> None:
+        """``headers()``: every request's headers (may block: asked in a thread unless
+        ``fresh_headers()`` has them at once)."""
         self._endpoint = endpoint
         self._headers = headers
+        self._fresh_headers = fresh_headers
         self._idle: deque[_Connection] = deque()
         self._max_idle = max(1, max_idle)
 
@@ -98,11 +103,16 @@ class LoopHttp:
         if endpoint is None:
             return None
         base = dict(getattr(api_client, "default_headers", {}) or {})
+        fresh_auth = getattr(api_client, "fresh_auth_headers", None)
 
         def headers() -> dict[str, str]:
             return {**base, **auth_headers()}
 
-        return cls(endpoint, headers, max_idle=max_idle)
+        def fresh_headers() -> dict[str, str] | None:
+            auth = fresh_auth() if fresh_auth is not None else None
+            return None if auth is None else {**base, **auth}
+
+        return cls(endpoint, headers, max_idle=max_idle, fresh_headers=fresh_headers)
 
     async def send_json(
         self,
@@ -130,7 +140,7 @@ class LoopHttp:
     ) -> Answer:
         """One request on a kept connection (or a new one); transport errors raise
         ``OSError`` (``ConnectionError``, ``TimeoutError``, ``ssl.SSLError``)."""
-        head = self._head(method, path, body, content_type)
+        head = self._head(method, path, body, content_type, await self._headers_now())
         while self._idle:
             conn = self._idle.pop()
             try:
@@ -158,10 +168,27 @@ class LoopHttp:
 
     # --- the wire ------------------------------------------------------------------
 
-    def _head(self, method: str, path: str, body: bytes | None, content_type: str) -> bytes:
+    async def _headers_now(self) -> dict[str, str]:
+        """The headers, in a thread when getting them may block the loop: refreshing
+        the credentials may run a kubeconfig's exec plugin (a process) or read a file."""
+        if self._fresh_headers is not None:
+            fresh = self._fresh_headers()
+            if fresh is not None:
+                return fresh
+            return await asyncio.to_thread(self._headers)
+        return self._headers()
+
+    def _head(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        content_type: str,
+        headers: dict[str, str],
+    ) -> bytes:
         end = self._endpoint
         lines = [f"{method} {end.path_prefix}{path} HTTP/1.1", f"Host: {end.authority}"]
-        lines += [f"{k}: {v}" for k, v in self._headers().items()]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
         lines.append("Accept: application/json")
         if body is not None:
             lines += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -212,3 +213,26 @@ def test_no_answer_is_a_timeout_and_garbage_is_unavailable() -> None:
             http.close()
 
     asyncio.run(scenario())
+
+
+def test_credentials_are_refreshed_off_the_loop(https_kube: FakeKubeApi, pair: SelfSigned) -> None:
+    client = _client(https_kube.url, pair.cert, token="the-token")
+    refreshed_in: list[threading.Thread] = []
+
+    # The kubeconfig loader's hook may run an exec plugin (a process): never on the loop.
+    def hook(_: object) -> None:
+        refreshed_in.append(threading.current_thread())
+
+    setattr(client.configuration, "refresh_api_key_hook", hook)  # noqa: B010 (typed None)
+    http = _http(client)
+
+    async def scenario() -> None:
+        for _ in range(3):  # the first asks the configuration; the others reuse it
+            await http.send_json("GET", CLAIM)
+        http.close()
+
+    asyncio.run(scenario())
+    assert len(refreshed_in) == 1
+    assert refreshed_in[0] is not threading.main_thread()
+    gets = [r for r in https_kube.request_log if r.method == "GET"]
+    assert [r.authorization for r in gets] == ["Bearer the-token"] * 3
