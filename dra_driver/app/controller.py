@@ -54,7 +54,8 @@ def build_controller(
     def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
         return Informer(api_client, kind, on_change=on_change, read_timeout_s=config.read_timeout_s)
 
-    # The claims' writes: threads of their own, as many as may be in flight
+    # Threads for the claims' writes where the loop transport below is not used
+    # (and a claim's GET after a conflict): as many as may be in flight
     # (``asyncio.to_thread``'s pool has CPUs + 4, shared with everything else).
     writer = ThreadPoolExecutor(
         max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"

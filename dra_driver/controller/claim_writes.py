@@ -105,8 +105,9 @@ class ClaimWriter:
         self, claim: JsonObj, allocation: Allocation, slot: ClaimSlot | None = None
     ) -> JsonObj:
         """The finalizer (unless there), then ``status.allocation`` once the claim's turn
-        came (``slot``: every larger claim started before it answered); in one hand-off
-        when the turn already came. The allocation's answer."""
+        came (``slot``: every larger claim started before it answered); both at once
+        (:meth:`protect_and_allocate`) when the turn already came. The allocation's
+        answer."""
         protect, what = finalizer_patch(claim), "the finalizer " + FINALIZER
 
         def status(base: JsonObj) -> JsonObj:

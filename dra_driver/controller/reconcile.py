@@ -195,7 +195,8 @@ def size_rank(key: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def placement_order(batch: Sequence[tuple[str, JsonObj | None]], driver_name: str) -> list[str]:
-    """The order to work a batch (claim UID, the claim or None) from the batching window.
+    """The order the worker starts claims in (claim UID, the claim or None): its heap
+    of :func:`placement_key` yields them so.
 
     Claims that wait for no allocation come first, in queue order: a deallocation
     frees memory for the rest, and the others are quick. Then the claims to allocate,

@@ -73,11 +73,10 @@ class KubeClient:
         for proxy variables: measured at a third of a claim GET's CPU in a pod's
         environment, for a token that the loader itself re-reads once a minute.
         """
+        fresh = self.fresh_auth_headers()
+        if fresh is not None:
+            return fresh
         now = self._clock()
-        with self._pool_lock:
-            cached = self._auth
-            if cached is not None and now - cached[0] < AUTH_REUSE_S:
-                return cached[1]
         headers: dict[str, str] = {}
         for setting in cast(Any, self.configuration).auth_settings().values():
             if setting.get("in") == "header" and setting.get("value"):

@@ -141,10 +141,11 @@ class LoopHttp:
         """One request on a kept connection (or a new one); transport errors raise
         ``OSError`` (``ConnectionError``, ``TimeoutError``, ``ssl.SSLError``)."""
         head = self._head(method, path, body, content_type, await self._headers_now())
-        while self._idle:
-            conn = self._idle.pop()
+        while True:  # ends: a new connection never raises _ClosedWhileIdle
+            reused = bool(self._idle)
+            conn = self._idle.pop() if reused else await self._open()
             try:
-                answer, keep = await self._exchange(conn, head, body, reused=True)
+                answer, keep = await self._exchange(conn, head, body, reused=reused)
             except _ClosedWhileIdle:
                 conn.close()
                 continue  # the server closed it meanwhile: send it again on another
@@ -153,14 +154,6 @@ class LoopHttp:
                 raise
             self._give_back(conn, keep)
             return answer
-        conn = await self._open()
-        try:
-            answer, keep = await self._exchange(conn, head, body, reused=False)
-        except BaseException:
-            conn.close()
-            raise
-        self._give_back(conn, keep)
-        return answer
 
     def close(self) -> None:
         while self._idle:
