@@ -1,5 +1,5 @@
 """`python -m dra_driver` is the same as the `dra-driver` console script."""
 
-from dra_driver.cli import main
+from dra_driver.cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

@@ -18,6 +18,13 @@ the same process (tests, tools) that uses ``kubernetes.client.V1Pod`` or
 ``exports`` names the few package-level names that can be answered from one
 submodule without running the whole ``__init__`` (``kubernetes.client``'s
 ``Configuration`` lives in ``kubernetes.client.configuration``).
+
+Deferring changes how a package imports for the whole process, and a deferred
+package answers no dunder but ``__all__`` until its ``__init__`` ran (``from
+kubernetes import __version__`` fails): so only a process's entry point defers
+(:func:`defer_official_client_inits`, called by ``dra-driver``'s console script
+and ``python -m dra_driver``), never a module that a test, a tool or a user's
+script imports.
 """
 
 from __future__ import annotations
@@ -52,6 +59,29 @@ def defer_package_init(name: str, exports: Mapping[str, str] | None = None) -> N
     parent, _, child = name.rpartition(".")
     if parent:
         setattr(sys.modules[parent], child, module)
+
+
+def defer_official_client_inits() -> None:
+    """Defer the official client's package ``__init__``s for the rest of this process.
+
+    Only a process entry point calls this, before anything imports ``kubernetes``
+    (a no-op for a package already imported): the submodules this module needs
+    then import without the generated models, the dynamic client, websockets and
+    OAuth, and anything else that asks the package for a name still gets the
+    whole ``__init__``, run on that first question.
+    """
+    defer_package_init("kubernetes")
+    defer_package_init(
+        "kubernetes.client",
+        {
+            "Configuration": "kubernetes.client.configuration",
+            "ApiClient": "kubernetes.client.api_client",
+            "ApiException": "kubernetes.client.exceptions",
+        },
+    )
+    defer_package_init("kubernetes.client.models")
+    defer_package_init("kubernetes.config")
+    defer_package_init("kubernetes.utils")
 
 
 @contextlib.contextmanager

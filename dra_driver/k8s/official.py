@@ -1,15 +1,21 @@
-"""The parts of the official ``kubernetes`` client the driver uses, imported lean.
+"""The parts of the official ``kubernetes`` client the driver uses.
 
 The only module that imports ``kubernetes``. What the driver takes from it is
 its configuration (host, credentials, TLS, proxies, token refresh), its REST
 transport (urllib3's pool, configured from that), its exception type and its
 config loaders. Its generated API classes and models are not used (see
-:mod:`dra_driver.k8s.rest`), so the package ``__init__``s that import them are
-deferred (:mod:`dra_driver.k8s.lean_import`): in a pod, with the in-cluster
-configuration, the client costs the plugin 2.4 MB of RSS instead of 22.3.
-A kubeconfig loads the official loader, on first use only
-(:func:`load_kube_config`), for 1.8 MB: what only its OIDC token refresh uses
-(the client's ``ApiClient``, OAuth, requests: 15 MB) is imported when used.
+:mod:`dra_driver.k8s.rest`).
+
+Imported here, the package loads as it always does. A driver *process* (the
+``dra-driver`` console script, ``python -m dra_driver``) first calls
+:func:`~dra_driver.k8s.lean_import.defer_official_client_inits`, so that the
+package ``__init__``s that import the unused parts are deferred
+(:mod:`dra_driver.k8s.lean_import`): in a pod, with the in-cluster
+configuration, the client then costs the plugin 2.4 MB of RSS instead of 22.3.
+That is the process's own choice, made in its entry point: a test, a tool or a
+user's script importing ``dra_driver`` modules gets the ``kubernetes`` package
+exactly as it ships (its ``__version__``, ``dynamic``, ``watch``, the kubeconfig
+loader's OAuth), never a half-loaded one.
 """
 
 from __future__ import annotations
@@ -18,31 +24,18 @@ import importlib
 import sys
 from typing import Any
 
+from kubernetes.client.configuration import Configuration
+from kubernetes.client.exceptions import ApiException
+from kubernetes.client.rest import RESTClientObject
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.incluster_config import load_incluster_config
+
 from dra_driver.k8s.lean_import import (
     defer_package_init,
     is_deferred,
     provisional_module,
     provisionally,
 )
-
-defer_package_init("kubernetes")
-defer_package_init(
-    "kubernetes.client",
-    {
-        "Configuration": "kubernetes.client.configuration",
-        "ApiClient": "kubernetes.client.api_client",
-        "ApiException": "kubernetes.client.exceptions",
-    },
-)
-defer_package_init("kubernetes.client.models")
-defer_package_init("kubernetes.config")
-defer_package_init("kubernetes.utils")
-
-from kubernetes.client.configuration import Configuration  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
-from kubernetes.client.rest import RESTClientObject  # noqa: E402
-from kubernetes.config.config_exception import ConfigException  # noqa: E402
-from kubernetes.config.incluster_config import load_incluster_config  # noqa: E402
 
 __all__ = [
     "ApiException",
@@ -55,7 +48,13 @@ __all__ = [
 
 
 def load_kube_config(**kwargs: Any) -> None:
-    """The official ``load_kube_config``, imported on first use."""
+    """The official ``load_kube_config``, imported on first use.
+
+    In a process that deferred the client's ``__init__``s
+    (:func:`~dra_driver.k8s.lean_import.defer_official_client_inits`), the loader
+    is imported with stand-ins for what only an OIDC refresh uses; anywhere else it
+    is imported as it ships.
+    """
     if "kubernetes.config.kube_config" not in sys.modules and is_deferred("kubernetes.client"):
         # The loader binds, when imported, what only its OIDC token refresh (and
         # ``new_client_from_config``) uses: ``ApiClient`` (whose import pulls in

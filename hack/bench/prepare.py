@@ -200,6 +200,10 @@ def timed(owner: Any, name: str, key: str) -> None:
 def serve_plugin(args: argparse.Namespace) -> int:
     """``dra-driver kubelet-plugin`` as on a node (the chart's flags, fake GPUs), its
     ports timed; timings to --timings at exit."""
+    from dra_driver.k8s.lean_import import defer_official_client_inits
+
+    # What the console script does first (dra_driver.cli.run): this process is the plugin's.
+    defer_official_client_inits()
     from dra_driver import cli
     from dra_driver.k8s.claim_status import ClaimStatusWriter
     from dra_driver.k8s.claims import KubernetesClaimSource
@@ -277,8 +281,8 @@ def client_flags(args: argparse.Namespace, root: str) -> list[str]:
                 "current-context: bench\n"
             )
         return ["--kubeconfig", kubeconfig]
-    # The driver's lean import of the client first: importing the loader alone
-    # would run the whole package's __init__ and inflate the plugin's RSS.
+    # The driver's import of the client first, in this process whose package
+    # __init__s serve_plugin deferred, as the console script does.
     import importlib
 
     importlib.import_module("dra_driver.k8s.official")

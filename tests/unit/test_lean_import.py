@@ -122,6 +122,8 @@ def test_not_a_package_is_refused(package: Path) -> None:
 # the kubeconfig loader's OAuth stack (20 MB of RSS the plugin never uses).
 PLUGIN_IMPORTS = """
 import sys
+from dra_driver.k8s.lean_import import defer_official_client_inits
+defer_official_client_inits()  # what the entry point (dra_driver.cli.run) does first
 import dra_driver.cli
 dra_driver.cli.build_parser()
 import dra_driver.app.plugin
@@ -147,6 +149,8 @@ def test_the_plugin_imports_only_the_clients_transport() -> None:
 
 
 WHOLE_CLIENT = """
+from dra_driver.k8s.lean_import import defer_official_client_inits
+defer_official_client_inits()
 import dra_driver.k8s.client
 from kubernetes import client, watch
 print(client.V1Pod.__name__, watch.Watch.__name__, client.ApiClient.__module__)
@@ -162,6 +166,8 @@ def test_the_whole_official_client_still_imports_after_the_lean_one() -> None:
 
 KUBECONFIG_PATH = """
 import sys, tempfile
+from dra_driver.k8s.lean_import import defer_official_client_inits
+defer_official_client_inits()
 from dra_driver.k8s.client import make_api_client
 path = tempfile.mktemp()
 with open(path, "w") as f:
