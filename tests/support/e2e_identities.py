@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 
 from tests.support.chart import CHART, helm_binary
+from tests.support.cluster import delete_namespace
 from tests.support.examples import Obj
 
 E2E_RELEASE = "fgd-e2e"
@@ -44,6 +46,8 @@ IDENTITY_KINDS = (
 """Created in this order: a binding after what it binds."""
 TOKEN_SECONDS = 3600
 E2E_LEASE = "fgd-e2e-controller"
+_DELETE_POLL_S = 0.5
+"""How often :func:`install` looks whether an object it replaces is gone."""
 
 
 def identity_manifests(driver: str, lease_name: str, *, guard: bool) -> list[Obj]:
@@ -84,7 +88,12 @@ def account_name(docs: Sequence[Obj], component: str) -> str:
 
 def install(cluster: Any, docs: Sequence[Obj]) -> Iterator[Obj]:
     """Create the namespace and ``docs`` (an existing object is replaced by ours);
-    yields each created object, for :func:`uninstall`."""
+    yields each created object, for :func:`uninstall`.
+
+    What is replaced is deleted and waited for until it is gone (404) before it is
+    created again: a deleted namespace stays ``Terminating`` until its content is gone,
+    and a create of its name meanwhile is ``409 AlreadyExists: object is being
+    deleted`` (fact sheet 5.3.2), as for any object a finalizer holds."""
     from kubernetes.client.exceptions import ApiException
 
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": E2E_NAMESPACE}}
@@ -96,9 +105,39 @@ def install(cluster: Any, docs: Sequence[Obj]) -> Iterator[Obj]:
         except ApiException as err:
             if err.status != 409:
                 raise
-            resource.delete(name=doc["metadata"]["name"], **namespaced)
+            if doc is namespace:
+                gone = delete_namespace(cluster, E2E_NAMESPACE)
+            else:
+                gone = _delete_and_wait(cluster, resource, doc["metadata"]["name"], namespaced)
+            if not gone:
+                raise RuntimeError(
+                    f"{doc['kind']}/{doc['metadata']['name']}: still there "
+                    f"{cluster.delete_timeout_s:.0f}s after its deletion (E2E_DELETE_TIMEOUT)"
+                ) from err
             resource.create(body=doc, **namespaced)
         yield doc
+
+
+def _delete_and_wait(cluster: Any, resource: Any, name: str, namespaced: dict[str, str]) -> bool:
+    """Delete ``name`` and wait for its 404; False after ``cluster.delete_timeout_s``."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        resource.delete(name=name, **namespaced)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    deadline = time.monotonic() + cluster.delete_timeout_s
+    while True:
+        try:
+            resource.get(name=name, **namespaced)
+        except ApiException as err:
+            if err.status == 404:
+                return True
+            raise
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_DELETE_POLL_S)
 
 
 def uninstall(cluster: Any, created: Sequence[Obj]) -> None:

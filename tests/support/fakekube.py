@@ -55,7 +55,16 @@ Implemented, per kind, namespaced or cluster-scoped:
   :mod:`tests.support.fakekube_apply`;
 * delete: returns the deleted object; with finalizers it only sets
   ``deletionTimestamp`` (202), and the object goes once an update empties the
-  finalizers; ``preconditions`` (uid, resourceVersion) in DeleteOptions;
+  finalizers; ``preconditions`` (uid, resourceVersion) in DeleteOptions; a create
+  of a name whose object is being deleted is 409 "object is being deleted: ...";
+* namespace lifecycle (:mod:`tests.support.fakekube_namespaces`): a Namespace gets
+  the ``kubernetes`` finalizer and ``phase: Active``; DELETE leaves it
+  ``Terminating`` (200) while a namespace controller, ``namespace_delay_s`` later,
+  deletes its content (honouring the content's finalizers), then its finalizer,
+  then it; meanwhile creates inside it are 403 and a create of its name is 409, as
+  the API server's NamespaceLifecycle admission and registry answer; the
+  ``finalize`` subresource (PUT); :meth:`FakeKubeApi.sync_namespaces` runs the
+  controller at once;
 * watch (``watch=true|1``): chunked newline-delimited JSON events. Without a
   resourceVersion (or ``0``) it first sends ADDED for every matching object;
   with one it replays retained events after it, or sends an ``ERROR`` event
@@ -100,11 +109,11 @@ in a fieldSelector (every path is accepted), pagination (``limit``/``continue``
 are ignored), ``resourceVersion``/``resourceVersionMatch`` on get and list,
 watch bookmarks and ``sendInitialEvents``, deletecollection, graceful deletion
 and garbage collection (ownerReferences), protobuf and YAML bodies,
-discovery (``/api``, ``/apis``), namespace lifecycle (Namespace objects are
-served as plain cluster-scoped objects; a namespaced object's namespace need
-not exist), create-on-PUT (PUT of a missing object is 404). Create keeps a
-given ``status``, which real servers drop for most kinds, and the Python-side
-``create`` also keeps a given ``metadata.uid``: shortcuts for seeding tests.
+discovery (``/api``, ``/apis``), a namespaced object's namespace need not
+exist (the API server answers 404 for a create in a missing one), create-on-PUT
+(PUT of a missing object is 404). Create keeps a given ``status``, which real
+servers drop for most kinds, and the Python-side ``create`` also keeps a given
+``metadata.uid``: shortcuts for seeding tests.
 """
 
 from __future__ import annotations
@@ -119,6 +128,7 @@ from typing import Self
 from tests.support.fakekube_admission import ApiSecurity
 from tests.support.fakekube_auth import User
 from tests.support.fakekube_http import Answer, Fault, RecordedRequest, Server
+from tests.support.fakekube_namespaces import DEFAULT_DELAY_S as DEFAULT_NAMESPACE_DELAY_S
 from tests.support.fakekube_raw import copy_json
 from tests.support.fakekube_store import Store, accept_all
 from tests.support.fakekube_types import (
@@ -165,6 +175,7 @@ class FakeKubeApi:
         tls: ssl.SSLContext | None = None,
         security: ApiSecurity | None = None,
         write_delay_s: float = 0.0,
+        namespace_delay_s: float | None = DEFAULT_NAMESPACE_DELAY_S,
     ) -> None:
         """``kube_minor``: the release it plays (``/version``, 1.35+ validation);
         ``drop_gated_fields``: drop the fields of the DRA gates that are off
@@ -176,13 +187,16 @@ class FakeKubeApi:
         ``security``: authenticate, authorize and admit every HTTP request;
         ``write_delay_s``: every HTTP write (POST, PUT, PATCH, DELETE) waits this long
         before it is handled, each on its own connection's thread (a slow etcd: the
-        latency of one write, not a limit on how many are in flight)."""
+        latency of one write, not a limit on how many are in flight);
+        ``namespace_delay_s``: how long after a Namespace is deleted (and after each
+        change inside it while it is terminating) the fake's namespace controller acts on
+        it; None: only when a test calls :meth:`sync_namespaces`."""
         self.tls = tls
         self.write_delay_s = write_delay_s
         self.security = security
         self.version = ServerVersion(kube_minor, drop_gated_fields, binary_minor)
         validate = self.version.validate if validate_schema else accept_all
-        self._store = Store(kinds, history_limit, self.version.prepare, validate)
+        self._store = Store(kinds, history_limit, self.version.prepare, validate, namespace_delay_s)
         self._kinds_by_ref: dict[str, ResourceKind] = {}
         """What :meth:`kind` found for each name it was given."""
         self._lock = threading.Lock()  # requests, faults and connections
@@ -344,6 +358,12 @@ class FakeKubeApi:
         k = self.kind(kind)
         stored = self._store.list_objects(k, namespace, lambda _: True, lambda _: True)[0]
         return copy_json(stored) if copies else stored
+
+    def sync_namespaces(self) -> None:
+        """Run the namespace controller over every terminating namespace now (without
+        waiting for ``namespace_delay_s``): what has no finalizers in them is deleted,
+        and an emptied namespace loses its ``kubernetes`` finalizer and goes."""
+        self._store.sync_namespaces()
 
     @property
     def resource_version(self) -> int:

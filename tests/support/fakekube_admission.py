@@ -15,9 +15,11 @@ failed validation of the first denying policy is the answer: 422 ``Invalid``
 (or the validation's ``reason``) with the message ``<resource>.<group> "<name>"
 is forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>'
 denied request: <message>``. CEL sees ``object``, ``oldObject`` (null on create,
-respectively delete), ``request`` (``operation``, ``userInfo``, ``namespace``,
-``name``, ``subResource``) and ``variables``. NOT emulated: ``paramKind``,
-``namespaceSelector``/``objectSelector``, ``matchPolicy`` equivalents,
+respectively delete), ``request`` (``kind`` and ``resource`` as group, version and
+kind or resource, ``operation``, ``userInfo``, ``namespace``, ``name``,
+``subResource``) and ``variables``; a validation's ``messageExpression``, when it
+has one, is its message (the real server prefers it to ``message``). NOT emulated:
+``paramKind``, ``namespaceSelector``/``objectSelector``, ``matchPolicy`` equivalents,
 ``excludeResourceRules``, validation actions other than Deny, ``auditAnnotations``,
 cost limits, and CEL's optional syntax (the chart avoids it).
 
@@ -194,8 +196,11 @@ def _run_policy(
 ) -> None:
     import cel  # common-expression-language: the test extra
 
+    kind = request.kind
     env: dict[str, Any] = {
         "request": {
+            "kind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
+            "resource": {"group": kind.group, "version": kind.version, "resource": kind.plural},
             "operation": request.operation,
             "userInfo": request.user.as_cel(),
             "namespace": request.namespace,
@@ -215,9 +220,12 @@ def _run_policy(
     for check in spec.get("validations") or ():
         if cel.evaluate(check["expression"], env):
             continue
-        message = check.get("message") or cel.evaluate(check["messageExpression"], env)
+        message = (
+            cel.evaluate(check["messageExpression"], env)
+            if "messageExpression" in check
+            else check.get("message", "")
+        )
         reason = check.get("reason") or "Invalid"
-        kind = request.kind
         qualified = kind.qualified
         err = FakeApiError(
             _REASON_CODES.get(reason, 422),

@@ -361,10 +361,10 @@ def request_attributes(method: str, path: str, query: Mapping[str, Sequence[str]
     if not rest:  # discovery of a group version
         return Attributes("get" if method == "GET" else method.lower(), path=path)
     namespace = ""
-    if rest[0] == "namespaces" and len(rest) >= 3:
+    if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
         namespace, rest = rest[1], rest[2:]
-    elif rest[0] == "namespaces" and len(rest) == 2:
-        # /api/v1/namespaces/NAME is the Namespace NAME itself
+    elif rest[0] == "namespaces" and len(rest) >= 2:
+        # /api/v1/namespaces/NAME[/status|/finalize] is the Namespace NAME itself
         namespace = rest[1]
     resource = rest[0]
     name = rest[1] if len(rest) > 1 else ""

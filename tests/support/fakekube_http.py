@@ -23,6 +23,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.support.fakekube_admission import ApiSecurity, WriteRequest
 from tests.support.fakekube_auth import User, request_attributes
+from tests.support.fakekube_namespaces import SUBRESOURCES as NAMESPACE_SUBRESOURCES
+from tests.support.fakekube_namespaces import is_namespace
 from tests.support.fakekube_raw import decode_body, encode_wire, event_line, raw_paths, under
 from tests.support.fakekube_selectors import parse_field_selector, parse_label_selector
 from tests.support.fakekube_store import Admit, Store, WatchFilter, without
@@ -439,19 +441,25 @@ def _handle(
             )
     else:
         status_only = route.subresource == "status"
+        if route.subresource == "finalize" and method != "PUT":  # it serves updates only
+            raise FakeApiError(405, _NOT_ALLOWED)
         if method == "GET":
             return 200, store.get(kind, namespace, name)
         if method == "PUT":
-            return 200, store.replace(
-                kind,
-                namespace,
-                name,
-                body,
-                status_only=status_only,
-                dry_run=dry_run,
-                checked=True,
-                admit=admit,
-            )
+            if route.subresource == "finalize":
+                obj = store.finalize(kind, name, body, dry_run=dry_run, admit=admit)
+            else:
+                obj = store.replace(
+                    kind,
+                    namespace,
+                    name,
+                    body,
+                    status_only=status_only,
+                    dry_run=dry_run,
+                    checked=True,
+                    admit=admit,
+                )
+            return 200, obj
         if method == "PATCH":
             return 200, store.patch(
                 kind,
@@ -468,10 +476,12 @@ def _handle(
             )
         if method == "DELETE" and not status_only:
             gone, obj = store.delete(kind, namespace, name, body, dry_run=dry_run, admit=admit)
-            return (200 if gone else 202), obj
-    raise FakeApiError(405, "the server does not allow this method on the requested resource")
+            # A Namespace the controller will end is answered 200, as the API server does.
+            return (200 if gone or is_namespace(kind) else 202), obj
+    raise FakeApiError(405, _NOT_ALLOWED)
 
 
+_NOT_ALLOWED = "the server does not allow this method on the requested resource"
 _WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
 
@@ -522,7 +532,8 @@ def route_for(kinds: tuple[ResourceKind, ...], path: str) -> Route:
     else:
         raise unknown_path()
     namespace = None
-    if len(rest) >= 3 and rest[0] == "namespaces":
+    own_subresource = len(rest) == 3 and rest[2] in NAMESPACE_SUBRESOURCES
+    if len(rest) >= 3 and rest[0] == "namespaces" and not own_subresource:
         namespace, rest = rest[1], rest[2:]
     plural = rest[0] if rest else ""
     found = [k for k in kinds if (k.group, k.version, k.plural) == (group, version, plural)]
@@ -534,6 +545,7 @@ def route_for(kinds: tuple[ResourceKind, ...], path: str) -> Route:
     # A namespaced kind is also listed and watched across namespaces at its cluster path.
     scoped = (namespace is not None) == kind.namespaced or (kind.namespaced and name is None)
     status_ok = subresource is None or (subresource == "status" and kind.status_subresource)
+    status_ok = status_ok or (subresource == "finalize" and is_namespace(kind))
     if not scoped or not status_ok:
         raise unknown_path()
     return Route(kind, namespace, name, subresource)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.support import fakekube_namespaces as namespaces
 from tests.support.fakekube_apply import APPLY_MEDIA_TYPE, Owners, apply_claim_devices
 from tests.support.fakekube_patch import json_patch, merge_patch
 from tests.support.fakekube_raw import (
@@ -174,7 +175,11 @@ class Store:
         history_limit: int,
         prepare: Prepare = _keep_all,
         validate: Validate = accept_all,
+        namespace_delay_s: float | None = namespaces.DEFAULT_DELAY_S,
     ) -> None:
+        """``namespace_delay_s``: how long after a namespace is marked deleted, or
+        something in it changes, the namespace controller looks at it; None: only when
+        :meth:`sync_namespaces` is called (:mod:`fakekube_namespaces`)."""
         self.kinds = kinds
         self._prepare = prepare
         self._validate = validate
@@ -198,6 +203,12 @@ class Store:
         self._wire_lock = threading.Lock()
         self._apply_owners: dict[tuple[_Key, str], Owners] = {}
         """Server-side apply ownership per (object, uid); see :mod:`fakekube_apply`."""
+        self._namespace_kind = next((k for k in kinds if namespaces.is_namespace(k)), None)
+        """The Namespace kind when served: then namespaces have their lifecycle."""
+        self._kinds_by_key = {(k.group, k.plural): k for k in kinds}
+        self._namespaces = namespaces.NamespaceController(
+            lock, self._sync_namespace, namespace_delay_s
+        )
 
     # Reads
 
@@ -289,23 +300,19 @@ class Store:
         if meta.get("resourceVersion"):
             raise bad_request("resourceVersion should not be set on objects to be created")
         with self._cond:
+            self._check_namespace_open(kind, namespace, meta)
             if not meta.get("name"):
                 if not meta.get("generateName"):
                     raise FakeApiError(422, "metadata.name or metadata.generateName is required")
                 meta["name"] = self._generated_name(kind, namespace, meta["generateName"])
             key = self._key(kind, namespace, meta["name"])
-            if key in self._objects:
-                raise FakeApiError(
-                    409,
-                    f'{kind.qualified} "{meta["name"]}" already exists',
-                    reason="AlreadyExists",
-                    kind=kind,
-                    name=meta["name"],
-                )
+            self._check_new(kind, key)
             meta.pop("deletionTimestamp", None)
             if not (keep_uid and meta.get("uid")):
                 meta["uid"] = str(uuid.uuid4())
             meta.update(creationTimestamp=_now(), generation=1)
+            if kind is self._namespace_kind:
+                namespaces.prepare_create(obj)
             self._prepare(kind, obj)
             if checked:
                 self._validate(kind, obj)
@@ -415,8 +422,11 @@ class Store:
         dry_run: bool = False,
         admit: Admit | None = None,
     ) -> tuple[bool, JsonObj]:
-        """Delete; returns (gone now, object). With finalizers only marks it."""
+        """Delete; returns (gone now, object). With finalizers only marks it; a
+        Namespace only marks it (the namespace controller ends it)."""
         preconditions = (options or {}).get("preconditions") or {}
+        if kind is self._namespace_kind and name in namespaces.IMMORTAL:
+            raise namespaces.immortal_refusal(kind, name)
         with self._cond:
             current = self._get(kind, namespace, name)
             meta = current["metadata"]
@@ -431,9 +441,19 @@ class Store:
                         name=name,
                     )
             key = self._key(kind, namespace, name)
-            obj = copy_json(current)
             if admit is not None:
                 admit("DELETE", current, None)
+            if kind is self._namespace_kind:
+                if not namespaces.terminating(current):
+                    obj = namespaces.marked(current, _now())
+                    if dry_run:
+                        return False, obj
+                    self._commit(kind, key, "MODIFIED", obj, current)
+                    self._namespaces.schedule(name)
+                    return False, obj
+                if namespaces.spec_finalizers(current):
+                    return False, current
+            obj = copy_json(current)
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     obj["metadata"]["deletionTimestamp"] = _now()
@@ -444,6 +464,44 @@ class Store:
             if not dry_run:
                 self._commit(kind, key, "DELETED", obj, current)
             return True, obj
+
+    def finalize(
+        self,
+        kind: ResourceKind,
+        name: str,
+        body: Any,
+        *,
+        dry_run: bool = False,
+        admit: Admit | None = None,
+    ) -> JsonObj:
+        """PUT ``/api/v1/namespaces/NAME/finalize``: only ``spec.finalizers`` changes
+        (the rest of what is sent is ignored); a terminating namespace left with no
+        finalizer is gone."""
+        if kind is not self._namespace_kind:
+            raise unknown_path()
+        sent = self._checked_body(kind, body)
+        with self._cond:
+            current = self._get(kind, None, name)
+            _check_identity(kind, None, name, sent["metadata"])
+            self._check_version(kind, name, current, sent)
+            obj = namespaces.finalized(current, sent)
+            if admit is not None:
+                admit("UPDATE", current, obj)
+            if obj == current:
+                return current
+            if dry_run:
+                return obj
+            gone = namespaces.terminating(obj) and not namespaces.held(kind, obj)
+            key = self._key(kind, None, name)
+            self._commit(kind, key, "DELETED" if gone else "MODIFIED", obj, current)
+            return obj
+
+    def sync_namespaces(self) -> None:
+        """One pass of the namespace controller over every terminating namespace, now."""
+        with self._cond:
+            for key in sorted(self._objects):
+                if key[:2] == ("", "namespaces") and namespaces.terminating(self._objects.get(key)):
+                    self._sync_namespace(key[3])
 
     def wire(self, kind: ResourceKind, obj: JsonObj) -> bytes:
         """``obj`` (one this store returned) as the server sends it (:func:`encode_wire`),
@@ -503,8 +561,10 @@ class Store:
             self._cond.notify_all()
 
     def end_watches(self) -> None:
-        """Make every open and future watch stream end (server shutdown)."""
+        """Make every open and future watch stream end (server shutdown); the namespace
+        controller pauses."""
         with self._cond:
+            self._namespaces.stop()
             self._closing = True
             self._cond.notify_all()
             for changed in self._changed.values():
@@ -517,6 +577,7 @@ class Store:
     def reopen(self) -> None:
         with self._cond:
             self._closing = False
+            self._namespaces.resume()
 
     def compact(self) -> None:
         """Forget the event history, as etcd compaction does."""
@@ -588,16 +649,10 @@ class Store:
         )
         cur_meta, new_meta = current["metadata"], new["metadata"]
         _check_identity(kind, namespace, name, new_meta)
-        wanted_rv = new_meta.get("resourceVersion")
-        if wanted_rv and wanted_rv != cur_meta["resourceVersion"]:
-            raise FakeApiError(
-                409,
-                f'Operation cannot be fulfilled on {kind.qualified} "{name}": the object has '
-                "been modified; please apply your changes to the latest version and try again",
-                kind=kind,
-                name=name,
-            )
+        self._check_version(kind, name, current, new)
         obj = _halves(kind, current, new, status_only=status_only)
+        if kind is self._namespace_kind and not status_only:
+            namespaces.keep_finalizers(current, obj)
         meta = obj["metadata"] = copy_json(cur_meta) if status_only else new_meta
         for attr in (*_SERVER_METADATA, "namespace", "resourceVersion"):
             if attr in cur_meta:
@@ -619,9 +674,97 @@ class Store:
         key = self._key(kind, namespace, name)
         if dry_run:
             return obj  # still the stored resourceVersion
-        gone = bool(meta.get("deletionTimestamp")) and not meta.get("finalizers")
+        gone = bool(meta.get("deletionTimestamp")) and not namespaces.held(kind, obj)
         self._commit(kind, key, "DELETED" if gone else "MODIFIED", obj, current)
         return obj
+
+    def _check_namespace_open(
+        self, kind: ResourceKind, namespace: str | None, meta: JsonObj
+    ) -> None:
+        """NamespaceLifecycle admission of a create: nothing new in a terminating
+        namespace (403). Before the name is generated, as admission runs first."""
+        if kind.namespaced and namespaces.terminating(self._namespace(namespace)):
+            named = str(meta.get("name") or meta.get("generateName") or "")
+            raise namespaces.terminating_refusal(kind, str(namespace), named)
+
+    def _check_new(self, kind: ResourceKind, key: _Key) -> None:
+        """409 AlreadyExists when ``key`` is taken, "object is being deleted" when what
+        holds it is marked deleted (a finalizer, a terminating namespace)."""
+        existing = self._objects.get(key)
+        if existing is None:
+            return
+        err = FakeApiError(
+            409,
+            f'{kind.qualified} "{key[3]}" already exists',
+            reason="AlreadyExists",
+            kind=kind,
+            name=key[3],
+        )
+        raise namespaces.being_deleted(err) if namespaces.terminating(existing) else err
+
+    def _check_version(self, kind: ResourceKind, name: str, current: JsonObj, new: JsonObj) -> None:
+        """A set ``metadata.resourceVersion`` must be the stored one (409 Conflict)."""
+        wanted_rv = new["metadata"].get("resourceVersion")
+        if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
+            raise FakeApiError(
+                409,
+                f'Operation cannot be fulfilled on {kind.qualified} "{name}": the object has '
+                "been modified; please apply your changes to the latest version and try again",
+                kind=kind,
+                name=name,
+            )
+
+    def _sync_namespace(self, name: str) -> None:
+        """One pass of the namespace controller over the namespace ``name``: delete
+        its content, write the deletion conditions, and once it is empty remove the
+        ``kubernetes`` finalizer (the namespace goes when no finalizer is left)."""
+        ns_kind = self._namespace_kind
+        current = self._namespace(name)
+        if ns_kind is None or current is None or not namespaces.terminating(current):
+            return
+        if namespaces.FINALIZER not in namespaces.spec_finalizers(current):
+            return  # finalized by this controller; other finalizers' owners go on
+        content = [
+            (key, self._kinds_by_key[key[:2]])
+            for key in sorted(self._objects)
+            if key[2] == name and self._kinds_by_key[key[:2]].namespaced
+        ]
+        for key, kind in content:
+            obj = self._objects[key]
+            if not namespaces.terminating(obj):
+                self._remove(kind, key, obj)
+        remaining = [(kind, self._objects[key]) for key, kind in content if key in self._objects]
+        ns_key = self._key(ns_kind, None, name)
+        current = self._objects[ns_key]
+        old = (current.get("status") or {}).get("conditions") or []
+        wanted = namespaces.conditions(remaining, old, _now())
+        if not namespaces.same_conditions(old, wanted):
+            updated = copy_json(current)
+            updated.setdefault("status", {})["conditions"] = wanted
+            self._commit(ns_kind, ns_key, "MODIFIED", updated, current)
+            current = updated
+        if remaining:
+            return  # looked at again when something in it changes
+        left = sorted(set(namespaces.spec_finalizers(current)) - {namespaces.FINALIZER})
+        obj = namespaces.finalized(current, {"spec": {"finalizers": left}})
+        gone = not namespaces.held(ns_kind, obj)
+        self._commit(ns_kind, ns_key, "DELETED" if gone else "MODIFIED", obj, current)
+
+    def _remove(self, kind: ResourceKind, key: _Key, current: JsonObj) -> None:
+        """Delete a stored object as a DELETE without options does: one with
+        finalizers is only marked."""
+        obj = copy_json(current)
+        if obj["metadata"].get("finalizers"):
+            obj["metadata"]["deletionTimestamp"] = _now()
+            self._commit(kind, key, "MODIFIED", obj, current)
+        else:
+            self._commit(kind, key, "DELETED", obj, current)
+
+    def _namespace(self, name: str | None) -> JsonObj | None:
+        """The Namespace ``name``, if namespaces are served and it exists."""
+        if self._namespace_kind is None or not name:
+            return None
+        return self._objects.get(("", "namespaces", "", name))
 
     def _commit(
         self,
@@ -643,6 +786,8 @@ class Store:
             del self._history[: len(dropped)]
             self._oldest_rv = dropped[-1].rv
         self._changed[kind].notify_all()
+        if kind.namespaced and namespaces.terminating(self._namespace(key[2])):
+            self._namespaces.schedule(key[2])  # content changed: the controller looks again
 
     def _check_retained(self, resource_version: int) -> None:
         if resource_version < self._oldest_rv:
