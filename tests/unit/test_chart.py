@@ -75,6 +75,7 @@ VALUE_SETS: dict[str, list[str]] = {
         '"gpus": {"1": {"sharing": "exclusive"}}}, "gpu-node-8": {"maxClients": 16}}',
     ],
     "no-claim-status": ["--set", "kubeletPlugin.writeDeviceStatus=false"],
+    "no-claim-admission": ["--set", "admission.mpsSharesOnOneDaemon=false"],
     "disruption-guard": [
         "--set",
         "kubeletPlugin.disruptionGuard.enabled=true",

@@ -12,6 +12,7 @@ from tests.support.chart import helm_binary
 from tests.support.e2e_identities import (
     E2E_LEASE,
     E2E_NAMESPACE,
+    E2E_RELEASE,
     IDENTITY_KINDS,
     account_name,
     identity_manifests,
@@ -36,9 +37,21 @@ def test_the_chart_identities_for_host_processes(guard: bool) -> None:
     (role,) = [d for d in docs if d["kind"] == "Role"]
     assert {n for r in role["rules"] for n in r.get("resourceNames", [])} == {E2E_LEASE}
     policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    # The users' claims policy comes along: it checks whoever writes a claim.
+    (claims,) = [p for p in policies if p["metadata"]["name"].endswith("-mps-shares-one-daemon")]
+    assert claims["metadata"]["name"] == f"{E2E_RELEASE}-fractional-gpu-dra-mps-shares-one-daemon"
     user = f"system:serviceaccount:{E2E_NAMESPACE}:{plugin}"
-    assert policies and all(user in p["spec"]["matchConditions"][0]["expression"] for p in policies)
+    narrowing = [p for p in policies if p is not claims]
+    assert narrowing and all(
+        user in p["spec"]["matchConditions"][0]["expression"] for p in narrowing
+    )
     assert any("pod-disruption-guard" in p["metadata"]["name"] for p in policies) == guard
+    bound = [
+        d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    ]
+    assert sorted(bound) == sorted(p["metadata"]["name"] for p in policies), "one binding each"
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(set(names)) == len(names), "fgd.component cut no two names to one"
     subjects = {
         s["name"] for d in docs if d["kind"].endswith("Binding") for s in d.get("subjects", [])
     }

@@ -261,3 +261,56 @@ The allocator the node default resolves to: "auto" is the controller when it run
 {{- $allocator -}}
 {{- end -}}
 {{- end }}
+
+{{/* Claims whose MPS shares could land on two daemons (the *-mps-shares-one-daemon policy) --- */}}
+
+{{/* The classes whose requests with capacity.requests are MPS shares of a whole GPU,
+as a CEL list: gpu.fractional.dev and, with extendedResources, the whole-GPU class
+(its selector picks the same devices). */}}
+{{- define "fgd.gpuShareClasses" -}}
+{{- $classes := list "gpu.fractional.dev" -}}
+{{- if and .Values.extendedResources.enabled .Values.extendedResources.gpu.name -}}
+{{- $classes = append $classes .Values.extendedResources.gpu.className -}}
+{{- end -}}
+{{- toJson $classes -}}
+{{- end -}}
+
+{{/* The classes whose requests with capacity.requests are MPS shares of a MIG
+instance, as a CEL list: mig.gpu.fractional.dev and the per-profile classes. */}}
+{{- define "fgd.migShareClasses" -}}
+{{- $classes := list "mig.gpu.fractional.dev" -}}
+{{- if .Values.extendedResources.enabled -}}
+{{- range .Values.extendedResources.mig.profiles -}}
+{{- $classes = append $classes (printf "mig-%s.gpu.fractional.dev" .) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $classes -}}
+{{- end -}}
+
+{{/* "fgd.celAsksCapacity" "r.exactly": CEL, true when that exact request or
+sub-request names a capacity amount (a share on the native path). */}}
+{{- define "fgd.celAsksCapacity" -}}
+{{- printf "has(%s.capacity) && has(%s.capacity.requests) && size(%s.capacity.requests) > 0" . . . -}}
+{{- end -}}
+
+{{/* "fgd.celGpuShare" (list $ "r.exactly"): CEL, true when that exact request or
+sub-request is an MPS share of a whole GPU: of the controller's class (always a
+share: its amount may be in a GpuShare config), or of a GPU class with
+capacity.requests. */}}
+{{- define "fgd.celGpuShare" -}}
+{{- $e := index . 1 -}}
+{{- printf "(%s.deviceClassName == 'share.gpu.fractional.dev' || (%s.deviceClassName in %s && %s))" $e $e (include "fgd.gpuShareClasses" (index . 0)) (include "fgd.celAsksCapacity" $e) -}}
+{{- end -}}
+
+{{/* "fgd.celMigShare" (list $ "r.exactly"): CEL, true when that exact request or
+sub-request is an MPS share of a MIG instance (a MIG class with capacity.requests). */}}
+{{- define "fgd.celMigShare" -}}
+{{- $e := index . 1 -}}
+{{- printf "(%s.deviceClassName in %s && %s)" $e (include "fgd.migShareClasses" (index . 0)) (include "fgd.celAsksCapacity" $e) -}}
+{{- end -}}
+
+{{/* "fgd.celMany" "r.exactly": CEL, true when that exact request or sub-request may
+get more than one device (count above 1, or allocationMode All). */}}
+{{- define "fgd.celMany" -}}
+{{- printf "((has(%s.allocationMode) && %s.allocationMode == 'All') || (has(%s.count) && %s.count > 1))" . . . . -}}
+{{- end -}}
