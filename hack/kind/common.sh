@@ -26,8 +26,9 @@
 #   HELM_RELEASE          release name (default: fractional-gpu-dra)
 #   CHART_DIR             the chart (default: deploy/helm/fractional-gpu-dra)
 #   FAKE_GPUS             fake GPUs on every opted-in node (default: three shared H100s
-#                         and one with MIG on: h100-80gb:3,h100-80gb:1:mig; gpu-0 and
-#                         gpu-1 for the scheduler, gpu-2 for the controller, gpu-3 MIG)
+#                         and two with MIG on: h100-80gb:3,h100-80gb:2:mig; gpu-0 and
+#                         gpu-1 for the scheduler, gpu-2 for the controller, gpu-3 MIG
+#                         with exclusive instances, gpu-4 MIG with MPS-shared ones)
 #   NODE_LABEL_KEY        the chart's opt-in node label (default: gpu.fractional.dev/enabled)
 #   NODE_LABEL_VALUE      its value (default: true)
 #   GPU_NODE_SELECTOR     label selector of the nodes to opt in
@@ -41,6 +42,10 @@
 #                         opted-in node (allocator: controller, a per-node setting), so
 #                         both paths are tested on one cluster (default: 2; empty:
 #                         none; ignored with CONTROLLER_ENABLED=false)
+#   MPS_MIG_GPU           index of the MIG-enabled GPU whose MIG instances are MPS-shared
+#                         on each opted-in node (sharing: mps in its own per-node entry;
+#                         a node-wide sharing leaves MIG instances exclusive), for the
+#                         mig-mps-shares example (default: 4; empty: none)
 #   ARTIFACTS_DIR         where collect-diagnostics.sh and the e2e tests write
 #                         (default: ${TMPDIR:-/tmp}/fractional-gpu-dra-e2e/<cluster>)
 #   VENV, PYTHON          see hack/common.sh
@@ -87,13 +92,14 @@ _version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "${ROOT}/pyproject.toml" | head
 : "${DRIVER_NAMESPACE:=fractional-gpu-dra}"
 : "${HELM_RELEASE:=fractional-gpu-dra}"
 : "${CHART_DIR:=${ROOT}/deploy/helm/fractional-gpu-dra}"
-: "${FAKE_GPUS:=h100-80gb:3,h100-80gb:1:mig}"
+: "${FAKE_GPUS:=h100-80gb:3,h100-80gb:2:mig}"
 : "${NODE_LABEL_KEY:=gpu.fractional.dev/enabled}"
 : "${NODE_LABEL_VALUE:=true}"
 : "${GPU_NODE_SELECTOR:=!node-role.kubernetes.io/control-plane}"
 : "${ALLOCATOR:=scheduler}"
 : "${CONTROLLER_ENABLED:=true}"
 : "${CONTROLLER_GPU=2}"
+: "${MPS_MIG_GPU=4}"
 : "${ARTIFACTS_DIR:=${TMPDIR:-/tmp}/fractional-gpu-dra-e2e/${KIND_CLUSTER_NAME}}"
 
 # require TOOL...: fail with a hint when a tool is missing.

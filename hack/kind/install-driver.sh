@@ -11,10 +11,11 @@
 # values here (or pass more with arguments / HELM_EXTRA_ARGS). The liveness probe
 # runs every 5 s instead of 30 s: the health e2e sees a GPU reset after two probes.
 # With the controller on (CONTROLLER_ENABLED), GPU CONTROLLER_GPU of every opted-in
-# node is allocated by the controller (nodeSettings.perNode, one entry per node),
-# the others by the scheduler, so the e2e tests cover both paths. helm --wait
-# waits for the kubelet plugins to be ready: registered with the kubelet and their
-# ResourceSlices published.
+# node is allocated by the controller, the others by the scheduler, so the e2e
+# tests cover both paths; the MIG instances of GPU MPS_MIG_GPU (MIG-enabled) are
+# MPS-shared, for the mig-mps-shares example. Both are per-GPU entries of each
+# node in nodeSettings.perNode. helm --wait waits for the kubelet plugins to be
+# ready: registered with the kubelet and their ResourceSlices published.
 #
 # Usage:       hack/kind/install-driver.sh [EXTRA_HELM_ARGS...]
 #                e.g. hack/kind/install-driver.sh --set kubeletPlugin.logLevel=DEBUG
@@ -23,7 +24,7 @@
 # Environment: IMAGE_NAME, IMAGE_TAG, DRIVER_NAME, DRIVER_NAMESPACE, HELM_RELEASE,
 #              CHART_DIR, FAKE_GPUS, NODE_LABEL_KEY, NODE_LABEL_VALUE,
 #              GPU_NODE_SELECTOR, ALLOCATOR, CONTROLLER_ENABLED, CONTROLLER_GPU,
-#              KIND_KUBECONFIG
+#              MPS_MIG_GPU, KIND_KUBECONFIG
 #              (see hack/kind/common.sh);
 #              HELM_EXTRA_ARGS  more helm arguments, split on blanks (default: none)
 #              INSTALL_TIMEOUT  helm --wait timeout (default: 5m)
@@ -46,18 +47,36 @@ if [[ -n "${HELM_EXTRA_ARGS}" ]]; then
   read -r -a extra <<<"${HELM_EXTRA_ARGS}"
 fi
 
-# One GPU per opted-in node for the controller: a values file, since node names
-# are map keys (helm --set would split them on dots).
+# The per-GPU entries of every opted-in node: CONTROLLER_GPU for the controller (with
+# the controller on), MPS_MIG_GPU with MPS-shared MIG instances (one entry for a GPU
+# that is both).
+controller_gpu=""
+if [[ "${CONTROLLER_ENABLED}" == "true" ]]; then
+  controller_gpu="${CONTROLLER_GPU}"
+fi
+gpu_entries=""
+if [[ -n "${controller_gpu}" && "${controller_gpu}" == "${MPS_MIG_GPU}" ]]; then
+  gpu_entries="\"${controller_gpu}\": {allocator: controller, sharing: mps}"
+else
+  if [[ -n "${controller_gpu}" ]]; then
+    gpu_entries="\"${controller_gpu}\": {allocator: controller}"
+  fi
+  if [[ -n "${MPS_MIG_GPU}" ]]; then
+    gpu_entries="${gpu_entries:+${gpu_entries}, }\"${MPS_MIG_GPU}\": {sharing: mps}"
+  fi
+fi
+
+# A values file, since node names are map keys (helm --set would split them on dots).
 per_node="$(mktemp)"
 trap 'rm -f "${per_node}"' EXIT
 echo "nodeSettings: {perNode: {}}" >"${per_node}"
-if [[ "${CONTROLLER_ENABLED}" == "true" && -n "${CONTROLLER_GPU}" ]]; then
+if [[ -n "${gpu_entries}" ]]; then
   {
     echo "nodeSettings:"
     echo "  perNode:"
     for node in $(kube get nodes --selector "${GPU_NODE_SELECTOR}" \
       -o jsonpath='{.items[*].metadata.name}'); do
-      echo "    \"${node}\": {gpus: {\"${CONTROLLER_GPU}\": {allocator: controller}}}"
+      echo "    \"${node}\": {gpus: {${gpu_entries}}}"
     done
   } >"${per_node}"
   cat "${per_node}"

@@ -5,8 +5,9 @@
 # The tests apply deploy/examples/<name>/<name>.yaml, wait for the pods and check
 # the allocations; they pick the examples that fit the server's version. Here a
 # cluster that does not answer fails the run (E2E_REQUIRE_CLUSTER=1) instead of
-# skipping it. To run them against any other cluster, call pytest directly:
-#   KUBECONFIG=~/.kube/config .venv/bin/pytest tests/e2e
+# skipping it. The run is hack/e2e.sh in chart mode, the command that runs them
+# against any other cluster:
+#   KUBECONFIG=~/.kube/config hack/e2e.sh chart
 #
 # Usage:       hack/kind/run-e2e.sh [PYTEST_ARGS...]
 #                e.g. hack/kind/run-e2e.sh -k vram_share
@@ -24,15 +25,13 @@ set -o errexit -o nounset -o pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "${SCRIPT_DIR}/common.sh"
 cd "${ROOT}"
-ensure_venv test
 
 export KUBECONFIG="${KIND_KUBECONFIG}"
 export DRIVER_NAME DRIVER_NAMESPACE
-export E2E_REQUIRE_CLUSTER=1
 if [[ "${CONTROLLER_ENABLED}" == "true" && ( -n "${CONTROLLER_GPU}" || "${ALLOCATOR}" == "controller" ) ]]; then
   export E2E_CONTROLLER_PATH=1
 fi
 export E2E_ARTIFACTS_DIR="${ARTIFACTS_DIR}/e2e"
 mkdir -p "${E2E_ARTIFACTS_DIR}"
 
-"${VENV}/bin/pytest" tests/e2e -v -rs "$@"
+exec "${ROOT}/hack/e2e.sh" chart "$@"

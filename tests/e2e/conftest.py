@@ -17,10 +17,10 @@ anywhere else, so an example that names the driver in a new place cannot pass
 silently against the wrong driver.
 
 Modes (``E2E_MODE``, default ``chart``): ``chart`` runs ``test_examples_e2e.py``
-against a cluster with the chart installed; ``control-plane`` and
-``host-process`` run the driver as local processes
-(``tests/support/e2e_local_modes.py``). The tests of the other modes are skipped,
-with the reason. The helpers behind these fixtures: ``tests/support/cluster.py``
+and ``test_admission_e2e.py`` against a cluster with the chart installed;
+``control-plane`` and ``host-process`` run the driver as local processes
+(``tests/support/e2e_local_modes.py``). The tests of the other modes are
+deselected. The helpers behind these fixtures: ``tests/support/cluster.py``
 (the cluster, an applied example, diagnostics) and ``tests/support/examples.py``.
 
 Environment: ``KUBECONFIG``; ``DRIVER_NAME`` (default ``gpu.fractional.dev``);
@@ -71,23 +71,22 @@ E2E_MODES = ("chart", "control-plane", "host-process")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``E2E_MODE`` (default ``chart``) selects the tests of one mode; a module names
-    its mode in ``E2E_MODE_OF`` (default ``chart``). The others skip, saying why."""
+    its mode in ``E2E_MODE_OF`` (default ``chart``). The others are deselected (the
+    summary counts them as ``deselected``), so a run's ``skipped`` counts only tests
+    of its own mode that could not run, each with its reason."""
     mode = os.environ.get("E2E_MODE") or "chart"
     if mode not in E2E_MODES:
         raise pytest.UsageError(f"E2E_MODE={mode!r}: expected one of {', '.join(E2E_MODES)}")
     here = Path(__file__).resolve().parent
+    keep: list[pytest.Item] = []
+    other: list[pytest.Item] = []
     for item in items:
-        if here not in Path(str(item.path)).resolve().parents:
-            continue
-        module = getattr(item, "module", None)
-        of = getattr(module, "E2E_MODE_OF", "chart")
-        if of != mode:
-            item.add_marker(
-                pytest.mark.skip(
-                    reason=f"{of} mode: E2E_MODE={mode} selects the {mode} mode's tests"
-                    f" (set E2E_MODE={of} to run these)"
-                )
-            )
+        in_e2e = here in Path(str(item.path)).resolve().parents
+        of = getattr(getattr(item, "module", None), "E2E_MODE_OF", "chart")
+        (other if in_e2e and of != mode else keep).append(item)
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = keep
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -43,6 +43,7 @@ from tests.support.e2e_local_modes import (
     delete_node_slices,
     delete_quietly,
     ensure_device_classes,
+    node_config_args,
     ref_of,
     require_case,
     require_cluster_kubeconfig,
@@ -126,7 +127,8 @@ def local_node(cluster: Cluster) -> Iterator[LocalDriver]:
         # The plugin as its ServiceAccount (token bound to the Node just created), under
         # the RBAC and admission policies the chart installs for it.
         identities = chart_identities(cluster, name, kubeconfig, root, guard=False)
-        driver.start(stack.enter_context(identities).plugin, dirs["mps"])
+        # The kind install's node config: an MPS-shared MIG GPU (mig-mps-shares).
+        driver.start(stack.enter_context(identities).plugin, dirs["mps"], node_config_args(root))
         driver.wait_registration_socket()
         driver.wait_slices(cluster)
         yield driver

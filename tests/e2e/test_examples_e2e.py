@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from dra_driver.base.quantity import parse_whole
-from tests.support.cluster import Cluster, Example
+from tests.support.cluster import Cluster, Example, delete_namespace
 from tests.support.examples import Obj, pod_image
 
 pytestmark = pytest.mark.e2e
@@ -162,6 +162,12 @@ def memory(result: Obj) -> int:
     return parse_whole(consumed["memory"])
 
 
+def compute_percent(result: Obj) -> int:
+    consumed = result.get("consumedCapacity") or {}
+    assert "computePercent" in consumed, f"no consumedCapacity.computePercent in {result}"
+    return parse_whole(consumed["computePercent"])
+
+
 def assert_share_env(example: Example, pod: str, device: Obj) -> None:
     """An MPS share's container sees its pipe directory; a GPU device node is there."""
     mps = attribute(device, "sharing") == "mps"
@@ -239,16 +245,75 @@ def test_mig_1g_by_cel(cluster: Cluster, example: ApplyExample) -> None:
             f" 1.36); this server is {cluster.version[0]}.{cluster.version[1]}"
         )
     devices = published_devices(cluster)
-    if not any(str(attribute(d, "profile") or "").startswith("1g.") for d in devices.values()):
-        pytest.skip("no published MIG device has a 1g profile (no MIG-enabled GPU here)")
+    if not any(
+        str(attribute(d, "profile") or "").startswith("1g.")
+        and attribute(d, "sharing") == "exclusive"
+        for d in devices.values()
+    ):
+        pytest.skip(
+            "no published MIG device has a 1g profile and sharing exclusive (no MIG-enabled"
+            " GPU here, or only GPUs whose MIG instances are MPS-shared)"
+        )
     ex = example("mig-1g-by-cel")
     ex.wait_running()
     (result,) = results(ex.claim_of("pod0", "mig"), cluster)
     device = device_of(result, devices)
     assert attribute(device, "type") == "mig"
     assert str(attribute(device, "profile")).startswith("1g.")
+    assert attribute(device, "sharing") == "exclusive", "an isolated instance"
+    assert not result.get("shareID"), f"an isolated instance is no share: {result}"
     text = ex.wait_logs("pod0", "nvidia-cap")
     assert "nvidia-cap" in text, f"no MIG capability nodes in pod0:\n{text}"
+    assert MPS_ENV not in text, f"an isolated instance has no MPS client env:\n{text}"
+
+
+MPS_MIG_SETUP = (
+    "a MIG-enabled GPU whose own node-config entry says sharing: mps"
+    " (nodeSettings.perNode.<node>.gpus.<index>.sharing=mps; a node-wide sharing leaves"
+    " MIG instances exclusive; hack/kind/install-driver.sh sets it, see MPS_MIG_GPU in"
+    " hack/kind/common.sh)"
+)
+
+
+def test_mig_mps_shares(cluster: Cluster, example: ApplyExample) -> None:
+    """Two pods, two shares of one MIG instance, each with the MPS limits it asked for."""
+    if cluster.version < NATIVE:
+        pytest.skip(
+            "MPS shares of a MIG instance: need consumable capacity and partitionable devices"
+            f" (1.36+); this server is {cluster.version[0]}.{cluster.version[1]}, where MIG"
+            " instances are published exclusive and capacity.requests is silently dropped"
+        )
+    devices = published_devices(cluster)
+    if not any(
+        attribute(d, "type") == "mig" and attribute(d, "sharing") == "mps" for d in devices.values()
+    ):
+        pytest.skip(f"no published MIG device has sharing mps: needs {MPS_MIG_SETUP}")
+    ex = example("mig-mps-shares")
+    pods = ex.wait_running()
+    assert len({p["spec"]["nodeName"] for p in pods}) == 1, "pod affinity: one node"
+    (small,) = results(ex.claim_of("pod-small", "mig"), cluster)
+    (large,) = results(ex.claim_of("pod-large", "mig"), cluster)
+    assert (small["pool"], small["device"]) == (large["pool"], large["device"]), "one instance"
+    assert small.get("shareID") and large.get("shareID")
+    assert small["shareID"] != large["shareID"]
+    assert (memory(small), memory(large)) == (parse_whole("2Gi"), parse_whole("4Gi"))
+    assert (compute_percent(small), compute_percent(large)) == (30, 60)
+    device = device_of(small, devices)
+    assert (attribute(device, "type"), attribute(device, "sharing")) == ("mig", "mps")
+    assert attribute(device, "placementStart") == 0
+    assert str(attribute(device, "profile")).startswith("1g.")
+    # The instance's MPS daemon is legacy: each share's caps are its client env (device
+    # 0, the one its clients see), printed by the pod before its device nodes.
+    for pod, mib, percent in (("pod-small", 2048, 30), ("pod-large", 4096, 60)):
+        text = ex.wait_logs(pod, "nvidia-cap")
+        assert MPS_ENV in text, f"pod {pod}: no {MPS_ENV} in its environment:\n{text}"
+        assert "nvidia-cap" in text, f"pod {pod}: no MIG capability nodes:\n{text}"
+        for entry in (
+            f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M",
+            f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}",
+        ):
+            assert entry in text, f"pod {pod}: no {entry} in its environment:\n{text}"
+        assert_device_status(ex, pod, "mig")
 
 
 def test_shared_claim_two_pods(cluster: Cluster, example: ApplyExample) -> None:
@@ -265,20 +330,48 @@ def test_shared_claim_two_pods(cluster: Cluster, example: ApplyExample) -> None:
         assert GPU_NODE.search(text), f"no /dev/nvidiaN device node in {pod}:\n{text}"
 
 
+def require_gpus(cluster: Cluster, count: int) -> None:
+    """Skip unless one node publishes ``count`` whole GPUs of ours (any sharing: on a
+    shareable GPU a request without capacity takes all of it)."""
+    nodes: dict[str, int] = {}
+    for device in published_devices(cluster).values():
+        if attribute(device, "type") == "gpu":
+            nodes[str(device["_node"])] = nodes.get(str(device["_node"]), 0) + 1
+    best = max(nodes.values(), default=0)
+    if best < count:
+        pytest.skip(f"needs a node with {count} GPUs of ours (not MIG); the most on one is {best}")
+
+
 def test_count_two_distinct(cluster: Cluster, example: ApplyExample) -> None:
-    require_native(cluster)
-    require_shareable_gpus(cluster, 2)
+    """Two whole GPUs in one request, distinct by uuid: both in the container, neither
+    an MPS share (two shares on two GPUs are refused at admission instead:
+    tests/e2e/test_admission_e2e.py)."""
+    if cluster.version < NATIVE:
+        pytest.skip(
+            "distinctAttribute: needs Kubernetes 1.36+ (DRAConsumableCapacity); this server is"
+            f" {cluster.version[0]}.{cluster.version[1]}, where it is silently dropped"
+        )
+    require_gpus(cluster, 2)
     ex = example("count-two-distinct")
     ex.wait_running()
     got = results(ex.claim_of("pod0", "gpus"), cluster)
     assert len(got) == 2, got
     devices = published_devices(cluster)
     pair = [device_of(r, devices) for r in got]
+    assert [attribute(d, "type") for d in pair] == ["gpu", "gpu"], pair
+    assert len({(r["pool"], r["device"]) for r in got}) == 2, f"two devices: {got}"
     assert attribute(pair[0], "uuid") != attribute(pair[1], "uuid"), "distinctAttribute"
-    for r in got:
-        assert r.get("shareID"), f"a share has a shareID: {r}"
-        assert memory(r) == parse_whole("10Gi")
-    assert_share_env(ex, "pod0", pair[0])
+    text = ex.wait_logs("pod0", "/dev/nvidia")
+    assert len(GPU_NODE.findall(text)) >= 2, f"pod0 does not see two GPU device nodes:\n{text}"
+    assert MPS_ENV not in text, f"whole GPUs have no MPS client env:\n{text}"
+    assert_device_status(ex, "pod0", "gpus")
+    claim = ex.claim_of("pod0", "gpus")
+    modes = [
+        (d.get("data") or {}).get("mode")
+        for d in (claim.get("status") or {}).get("devices") or []
+        if d.get("driver") == cluster.driver
+    ]
+    assert modes == ["exclusive", "exclusive"], f"prepared as whole GPUs: {modes}"
 
 
 def test_oversized_share_stays_pending_with_our_event(cluster: Cluster) -> None:
@@ -287,6 +380,8 @@ def test_oversized_share_stays_pending_with_our_event(cluster: Cluster) -> None:
     require_controller_path(cluster)
     namespace = "fgd-oversized"
     claims = cluster.resource("resource.k8s.io/v1", "ResourceClaim")
+    # A namespace left by an earlier run may still be Terminating: wait for its 404.
+    assert delete_namespace(cluster, namespace), f"{namespace}: left over and stuck"
     cluster.core.create_namespace({"metadata": {"name": namespace}})
     try:
         claims.create(
@@ -350,4 +445,4 @@ def test_oversized_share_stays_pending_with_our_event(cluster: Cluster) -> None:
         pod = cluster.core.read_namespaced_pod("pod0", namespace)
         assert pod.status.phase == "Pending"
     finally:
-        cluster.core.delete_namespace(namespace)
+        assert delete_namespace(cluster, namespace), f"{namespace}: not gone"

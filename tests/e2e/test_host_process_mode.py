@@ -7,13 +7,14 @@ CDI root the container runtime reads (``E2E_CDI_ROOT``, default
 ``/var/run/cdi``). The kubelet registers the plugin itself; each example's pods
 really start (kept on ``E2E_NODE_NAME``, or on the cluster's only node). The
 assertions read the claims' CDI spec files while the pods run, the pods' logs
-(``CUDA_MPS_PIPE_DIRECTORY`` for MPS shares, a ``/dev/nvidiaN`` node for every
-GPU), the plugin's ``status.devices`` entry on every claim, and, once the
-namespace is gone, that the kubelet's unprepare removed the specs. Our controller
-runs here too (``dra-driver controller``, Lease ``default/fgd-e2e-controller``)
-and the plugin publishes its GPUs for it, so the controller-path example runs by
-default beside the native ones. Run as a user who may write those directories (usually root); the
-chart's plugin must not serve this node at the same time.
+(``CUDA_MPS_PIPE_DIRECTORY`` for MPS shares, and a MIG instance's shares' limits; a
+``/dev/nvidiaN`` node for every GPU), the plugin's ``status.devices`` entry on every
+claim, and, once the namespace is gone, that the kubelet's unprepare removed the
+specs. Our controller runs here too (``dra-driver controller``, Lease
+``default/fgd-e2e-controller``) and the plugin publishes its GPUs for it, so the
+controller-path example runs by default beside the native ones. Run as a user who
+may write those directories (usually root); the chart's plugin must not serve this
+node at the same time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from tests.support.e2e_local_modes import (
     delete_node_slices,
     delete_quietly,
     ensure_device_classes,
+    mig_share_env,
+    node_config_args,
     ours,
     require_case,
     require_cluster_kubeconfig,
@@ -137,7 +140,7 @@ def host_driver(cluster: Cluster) -> Iterator[LocalDriver]:
         driver.start(
             kubeconfigs.plugin,
             mps_state,
-            guard,
+            [*guard, *node_config_args(work)],  # MPS-shared MIG GPU, as on kind
             controller_kubeconfig=kubeconfigs.controller,
             lease_namespace=E2E_NAMESPACE,
         )
@@ -155,12 +158,21 @@ def host_driver(cluster: Cluster) -> Iterator[LocalDriver]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def check_pod_logs(case: Case, example_pods: list[Obj], logs: dict[str, str], mps: bool) -> None:
+def check_pod_logs(
+    case: Case,
+    example_pods: list[Obj],
+    logs: dict[str, str],
+    mps: bool,
+    env: dict[str, list[str]],
+) -> None:
+    """``env``: entries each pod's environment must have, by pod name."""
     for pod in example_pods:
         name = pod["metadata"]["name"]
         text = logs[name]
         if case.share and mps:
             assert MPS_ENV in text, f"pod {name}: no {MPS_ENV} in its environment:\n{text}"
+        for entry in env.get(name, []):
+            assert entry in text, f"pod {name}: no {entry} in its environment:\n{text}"
         if case.mig:
             assert "nvidia-cap" in text, f"pod {name}: no MIG capability nodes:\n{text}"
         assert GPU_NODE.search(text), f"pod {name}: no /dev/nvidiaN device node:\n{text}"
@@ -189,11 +201,18 @@ def test_example_runs_with_the_local_plugin(
                 attribute(devices[r["pool"], r["device"]], "sharing") == "mps"
                 for r in ours(claim, cluster.driver)
             )
-        marker = MPS_ENV if case.share and mps else "/dev/nvidia"
+        # The pods print their env, then their device nodes (MIG capability nodes last).
+        marker = "nvidia-cap" if case.mig else MPS_ENV if case.share and mps else "/dev/nvidia"
         logs = {
             p["metadata"]["name"]: example.wait_logs(p["metadata"]["name"], marker) for p in pods
         }
-        check_pod_logs(case, pods, logs, mps)
+        env: dict[str, list[str]] = {}
+        if case.mps_mig:  # the share's limits, in its env (the instance's MPS is legacy)
+            env = {
+                pod: mig_share_env(ours(claim, cluster.driver)[0])
+                for (pod, _), claim in zip(case.claims, claims, strict=True)
+            }
+        check_pod_logs(case, pods, logs, mps, env)
     # The namespace is gone: the kubelet unprepared the claims, the specs went with them.
     deadline = time.monotonic() + 30
     left = [spec_path(host_driver.cdi_root, cluster.driver, uid) for uid in uids]

@@ -109,6 +109,9 @@ class Example:
     namespace: str
     objects: list[Obj]
     cluster: Cluster
+    driver_logs: Callable[[], str] | None = None
+    """The driver's last log lines where it runs as local processes (host-process and
+    control-plane modes); None: the chart's pods in ``cluster.driver_namespace``."""
 
     def pods(self) -> list[Obj]:
         return self.cluster.objects("v1", "Pod", namespace=self.namespace)
@@ -154,10 +157,29 @@ class Example:
                 return pods
             if time.monotonic() > deadline:
                 pytest.fail(
-                    f"{self.namespace}: pods not running after {self.cluster.timeout_s:.0f}s:\n"
-                    + _pods_summary(pods)
+                    f"{self.namespace}: pods not running after {self.cluster.timeout_s:.0f}s"
+                    f" (E2E_TIMEOUT)\n{self.waited_for()}"
                 )
             time.sleep(POLL_S)
+
+    def waited_for(self, log_lines: int = 30) -> str:
+        """What a wait that timed out waited for: the pods, the namespace's latest
+        events, each claim's status, the driver's last log lines."""
+        logs = self.driver_logs or (lambda: plugin_logs(self.cluster, log_lines))
+        return "".join(
+            [
+                section(f"pods in {self.namespace}", lambda: _pods_summary(self.pods())),
+                section(
+                    f"latest events in {self.namespace}",
+                    lambda: _events(self.cluster, self.namespace, last=15),
+                ),
+                section(
+                    f"ResourceClaims in {self.namespace}",
+                    lambda: "\n".join(claim_summary(c) for c in self.claims()) or "  (none)",
+                ),
+                section("the driver's last log lines", logs),
+            ]
+        )
 
     def wait_logs(self, pod_name: str, marker: str) -> str:
         """The pod's log once it contains ``marker`` (the pods print, then sleep)."""
@@ -216,9 +238,46 @@ def section(title: str, produce: Callable[[], str]) -> str:
     return f"===== {title}\n{body}\n"
 
 
-def _events(cluster: Cluster, namespace: str) -> str:
+def claim_summary(claim: Obj) -> str:
+    """One claim's status in a few lines: its allocation, who it is reserved for, the
+    driver's ``status.devices`` conditions, and whether it is being deleted."""
+    meta = claim["metadata"]
+    status = claim.get("status") or {}
+    allocation = status.get("allocation")
+    lines = [f"  claim {meta['name']}" + (" (deleting)" if meta.get("deletionTimestamp") else "")]
+    if not allocation:
+        lines.append("    not allocated")
+    else:
+        for r in (allocation.get("devices") or {}).get("results") or []:
+            consumed = r.get("consumedCapacity")
+            lines.append(
+                f"    allocated {r.get('request')}: {r.get('driver')} {r.get('pool')}/"
+                f"{r.get('device')}" + (f" consumed {consumed}" if consumed else "")
+            )
+    reserved = [f"{r.get('resource')}/{r.get('name')}" for r in status.get("reservedFor") or []]
+    lines.append(f"    reservedFor: {', '.join(reserved) or '-'}")
+    for device in status.get("devices") or []:
+        conditions = ", ".join(
+            " ".join(
+                str(part)
+                for part in (
+                    f"{c.get('type')}={c.get('status')}",
+                    c.get("reason"),
+                    c.get("message"),
+                )
+                if part
+            )
+            for c in device.get("conditions") or []
+        )
+        lines.append(f"    status.devices {device.get('device')}: {conditions or '-'}")
+    return "\n".join(lines)
+
+
+def _events(cluster: Cluster, namespace: str, last: int | None = None) -> str:
     events = cluster.objects("v1", "Event", namespace=namespace)
     events.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    if last is not None:
+        events = events[-last:]
     return "\n".join(
         f"{e.get('lastTimestamp') or e.get('eventTime')} {e.get('type')} {e.get('reason')}"
         f" {e['involvedObject'].get('kind')}/{e['involvedObject'].get('name')}: {e.get('message')}"
@@ -226,16 +285,17 @@ def _events(cluster: Cluster, namespace: str) -> str:
     )
 
 
-def plugin_logs(cluster: Cluster) -> str:
+def plugin_logs(cluster: Cluster, tail: int = 80) -> str:
+    """The last ``tail`` lines of every container of the chart's pods."""
     out = []
     for pod in cluster.objects("v1", "Pod", namespace=cluster.driver_namespace):
         name = pod["metadata"]["name"]
         for ctr in pod["spec"]["containers"]:
             text = cluster.core.read_namespaced_pod_log(
-                name, cluster.driver_namespace, container=ctr["name"], tail_lines=80
+                name, cluster.driver_namespace, container=ctr["name"], tail_lines=tail
             )
-            out.append(f"--- {name}/{ctr['name']} (last 80 lines)\n{text}")
-    return "\n".join(out)
+            out.append(f"--- {name}/{ctr['name']} (last {tail} lines)\n{text}")
+    return "\n".join(out) or f"  (no pods in {cluster.driver_namespace})"
 
 
 def diagnostics(cluster: Cluster, namespace: str) -> str:

@@ -17,7 +17,10 @@ on the node under test; ``E2E_IMAGE`` replaces the pods' images and sets
 
 Environment (besides ``tests/e2e/conftest.py``'s): ``E2E_MODE``; ``E2E_NODE_NAME``;
 ``E2E_FAKE_GPUS`` (the plugin's fake GPUs, default the kind install's,
-``h100-80gb:3,h100-80gb:1:mig``);
+``h100-80gb:3,h100-80gb:2:mig``; the MIG-enabled GPU ``MPS_MIG_GPU``, 4, gets its
+own node-config entry ``sharing: mps`` (and stays the scheduler's), as the kind
+install gives it, where the set has it; a set without it skips ``mig-mps-shares``,
+saying so);
 ``E2E_IMAGE``; ``E2E_KUBELET_ROOT`` and ``E2E_CDI_ROOT`` (host-process mode).
 """
 
@@ -41,6 +44,8 @@ import pytest
 import yaml
 
 from dra_driver.base.ids import ClaimRef, ClaimUID
+from dra_driver.base.quantity import parse_whole
+from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
 from tests.support.chart import helm_binary
 from tests.support.cluster import (
@@ -69,13 +74,44 @@ def selected_mode() -> str:
     return os.environ.get("E2E_MODE") or DEFAULT_MODE
 
 
-KIND_FAKE_GPUS = "h100-80gb:3,h100-80gb:1:mig"
+KIND_FAKE_GPUS = "h100-80gb:3,h100-80gb:2:mig"
 """What ``hack/kind/install-driver.sh`` gives every node (hack/kind/common.sh FAKE_GPUS):
-the local modes default to the same GPUs, a MIG-enabled one included."""
+the local modes default to the same GPUs, two MIG-enabled ones included."""
+MPS_MIG_GPU = 4
+"""The MIG-enabled GPU whose MIG instances are MPS-shared (hack/kind/common.sh
+MPS_MIG_GPU): its own node-config entry says ``sharing: mps``."""
 
 
 def fake_gpus() -> str:
     return os.environ.get("E2E_FAKE_GPUS") or KIND_FAKE_GPUS
+
+
+def mig_gpus() -> list[int]:
+    """Indices of the MIG-enabled GPUs among the fake GPUs."""
+    inventory = build_inventory(load_spec(fake_gpus()), "e2e")
+    return [gpu.index for gpu in inventory.gpus if gpu.mig_enabled]
+
+
+def mps_mig_gpu() -> int | None:
+    """``MPS_MIG_GPU`` when the fake GPUs have it with MIG on, else None."""
+    return MPS_MIG_GPU if MPS_MIG_GPU in mig_gpus() else None
+
+
+def node_config_args(directory: str) -> list[str]:
+    """The plugin's ``--node-config``, written in ``directory``, as the kind install's
+    per-node entry: GPU ``MPS_MIG_GPU`` with ``sharing: mps``; none without that GPU.
+
+    The entry also keeps that GPU the scheduler's, as on kind: where the local modes
+    run the controller they publish every other GPU for it (``--allocator
+    controller``), and its best fit would put the controller-path share on one of
+    this GPU's MPS-shared MIG partitions."""
+    index = mps_mig_gpu()
+    if index is None:
+        return []
+    path = Path(directory) / "node-config.yaml"
+    entry = {"sharing": "mps", "allocator": "scheduler"}
+    path.write_text(yaml.safe_dump({"gpus": {str(index): entry}}))
+    return ["--node-config", str(path)]
 
 
 # --- the examples as the local modes apply them -----------------------------------------
@@ -95,6 +131,10 @@ class Case:
     native: bool = False
     """Needs 1.36+ (consumable capacity; MIG partitions)."""
     mig: bool = False
+    """MIG devices: the pods see the instance's capability nodes."""
+    mps_mig: bool = False
+    """Shares of a MIG instance: needs the MPS-shared MIG GPU (``MPS_MIG_GPU``); else
+    (``mig``) an exclusive MIG instance, of any other MIG-enabled GPU."""
 
 
 CASES = (
@@ -107,8 +147,16 @@ CASES = (
         native=True,
     ),
     Case("shared-claim-two-pods", (("pod0", "gpu"),)),
-    Case("count-two-distinct", (("pod0", "gpus"),), devices=2, share=True, native=True),
+    Case("count-two-distinct", (("pod0", "gpus"),), devices=2, native=True),
     Case("mig-1g-by-cel", (("pod0", "mig"),), native=True, mig=True),
+    Case(
+        "mig-mps-shares",
+        (("pod-small", "mig"), ("pod-large", "mig")),
+        share=True,
+        native=True,
+        mig=True,
+        mps_mig=True,
+    ),
     Case("controller-path-share", (("pod0", "gpu"),), share=True),
 )
 
@@ -124,10 +172,18 @@ def require_case(case: Case, cluster: Cluster) -> None:
             f"{case.name}: needs Kubernetes 1.36+ (consumable capacity / partitionable"
             f" devices); this server is {cluster.version[0]}.{cluster.version[1]}"
         )
-    if case.mig and ":mig" not in fake_gpus():
+    if case.mps_mig and mps_mig_gpu() is None:
         pytest.skip(
-            f"{case.name}: no MIG-enabled fake GPU in E2E_FAKE_GPUS={fake_gpus()!r}"
-            " (add one, e.g. h100-80gb:2,h100-80gb:1:mig)"
+            f"{case.name}: E2E_FAKE_GPUS={fake_gpus()!r} has no MIG-enabled GPU"
+            f" {MPS_MIG_GPU} (MPS_MIG_GPU), the one whose node-config entry says sharing:"
+            " mps here, so no MIG instance is MPS-shared (the default set has it:"
+            f" {KIND_FAKE_GPUS})"
+        )
+    if case.mig and not case.mps_mig and not set(mig_gpus()) - {mps_mig_gpu()}:
+        pytest.skip(
+            f"{case.name}: no MIG-enabled fake GPU with exclusive instances in"
+            f" E2E_FAKE_GPUS={fake_gpus()!r} (GPU {MPS_MIG_GPU}'s are MPS-shared; add one,"
+            f" e.g. {KIND_FAKE_GPUS})"
         )
     if (
         case.name == "controller-path-share"
@@ -188,7 +244,9 @@ def applied(
     )
     namespace = next(o["metadata"]["name"] for o in objects if o["kind"] == "Namespace")
     assert delete_namespace(cluster, namespace), f"{namespace}: left over and stuck"
-    example = Example(name=name, namespace=namespace, objects=objects, cluster=cluster)
+    example = Example(
+        name=name, namespace=namespace, objects=objects, cluster=cluster, driver_logs=driver_logs
+    )
     try:
         for obj in objects:
             apply_object(cluster, obj)
@@ -227,7 +285,10 @@ def claim_name_of(example: Example, pod_name: str, entry: str, timeout_s: float)
         if name:
             return str(name)
         if time.monotonic() > deadline:
-            pytest.fail(f"pod {pod_name}: no ResourceClaim generated for {entry!r}")
+            pytest.fail(
+                f"pod {pod_name}: no ResourceClaim generated for {entry!r} after"
+                f" {timeout_s:.0f}s\n{example.waited_for()}"
+            )
         time.sleep(POLL_S)
 
 
@@ -244,7 +305,7 @@ def wait_allocated(example: Example, pod_name: str, entry: str) -> Obj:
         if time.monotonic() > deadline:
             pytest.fail(
                 f"{example.namespace}/{name}: not allocated after {timeout:.0f}s"
-                " (pods: see the diagnostics)"
+                f" (E2E_TIMEOUT)\n{example.waited_for()}"
             )
         time.sleep(POLL_S)
 
@@ -292,7 +353,8 @@ def check_spec(
     cluster: Cluster, cdi_root: str, claim: Obj, case: Case, node: str
 ) -> tuple[Obj, list[Obj]]:
     """The claim's CDI spec: present, of our kind, with a device per allocated result;
-    MPS edits for a share of an MPS-shared GPU. Returns the spec and our results."""
+    MPS edits for a share of an MPS-shared GPU, and a MIG instance's share's limits.
+    Returns the spec and our results."""
     results = ours(claim, cluster.driver)
     assert len(results) == case.devices, f"{case.name}: results {results}"
     path = spec_path(cdi_root, cluster.driver, claim["metadata"]["uid"])
@@ -311,7 +373,34 @@ def check_spec(
                 assert any(e.startswith(MPS_ENV) for e in env), (
                     f"{case.name}: no {MPS_ENV} in {path}: {env}"
                 )
+        if case.mig:
+            device = devices[key]
+            wanted = ("mig", "mps" if case.mps_mig else "exclusive")
+            got = (attribute(device, "type"), attribute(device, "sharing"))
+            assert got == wanted, f"{case.name}: {key} is a {got} device, not {wanted}: {device}"
+        if case.mps_mig:
+            missing = set(mig_share_env(result)) - set(spec_env(spec))
+            assert not missing, f"{case.name}: no {sorted(missing)} in {path}: {spec_env(spec)}"
     return spec, results
+
+
+def consumed(result: Obj) -> tuple[int, int]:
+    """(memory bytes, computePercent) a share consumes, as the allocation says."""
+    capacity = result.get("consumedCapacity") or {}
+    assert {"memory", "computePercent"} <= set(capacity), f"consumedCapacity of {result}"
+    return parse_whole(capacity["memory"]), parse_whole(capacity["computePercent"])
+
+
+def mig_share_env(result: Obj) -> list[str]:
+    """The caps of a share of an MPS-shared MIG instance in its containers' env: the
+    instance's MPS daemon is always legacy, so a share's limits are client env, the
+    device named ``0`` (the one device its clients see); the amounts are the
+    allocation's."""
+    memory, percent = consumed(result)
+    return [
+        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={memory // 2**20}M",
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}",
+    ]
 
 
 def check_prepared(
@@ -380,6 +469,15 @@ def wait_status_devices(example: Example, claim: Obj, driver: str, timeout_s: fl
 
 def check_case_specifics(case: Case, claims: list[Obj], driver: str) -> None:
     """What an example promises beyond one device per result."""
+    if case.name == "mig-mps-shares":
+        small, large = (ours(c, driver)[0] for c in claims)
+        assert (small["pool"], small["device"]) == (large["pool"], large["device"]), (
+            "one MIG instance"
+        )
+        assert small["shareID"] != large["shareID"]
+        assert [consumed(r) for r in (small, large)] == [(2 * 2**30, 30), (4 * 2**30, 60)], (
+            "the limits as written (2Gi/30 %, 4Gi/60 %)"
+        )
     if case.name == "two-pods-different-limits":
         small, large = (ours(c, driver)[0] for c in claims)
         assert (small["pool"], small["device"]) == (large["pool"], large["device"]), "one GPU"
