@@ -3,7 +3,9 @@
 For an API server with scheduler and controller manager but no node: the test
 creates a Node object (``E2E_NODE_NAME``, default ``fgd-e2e-node``, with the
 opt-in label and a Ready status, so the scheduler considers it), runs the
-kubelet plugin and the mps-agent here with the fake backend, waits for the
+kubelet plugin, the mps-agent (fake backend) and our controller here (each as its
+chart ServiceAccount; the plugin publishes its GPUs for the controller too, so
+the controller-path example runs beside the native ones), waits for the
 node's ResourceSlices, applies each example (its pods kept on that node and
 tolerating the not-ready/unreachable taints that appear with no kubelet), waits
 until the scheduler allocated every claim, then plays the kubelet: registers
@@ -30,7 +32,7 @@ import pytest
 from dra_driver.fakes.kubelet import PrepareResult
 from dra_driver.fakes.objects import node_object
 from tests.support.cluster import Cluster
-from tests.support.e2e_identities import chart_identities
+from tests.support.e2e_identities import E2E_NAMESPACE, chart_identities
 from tests.support.e2e_local_modes import (
     OPT_IN_LABEL,
     Case,
@@ -127,8 +129,16 @@ def local_node(cluster: Cluster) -> Iterator[LocalDriver]:
         # The plugin as its ServiceAccount (token bound to the Node just created), under
         # the RBAC and admission policies the chart installs for it.
         identities = chart_identities(cluster, name, kubeconfig, root, guard=False)
-        # The kind install's node config: an MPS-shared MIG GPU (mig-mps-shares).
-        driver.start(stack.enter_context(identities).plugin, dirs["mps"], node_config_args(root))
+        kubeconfigs = stack.enter_context(identities)
+        # The kind install's node config: an MPS-shared MIG GPU (mig-mps-shares). Our
+        # controller too, as its ServiceAccount, for the controller-path example.
+        driver.start(
+            kubeconfigs.plugin,
+            dirs["mps"],
+            node_config_args(root),
+            controller_kubeconfig=kubeconfigs.controller,
+            lease_namespace=E2E_NAMESPACE,
+        )
         driver.wait_registration_socket()
         driver.wait_slices(cluster)
         yield driver
