@@ -128,8 +128,9 @@ class Case:
     """Devices of ours per claim."""
     share: bool = False
     """A capacity share: a shareID, and MPS edits when the GPU is MPS-shared."""
-    native: bool = False
-    """Needs 1.36+ (consumable capacity; MIG partitions)."""
+    needs: str = ""
+    """What of 1.36+ the example needs that 1.34/1.35 lack (named in its skip there);
+    empty: it runs on 1.34."""
     mig: bool = False
     """MIG devices: the pods see the instance's capability nodes."""
     mps_mig: bool = False
@@ -137,23 +138,35 @@ class Case:
     (``mig``) an exclusive MIG instance, of any other MIG-enabled GPU."""
 
 
+CONSUMABLE = "consumable capacity (capacity.requests; DRAConsumableCapacity)"
+
 CASES = (
     Case("whole-gpu", (("pod0", "gpu"),)),
-    Case("vram-share", (("pod0", "gpu"),), share=True, native=True),
+    Case("vram-share", (("pod0", "gpu"),), share=True, needs=CONSUMABLE),
     Case(
         "two-pods-different-limits",
         (("pod-small", "gpu"), ("pod-large", "gpu")),
         share=True,
-        native=True,
+        needs=CONSUMABLE,
     ),
     Case("shared-claim-two-pods", (("pod0", "gpu"),)),
-    Case("count-two-distinct", (("pod0", "gpus"),), devices=2, native=True),
-    Case("mig-1g-by-cel", (("pod0", "mig"),), native=True, mig=True),
+    Case(
+        "count-two-distinct",
+        (("pod0", "gpus"),),
+        devices=2,
+        needs="distinctAttribute constraints (DRAConsumableCapacity)",
+    ),
+    Case(
+        "mig-1g-by-cel",
+        (("pod0", "mig"),),
+        mig=True,
+        needs="MIG instances made on demand (partitionable devices; DRAPartitionableDevices)",
+    ),
     Case(
         "mig-mps-shares",
         (("pod-small", "mig"), ("pod-large", "mig")),
         share=True,
-        native=True,
+        needs="MPS-shared MIG instances (DRAPartitionableDevices and DRAConsumableCapacity)",
         mig=True,
         mps_mig=True,
     ),
@@ -167,10 +180,10 @@ def case_params() -> list[Any]:
 
 def require_case(case: Case, cluster: Cluster) -> None:
     """Skip, with the reason, a case this cluster or these fake GPUs cannot run."""
-    if case.native and cluster.version < NATIVE:
+    if case.needs and cluster.version < NATIVE:
         pytest.skip(
-            f"{case.name}: needs Kubernetes 1.36+ (consumable capacity / partitionable"
-            f" devices); this server is {cluster.version[0]}.{cluster.version[1]}"
+            f"{case.name}: needs Kubernetes 1.36+ for {case.needs}; this server is"
+            f" {cluster.version[0]}.{cluster.version[1]}"
         )
     if case.mps_mig and mps_mig_gpu() is None:
         pytest.skip(
