@@ -21,12 +21,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.test_examples_e2e import require_native as examples_require_native
 from tests.support.cluster import Cluster, delete_namespace
 from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 
-NATIVE = (1, 36)
 NAMESPACE = "fgd-e2e-admission"
 POLICY_SUFFIX = "-mps-shares-one-daemon"
 
@@ -50,12 +50,9 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 
 
 def require_native(cluster: Cluster) -> None:
-    if cluster.version < NATIVE:
-        pytest.skip(
-            f"native-path share: needs Kubernetes 1.36+ (DRAConsumableCapacity); this server is"
-            f" {cluster.version[0]}.{cluster.version[1]}, where capacity.requests is silently"
-            " dropped before admission, so the claim is a whole-GPU claim the policy admits"
-        )
+    examples_require_native(
+        cluster, "before admission, so the claim is a whole-GPU claim the policy admits"
+    )
 
 
 def two_shares(constraint: Obj) -> Obj:

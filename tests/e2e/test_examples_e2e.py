@@ -92,12 +92,16 @@ def require_controller_path(cluster: Cluster) -> None:
         )
 
 
-def require_native(cluster: Cluster) -> None:
+def require_native(
+    cluster: Cluster, dropped: str = "and the claim would become a whole-GPU claim"
+) -> None:
+    """Skip below 1.36, where capacity.requests is silently dropped, ``dropped`` saying
+    what that does to the test's claim."""
     if cluster.version < NATIVE:
         pytest.skip(
             f"native-path share: needs Kubernetes 1.36+ (DRAConsumableCapacity); this server is"
             f" {cluster.version[0]}.{cluster.version[1]}, where capacity.requests is silently"
-            " dropped and the claim would become a whole-GPU claim"
+            f" dropped {dropped}"
         )
 
 

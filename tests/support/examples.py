@@ -127,3 +127,13 @@ def pod_image(obj: Obj) -> Obj:
         ctr["image"] = image
         ctr["imagePullPolicy"] = "Never"
     return obj
+
+
+def claim_of_template(name: str, namespace: str, driver: str = PLACEHOLDER) -> Obj:
+    """A ResourceClaim as the example ``name``'s one ResourceClaimTemplate would make
+    it in ``namespace`` (name ``c``, uid ``u1``): what an allocator is handed."""
+    (template,) = [o for o in render_example(name, driver) if o["kind"] == "ResourceClaimTemplate"]
+    return {
+        "metadata": {"namespace": namespace, "name": "c", "uid": "u1"},
+        "spec": template["spec"]["spec"],
+    }

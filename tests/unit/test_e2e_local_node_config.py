@@ -32,7 +32,7 @@ from tests.support.e2e_local_modes import (
     node_config_args,
     require_case,
 )
-from tests.support.examples import PLACEHOLDER, render_example
+from tests.support.examples import PLACEHOLDER, claim_of_template
 
 CLUSTER_1_36 = cast(Cluster, SimpleNamespace(version=(1, 36)))
 
@@ -93,15 +93,7 @@ def test_the_controller_share_stays_on_a_whole_gpu(
         settings=settings(tmp_path, "controller"),
         capabilities=Capabilities.for_version(36),
     )
-    (template,) = [
-        o
-        for o in render_example("controller-path-share", PLACEHOLDER)
-        if o["kind"] == "ResourceClaimTemplate"
-    ]
-    claim = {
-        "metadata": {"namespace": "ns", "name": "c", "uid": "u1"},
-        "spec": template["spec"]["spec"],
-    }
+    claim = claim_of_template("controller-path-share", "ns")
     outcome = allocate(
         claim,
         slices=[{"spec": s.spec} for s in built],

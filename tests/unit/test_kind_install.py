@@ -29,7 +29,7 @@ from dra_driver.core.slices import build_slices
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.plugin.node_config import NodeFlags, load_node_settings
 from tests.support.allocator import CLASSES
-from tests.support.examples import PLACEHOLDER, render_example
+from tests.support.examples import PLACEHOLDER, claim_of_template, render_example
 
 ROOT = Path(__file__).resolve().parents[2]
 _LOCAL_HELM = ROOT / "hack" / "bin" / "helm"
@@ -277,15 +277,7 @@ def test_the_controller_share_lands_on_the_controller_gpu(tmp_path: Path) -> Non
     """The controller packs controller-path-share onto GPU 2, the one GPU published for
     it; GPU 4's MPS-shared MIG partitions are the scheduler's."""
     docs = install(tmp_path)
-    (template,) = [
-        o
-        for o in render_example("controller-path-share", PLACEHOLDER)
-        if o["kind"] == "ResourceClaimTemplate"
-    ]
-    claim = {
-        "metadata": {"namespace": "fgd-controller-path-share", "name": "c", "uid": "u1"},
-        "spec": template["spec"]["spec"],
-    }
+    claim = claim_of_template("controller-path-share", "fgd-controller-path-share")
     outcome = allocate(
         claim,
         slices=published(docs, tmp_path),
