@@ -95,14 +95,39 @@ class DaemonShares:
         exists = share.namespace in self._namespaces
         try:
             await self._control.run_all(cmd.render_v3_apply(share, exists))
-        except DaemonError:
+        except DaemonError as first:
             # Our view may be stale (a half-done earlier attempt): look, then retry once.
             await self.refresh()
-            for call in cmd.render_v3_apply(share, share.namespace in self._namespaces):
-                await self._control.run(call)
+            try:
+                for call in cmd.render_v3_apply(share, share.namespace in self._namespaces):
+                    await self._control.run(call)
+            except DaemonError as second:
+                await self._drop_unlimited(share, first, second)
         self._namespaces.add(share.namespace)
         # The container's pipe mount needs the directory even before a client connects.
         os.makedirs(self.namespace_dir(share.namespace), exist_ok=True)
+
+    async def _drop_unlimited(
+        self, share: ShareLimits, first: DaemonError, second: DaemonError
+    ) -> None:
+        """The share's limits could not be set: a namespace the daemon holds without
+        them would give a client the whole GPU ("a namespace that sets no limits gets
+        the whole GPU", MPS v3 docs), so it goes, and the apply fails with what each
+        attempt and the deletion answered."""
+        await self.refresh()
+        outcome = "it was never created"
+        if share.namespace in self._namespaces:
+            try:
+                await self._control.run(cmd.v3_namespace_delete(share.namespace))
+            except DaemonError as err:
+                outcome = f"deleting it failed too, so it may hold no limits: {err}"
+            else:
+                outcome = "it was deleted, so no client runs in it without them"
+                self._namespaces.discard(share.namespace)
+        raise DaemonError(
+            f"GPU {self._gpu_uuid}: the limits of MPS namespace {share.namespace} could not"
+            f" be set ({outcome}); first attempt: {first}; retry: {second}"
+        ) from second
 
     async def remove(self, share: ShareLimits, remaining: Sequence[ShareLimits]) -> None:
         """Drop one share (others remain; the last share stops the daemon instead)."""
