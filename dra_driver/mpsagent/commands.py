@@ -413,10 +413,11 @@ def in_private_shm(
 ) -> list[str]:
     """``argv`` run in a private mount namespace with ``shm_dir`` bind-mounted on /dev/shm.
 
-    MPS clients and servers share memory through ``/dev/shm``, which the MPS tools
-    offer no way to relocate (unlike the pipe and log directories); the containers
-    get the GPU's shm directory at ``/dev/shm`` through CDI, so the daemon, and the
-    servers it forks, must see that directory there too. ``unshare`` and ``sh``
+    Legacy MPS clients and servers are taken to share memory through ``/dev/shm``,
+    which the MPS tools offer no way to relocate (unlike the pipe and log
+    directories); a legacy share's containers get the GPU's shm directory at
+    ``/dev/shm`` through CDI, so the daemon, and the servers it forks, must see that
+    directory there too. ``unshare`` and ``sh``
     ``exec`` in turn, so the daemon keeps the PID the agent started. Needs
     CAP_SYS_ADMIN (``unshare`` adds ``--user --map-root-user`` in tests).
     """
@@ -475,24 +476,25 @@ def share_cdi_edits(share: ShareInfo) -> MpsContainerEdits:
     Both protocols: the share's pipe directory mounted at its own host path, with
     ``CUDA_MPS_PIPE_DIRECTORY`` set to that path, as NVIDIA's Dynamo guide "Per-GPU
     Compute and Memory Limits with MPS" mounts it (any path the daemon or server
-    names to a client then means the same inside the container), and the GPU's
-    shm directory at ``/dev/shm``. v3: the pipe directory is the share's namespace
-    directory, so the limits are the daemon's and the container cannot reach
-    another namespace. Legacy: the GPU's whole pipe directory, plus the share's
-    caps in the environment (cooperative). A client has one
-    ``CUDA_MPS_PIPE_DIRECTORY`` (docs:appendix-environment-variables), so it
-    reaches one daemon: one GPU's shares (the plugin refuses a request whose MPS
-    shares are on two; :func:`dra_driver.core.prepare.mps_daemon_conflicts`).
+    names to a client then means the same inside the container). v3: the pipe
+    directory is the share's namespace directory, so the limits are the daemon's
+    and the container cannot reach another namespace; the container keeps its own
+    ``/dev/shm``, as the guide's verified v3 container does (only the namespace
+    directory is mounted there), so no claim's container sees another's POSIX shared
+    memory (docs/nvidia-interfaces.md ``cdi-mps-mounts``: unverified on a GPU until
+    ``dra-driver gpu-check`` runs a client so). Legacy: the GPU's whole pipe
+    directory and the GPU's shm directory at ``/dev/shm`` (as NVIDIA's device plugin
+    and DRA driver give legacy clients their daemon's shm), plus the share's caps in
+    the environment (cooperative). A client has one ``CUDA_MPS_PIPE_DIRECTORY``
+    (docs:appendix-environment-variables), so it reaches one daemon: one GPU's
+    shares (the plugin refuses a request whose MPS shares are on two;
+    :func:`dra_driver.core.prepare.mps_daemon_conflicts`).
     """
     env = [f"CUDA_MPS_PIPE_DIRECTORY={share.pipe_dir}"]
+    mounts = [MpsMount(share.pipe_dir, share.pipe_dir)]
     if share.protocol == "legacy":
         env += legacy_client_env(
             share.gpu_uuid, share.memory_limit_bytes, share.active_thread_percentage
         )
-    return MpsContainerEdits(
-        env=tuple(env),
-        mounts=(
-            MpsMount(share.pipe_dir, share.pipe_dir),
-            MpsMount(share.shm_dir, CONTAINER_SHM_DIR),
-        ),
-    )
+        mounts.append(MpsMount(share.shm_dir, CONTAINER_SHM_DIR))
+    return MpsContainerEdits(env=tuple(env), mounts=tuple(mounts))

@@ -9,11 +9,14 @@ The daemon runs with only its GPU visible and its own pipe and log directories;
 its control shell (and any command run as a process) gets the same environment,
 so it reaches this GPU's daemon.
 
-The shm directory: MPS clients and their server share POSIX shared memory in
-``/dev/shm``, a path the MPS tools do not let us change (no environment
-variable or option names another one). Containers get the GPU's shm directory
-mounted at ``/dev/shm`` through CDI, so the daemon (and the servers it spawns)
-must see that same directory as *their* ``/dev/shm``, not the agent pod's own.
+The shm directory: legacy MPS clients and their server are taken to share POSIX
+shared memory in ``/dev/shm`` (NVIDIA's device plugin and DRA driver give them
+their daemon's), a path the MPS tools do not let us change (no environment
+variable or option names another one). A legacy share's containers get the GPU's
+shm directory mounted at ``/dev/shm`` through CDI, so the daemon (and the servers
+it spawns) must see that same directory as *their* ``/dev/shm``, not the agent
+pod's own. v3 shares' containers keep their own ``/dev/shm``, as NVIDIA's verified
+v3 container does (:func:`.commands.share_cdi_edits`).
 With ``shm_namespace`` set (the ``unshare`` command, see
 :func:`.commands.in_private_shm`), the daemon and every command run in a
 private mount namespace with the GPU's shm directory bind-mounted on

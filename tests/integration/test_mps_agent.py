@@ -88,9 +88,10 @@ def test_v3_daemon_and_namespaces_follow_the_shares(v3_node: Node) -> None:
             edits = share_cdi_edits(a)
             # The pipe directory at its host path (finding 8), within the socket limit.
             assert edits.env == (f"CUDA_MPS_PIPE_DIRECTORY={a.pipe_dir}",)
+            # Only the namespace's directory: the container keeps its own /dev/shm
+            # (issue 33: no shared memory across claims).
             assert [(m.host_path, m.container_path) for m in edits.mounts] == [
                 (a.pipe_dir, a.pipe_dir),
-                (a.shm_dir, "/dev/shm"),
             ]
             assert stat.S_ISSOCK(os.lstat(os.path.join(a.pipe_dir, "control")).st_mode)
 
