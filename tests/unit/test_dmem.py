@@ -476,7 +476,8 @@ def test_the_engine_keeps_the_hook_beside_the_shares_mounts() -> None:
         (hook,) = device.edits.hooks
         assert hook.args[hook.args.index("--max") + 1] == str(6 * GIB)
         paths = {m.container_path for m in device.edits.mounts}
-        assert paths == {"/run/mps/pipe/shares/s_x", "/dev/shm"}
+        # A v3 share: only the namespace's directory (the container keeps its /dev/shm).
+        assert paths == {"/run/mps/pipe/shares/s_x"}
     assert cdi_spec_problems(render_spec(spec)) == []
 
 
