@@ -326,24 +326,39 @@ def diagnostics(cluster: Cluster, namespace: str) -> str:
 
 def delete_namespace(cluster: Cluster, namespace: str) -> bool:
     """Delete ``namespace`` and wait until it is gone; False on timeout."""
+    return delete_and_wait(
+        cluster,
+        lambda: cluster.core.delete_namespace(namespace),
+        lambda: cluster.core.read_namespace(namespace),
+    )
+
+
+def delete_and_wait(
+    cluster: Any, delete: Callable[[], object], read: Callable[[], object], poll_s: float = POLL_S
+) -> bool:
+    """``delete()`` an object, then ``read()`` it until the API server answers 404: a
+    real one keeps what a finalizer holds (a namespace stays ``Terminating`` until its
+    content is gone), and a create of its name meanwhile is refused. False after
+    ``cluster.delete_timeout_s``."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        cluster.core.delete_namespace(namespace)
+        delete()
     except ApiException as err:
         if err.status == 404:
             return True
         raise
     deadline = time.monotonic() + cluster.delete_timeout_s
-    while time.monotonic() < deadline:
+    while True:
         try:
-            cluster.core.read_namespace(namespace)
+            read()
         except ApiException as err:
             if err.status == 404:
                 return True
             raise
-        time.sleep(POLL_S)
-    return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
 
 
 def apply_object(cluster: Cluster, obj: Obj) -> None:

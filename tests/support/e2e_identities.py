@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from tests.support.chart import CHART, helm_binary
-from tests.support.cluster import delete_namespace
+from tests.support.cluster import delete_and_wait, delete_namespace
 from tests.support.examples import Obj
 
 E2E_RELEASE = "fgd-e2e"
@@ -108,7 +108,13 @@ def install(cluster: Any, docs: Sequence[Obj]) -> Iterator[Obj]:
             if doc is namespace:
                 gone = delete_namespace(cluster, E2E_NAMESPACE)
             else:
-                gone = _delete_and_wait(cluster, resource, doc["metadata"]["name"], namespaced)
+                name = doc["metadata"]["name"]
+                gone = delete_and_wait(
+                    cluster,
+                    functools.partial(resource.delete, name=name, **namespaced),
+                    functools.partial(resource.get, name=name, **namespaced),
+                    poll_s=_DELETE_POLL_S,
+                )
             if not gone:
                 raise RuntimeError(
                     f"{doc['kind']}/{doc['metadata']['name']}: still there "
@@ -116,28 +122,6 @@ def install(cluster: Any, docs: Sequence[Obj]) -> Iterator[Obj]:
                 ) from err
             resource.create(body=doc, **namespaced)
         yield doc
-
-
-def _delete_and_wait(cluster: Any, resource: Any, name: str, namespaced: dict[str, str]) -> bool:
-    """Delete ``name`` and wait for its 404; False after ``cluster.delete_timeout_s``."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        resource.delete(name=name, **namespaced)
-    except ApiException as err:
-        if err.status != 404:
-            raise
-    deadline = time.monotonic() + cluster.delete_timeout_s
-    while True:
-        try:
-            resource.get(name=name, **namespaced)
-        except ApiException as err:
-            if err.status == 404:
-                return True
-            raise
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_DELETE_POLL_S)
 
 
 def uninstall(cluster: Any, created: Sequence[Obj]) -> None:
