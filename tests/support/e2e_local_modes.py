@@ -4,7 +4,7 @@
 installed with the chart, ``test_examples_e2e.py``), ``control-plane`` (a cluster
 without kubelets: ``test_control_plane_mode.py``) or ``host-process`` (the
 cluster's node runs a real kubelet on this host: ``test_host_process_mode.py``).
-The tests of the other modes are skipped with the reason (``tests/e2e/conftest.py``).
+The tests of the other modes are deselected (``tests/e2e/conftest.py``).
 
 In both local modes the driver runs on this machine as two processes, the
 kubelet plugin (``--backend fake``) and the mps-agent (``--mps-control fake``),
