@@ -40,7 +40,14 @@ from dra_driver.core.prepare import (
     mig_of,
 )
 from dra_driver.core.published import device_names
-from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
+from dra_driver.core.settings import (
+    Allocator,
+    Capabilities,
+    GpuSettings,
+    NodeSettings,
+    Sharing,
+    Tenancy,
+)
 from dra_driver.core.slices import DesiredSlice, build_slices, validate_pool
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -376,7 +383,7 @@ def _node_dirs(work_dir: str) -> PluginConfig:
         settings=NodeSettings(
             per_gpu={
                 "2": GpuSettings(Sharing.TIMESLICING),
-                "3": GpuSettings(mig_sharing=Sharing.MPS),
+                "3": GpuSettings(mig_sharing=Sharing.MPS, tenancy=Tenancy.COOPERATIVE),
             }
         ),
         mps_agent_socket=os.path.join(plugin_dir, "mps-agent.sock"),

@@ -46,6 +46,8 @@ from dra_driver.allocator.search import (
 )
 from dra_driver.base.quantity import Amount
 from dra_driver.core import claim_shape
+from dra_driver.core.settings import Tenancy
+from dra_driver.core.slices.build import TENANCY_ATTRIBUTE
 
 ALLOCATOR_ATTRIBUTE = "allocator"
 CONTROLLER = "controller"
@@ -123,11 +125,16 @@ class AllocatorState(NodeSearch):
         self.walked = 0
         """Alone keys computed to rank nodes for multi-device claims, over all claims."""
         self._held: dict[str, Amount] = {}
+        self._tenants: dict[tuple[str, str, str], set[str]] = {}
+        """Per device whose MPS daemon serves one namespace (``mpsTenancy: namespace``):
+        the namespaces of the shares allocated on it."""
         for obj in claims:
             namespace = claim_shape.namespace(obj)
             for r in allocated_results(obj):
                 if not r.admin_access:
-                    self._charge(namespace, (r.driver, r.pool, r.device), r.share_id, r.consumed)
+                    key = (r.driver, r.pool, r.device)
+                    self._charge(namespace, key, r.share_id, r.consumed)
+                    self._note_tenant(namespace, key, r.share_id)
 
     def free_memory(self) -> list[DeviceMemory]:
         """Every controller-managed device's total and free memory, in device order.
@@ -152,6 +159,16 @@ class AllocatorState(NodeSearch):
         """Memory the claims of ``namespace`` hold on controller-managed devices: shares
         their memory, whole devices all of theirs, admin access nothing."""
         return self._held.get(namespace, 0)
+
+    def _note_tenant(self, namespace: str, key: tuple[str, str, str], share: str | None) -> None:
+        pos = self._position.get(key)
+        if share is not None and pos is not None and _one_namespace(self.devices[pos]):
+            self._tenants.setdefault(key, set()).add(namespace)
+
+    def _tenant_refuses(self, device: Device, namespace: str) -> str | None:
+        """The namespace a one-namespace device serves, when it is not ``namespace``."""
+        others = self._tenants.get(device.key, set()) - {namespace}
+        return min(others) if others else None
 
     def _charge(
         self,
@@ -194,9 +211,15 @@ class AllocatorState(NodeSearch):
             )
 
         verdicts: dict[str, bool] = {}
+        kept_off: dict[tuple[str, str, str], str] = {}
 
         def usable(device: Device) -> bool:
-            """``node_filter`` asked once per node per claim, not once per device."""
+            """``node_filter`` asked once per node per claim, not once per device; a
+            device whose MPS daemon serves another namespace is not usable."""
+            served = self._tenant_refuses(device, claim.namespace)
+            if served is not None:
+                kept_off[device.key] = served
+                return False
             node = device.node_name
             if node is None or node_filter is None:
                 return True
@@ -230,9 +253,10 @@ class AllocatorState(NodeSearch):
         if best is None:
             if budget is not None and budget.blocked is not None:
                 return self._over_quota(claim, budget)
-            return AllocationOutcome(
-                reason=self._unfit(claim, matches, usable, single=simple), failure="unfit"
-            )
+            reason = self._unfit(claim, matches, usable, single=simple)
+            if kept_off:
+                reason += "; " + _tenancy_note(claim.namespace, kept_off)
+            return AllocationOutcome(reason=reason, failure="unfit")
         allocation = build_outcome(
             claim=claim,
             node=best[0],
@@ -300,6 +324,7 @@ class AllocatorState(NodeSearch):
                 key = (r.driver, r.pool, r.device)
                 self._add(key, r.share_id, r.consumed)
                 self._charge(namespace, key, r.share_id, r.consumed)
+                self._note_tenant(namespace, key, r.share_id)
 
     def _over_quota(self, claim: Claim, budget: Budget) -> AllocationOutcome:
         """The refusal: what the namespace holds and the least this claim would take."""
@@ -382,3 +407,22 @@ class AllocatorState(NodeSearch):
                 if early:
                     break
         return None if best is None else best[3]
+
+
+def _one_namespace(device: Device) -> bool:
+    """The device's MPS daemon cannot keep tenants apart and serves one namespace."""
+    return device.attributes.get(TENANCY_ATTRIBUTE) == Tenancy.NAMESPACE.value
+
+
+def _tenancy_note(namespace: str, kept_off: Mapping[tuple[str, str, str], str]) -> str:
+    """Why devices that might fit were not considered: the one-namespace rule."""
+    names = sorted(
+        f"{pool}/{device} (namespace {ns})" for (_, pool, device), ns in kept_off.items()
+    )
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"{len(names)} device(s) kept off for namespace {namespace}: their MPS daemon "
+        f"(legacy MPS) serves another namespace's claims and cannot keep tenants apart "
+        f"(tenancy: namespace): {shown}; set tenancy: cooperative on a GPU whose tenants "
+        "trust each other, or add GPUs"
+    )

@@ -118,6 +118,23 @@ def gpu_flags(parser: argparse.ArgumentParser, fake_gpus: str = "h100-80gb:2") -
         default="scheduler",
         choices=["scheduler", "controller"],
     )
+    add_flag(
+        parser,
+        "--tenancy",
+        "whose claims may share a GPU's MPS daemon where it cannot keep clients apart (legacy "
+        "MPS, MPS inside MIG): namespace (one Kubernetes namespace's) or cooperative (any)",
+        default="namespace",
+        choices=["namespace", "cooperative"],
+    )
+    add_flag(
+        parser,
+        "--mps-protocol",
+        "the mps-agent's MPS protocol (give both the same value): auto (v3 from driver 615 "
+        "by --driver-version, else legacy), v3 or legacy",
+        default="auto",
+        choices=["auto", "v3", "legacy"],
+    )
+    add_flag(parser, "--driver-version", "the node's driver version, as given to the mps-agent")
     add_flag(parser, "--memory-reserve", "device memory kept back on each GPU", default="0")
     add_flag(parser, "--memory-step", "granularity of memory shares", default="256Mi")
     add_flag(parser, "--max-clients", "shares per GPU (MPS allows 48)", default="48")
@@ -125,6 +142,7 @@ def gpu_flags(parser: argparse.ArgumentParser, fake_gpus: str = "h100-80gb:2") -
 
 
 def parse_node_settings(args: argparse.Namespace) -> NodeSettings:
+    from dra_driver.mpsagent.commands import choose_protocol
     from dra_driver.plugin.node_config import NodeFlags, load_node_settings
 
     try:
@@ -137,6 +155,10 @@ def parse_node_settings(args: argparse.Namespace) -> NodeSettings:
         NodeFlags(
             sharing=args.sharing,
             allocator=args.allocator,
+            tenancy=args.tenancy,
+            # The agent's own resolution from the same two settings (the chart gives
+            # both processes the same): what it runs is what the slices promise.
+            legacy_mps=choose_protocol(args.mps_protocol, args.driver_version or None) == "legacy",
             memory_reserve=args.memory_reserve,
             memory_step=args.memory_step,
             max_clients=max_clients,

@@ -29,11 +29,32 @@ class Allocator(enum.StrEnum):
     CONTROLLER = "controller"
 
 
+class Tenancy(enum.StrEnum):
+    """Whose claims may share an MPS daemon that cannot keep its clients apart.
+
+    A legacy MPS daemon (and the daemon of a MIG instance, always legacy) is reached
+    by every client through its ``control`` socket, and serves them one ``/dev/shm``:
+    any client can quit the daemon, change its limits, terminate or list other
+    clients, and read other clients' shared memory (docs/nvidia-interfaces.md,
+    ``mps-control-socket``). An MPS v3 daemon keeps each claim in its own namespace
+    directory, so this setting does not apply to it.
+    """
+
+    NAMESPACE = "namespace"
+    """Such a daemon serves the claims of one Kubernetes namespace at a time (default)."""
+    COOPERATIVE = "cooperative"
+    """Claims of any namespace share it: every tenant can stop, slow, resize or read
+    the others' MPS work (opt-in, per GPU)."""
+
+
 @dataclass(frozen=True)
 class GpuSettings:
     sharing: Sharing = Sharing.MPS
     """How the GPU is shared while MIG is off."""
     allocator: Allocator = Allocator.SCHEDULER
+    tenancy: Tenancy = Tenancy.NAMESPACE
+    """Who may share the GPU's daemon, or its MIG instances' daemons, where that
+    daemon speaks legacy MPS (:class:`Tenancy`)."""
     mig_sharing: Sharing = Sharing.EXCLUSIVE
     """How the GPU's MIG instances are shared while MIG is on: ``exclusive`` (one
     claim per instance) or ``mps`` (claims share an instance as MPS clients of a
@@ -56,6 +77,21 @@ class NodeSettings:
     """Shares per GPU (the ``clients`` capacity); MPS allows 48 clients per server."""
     mps_context_overhead_bytes: int = 0
     """Device memory each MPS client's context takes beyond its limit (overcommit guard)."""
+    legacy_mps: bool = False
+    """The node's MPS daemons for whole GPUs speak legacy MPS (the mps-agent's protocol,
+    resolved as the agent resolves it); a MIG instance's daemon always does."""
+
+    def daemon_keeps_tenants_apart(self, *, mig: bool) -> bool:
+        """Whether an MPS daemon of a whole GPU (``mig`` False) or of a MIG instance gives
+        each claim its own namespace directory (MPS v3), rather than its ``control``
+        socket and ``/dev/shm`` to every client (legacy MPS, always inside MIG)."""
+        return not mig and not self.legacy_mps
+
+    def shares_one_namespace(self, gpu: GpuSettings, *, mig: bool) -> bool:
+        """Whether the MPS shares of this GPU (``mig``: of its MIG instances) must all be
+        claims of one Kubernetes namespace: a daemon that cannot keep tenants apart and
+        no ``tenancy: cooperative`` opt-in."""
+        return not self.daemon_keeps_tenants_apart(mig=mig) and gpu.tenancy is Tenancy.NAMESPACE
 
     def for_gpu(self, index: int, uuid: str) -> GpuSettings:
         return self.per_gpu.get(uuid) or self.per_gpu.get(str(index)) or self.default

@@ -51,6 +51,8 @@ class ShareFields(Protocol):
     def active_thread_percentage(self) -> int: ...
     @property
     def uid(self) -> int | None: ...
+    @property
+    def tenant(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ class MpsAgent:
             namespace=namespace,
             pipe_dir=pipe,
             shm_dir=daemon_dirs.shm,
+            tenant=share.tenant,
         )
 
     # -- lifecycle ------------------------------------------------------------------
@@ -325,6 +328,8 @@ class MpsAgent:
                         "pods sharing a GPU as the same user, or use MPS v3 on a whole GPU (driver "
                         "615+; a MIG instance's daemon is always legacy)",
                     )
+            if legacy and req.tenant is not None and not req.cooperative:
+                self._check_one_tenant(req, others)
             try:
                 info = self._share_info(req)
             except (DaemonError, SocketPathTooLong) as err:
@@ -354,6 +359,26 @@ class MpsAgent:
                     req.active_thread_percentage,
                 )
             return info
+
+    @staticmethod
+    def _check_one_tenant(req: wire.EnsureShare, others: list[ShareInfo]) -> None:
+        """Refuse a share of ``req.tenant`` on a legacy daemon serving another namespace.
+
+        Every client of a legacy daemon (a MIG instance's is always legacy) gets its
+        ``control`` socket and ``/dev/shm``: it could stop the daemon, change or read
+        the other clients' limits and work. Shares recorded without a tenant (by an
+        older agent) are not counted: nothing says whose they are."""
+        tenants = sorted({s.tenant for s in others if s.tenant not in (None, req.tenant)})
+        if tenants:
+            raise AgentRequestError(
+                "conflict",
+                f"the legacy MPS daemon of {req.gpu_uuid} serves claims of namespace "
+                f"{tenants[0]}, and a legacy daemon cannot keep tenants apart (each client "
+                "gets its control socket and /dev/shm); this share is of namespace "
+                f"{req.tenant}. Give the namespaces separate GPUs, use MPS v3 on a whole GPU "
+                "(driver 615+), or, where the tenants trust each other, set tenancy: "
+                "cooperative in that GPU's node config",
+            )
 
     async def release_share(self, req: wire.ReleaseShare) -> bool:
         async with self._lock(req.gpu_uuid):

@@ -152,9 +152,18 @@ class MpsAgentClient:
         memory_limit_bytes: int,
         active_thread_percentage: int,
         uid: int | None = None,
+        tenant: str | None = None,
+        cooperative: bool = False,
     ) -> ShareInfo:
         request = wire.EnsureShare(
-            gpu_uuid, share_id, claim_uid, memory_limit_bytes, active_thread_percentage, uid
+            gpu_uuid,
+            share_id,
+            claim_uid,
+            memory_limit_bytes,
+            active_thread_percentage,
+            uid,
+            tenant,
+            cooperative,
         )
         result = await self._call(request)
         return wire.share_from_json(result["share"])

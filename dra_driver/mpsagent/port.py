@@ -24,8 +24,13 @@ class MpsAgentPort(Protocol):
         memory_limit_bytes: int,
         active_thread_percentage: int,
         uid: int | None = None,
+        tenant: str | None = None,
+        cooperative: bool = False,
     ) -> ShareInfo:
-        """Ensure the GPU's (or MIG instance's) daemon and the share's namespace and limits."""
+        """Ensure the GPU's (or MIG instance's) daemon and the share's namespace and limits.
+
+        ``tenant``: the claim's Kubernetes namespace; a legacy daemon refuses a share of
+        another namespace than its shares' unless ``cooperative``."""
         ...
 
     async def release_share(self, gpu_uuid: str, share_id: str) -> bool:

@@ -40,6 +40,8 @@ ErrorKind = Literal[
 _GPU_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 # share ids and claim UIDs are Kubernetes UIDs in practice; allow what a name could hold.
 _IDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# A Kubernetes namespace name: a DNS label (RFC 1123), at most 63 characters.
+_K8S_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class ProtocolError(ValueError):
@@ -61,6 +63,12 @@ class EnsureShare:
     active_thread_percentage: int
     uid: int | None = None
     """The containers' UID where known; legacy MPS serves one UID at a time."""
+    tenant: str | None = None
+    """The claim's Kubernetes namespace: a legacy daemon serves one tenant's shares
+    unless ``cooperative``."""
+    cooperative: bool = False
+    """The GPU's node setting ``tenancy: cooperative``: a legacy daemon may serve
+    claims of several namespaces."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,10 @@ class ShareInfo:
     pipe_dir: str
     """Host directory to mount as the container's pipe directory."""
     shm_dir: str
-    """Host directory to mount at the container's ``/dev/shm``."""
+    """Host directory to mount at the container's ``/dev/shm`` (legacy MPS)."""
+    tenant: str | None = None
+    """The claim's Kubernetes namespace, as the plugin gave it (None: not given, e.g.
+    a share recorded by an older agent)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +146,12 @@ class AgentStatus:
 
 
 def encode_request(request: Request) -> bytes:
-    args = {k: v for k, v in request.__dict__.items() if not (k == "uid" and v is None)}
+    # Optional fields at their defaults stay off the wire (an agent reads them absent).
+    args = {
+        k: v
+        for k, v in request.__dict__.items()
+        if not (k in ("uid", "tenant") and v is None) and not (k == "cooperative" and v is False)
+    }
     doc = {"v": PROTOCOL_VERSION, "op": _OP_OF[type(request)], "args": args}
     return (json.dumps(doc, separators=(",", ":")) + "\n").encode()
 
@@ -202,10 +218,13 @@ def parse_request(line: bytes | str) -> Request:
         _check_keys(
             args,
             {"gpu_uuid", "share_id", "claim_uid", "memory_limit_bytes", "active_thread_percentage"},
-            {"uid"},
+            {"uid", "tenant", "cooperative"},
             where,
         )
         uid = args.get("uid")
+        cooperative = args.get("cooperative", False)
+        if not isinstance(cooperative, bool):
+            raise ProtocolError(f"cooperative must be true or false, got {cooperative!r}")
         return EnsureShare(
             gpu_uuid=_str(args, "gpu_uuid", _GPU_UUID),
             share_id=_str(args, "share_id", _IDENT),
@@ -213,6 +232,8 @@ def parse_request(line: bytes | str) -> Request:
             memory_limit_bytes=_int(args, "memory_limit_bytes", 1 << 20),
             active_thread_percentage=_int(args, "active_thread_percentage", 1, 100),
             uid=None if uid is None else _int(args, "uid", 0, 2**32 - 1),
+            tenant=None if args.get("tenant") is None else _str(args, "tenant", _K8S_NAMESPACE),
+            cooperative=cooperative,
         )
     if op == "release_share":
         _check_keys(args, {"gpu_uuid", "share_id"}, set(), where)
@@ -265,6 +286,7 @@ def share_from_json(doc: dict[str, Any]) -> ShareInfo:
             raise ProtocolError(f"unknown MPS protocol {protocol!r}")
         uid = doc.get("uid")
         namespace = doc.get("namespace")
+        tenant = doc.get("tenant")
         return ShareInfo(
             gpu_uuid=str(doc["gpu_uuid"]),
             share_id=str(doc["share_id"]),
@@ -276,6 +298,7 @@ def share_from_json(doc: dict[str, Any]) -> ShareInfo:
             namespace=None if namespace is None else str(namespace),
             pipe_dir=str(doc["pipe_dir"]),
             shm_dir=str(doc["shm_dir"]),
+            tenant=None if tenant is None else str(tenant),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise ProtocolError(f"malformed share: {err}") from err

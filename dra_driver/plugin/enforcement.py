@@ -71,6 +71,7 @@ from dra_driver.core.prepare import (
     mps_namespaces,
     namespace_of,
 )
+from dra_driver.core.settings import NodeSettings, Tenancy
 from dra_driver.dmemhook import install_hook
 from dra_driver.gpu.dmem import detect_dmem
 from dra_driver.gpu.mig_caps import MigCapabilities
@@ -120,6 +121,15 @@ async def dmem_hook_settings(
     )
 
 
+def cooperative_gpu(settings: NodeSettings, inventory: Inventory, gpu_uuid: str) -> bool:
+    """Whether the node config gives GPU ``gpu_uuid`` ``tenancy: cooperative`` (a GPU
+    no longer in the inventory: no)."""
+    for gpu in inventory.gpus:
+        if gpu.uuid == gpu_uuid:
+            return settings.for_gpu(gpu.index, gpu.uuid).tenancy is Tenancy.COOPERATIVE
+    return False
+
+
 class Enforcer:
     def __init__(
         self,
@@ -128,13 +138,17 @@ class Enforcer:
         inventory: Callable[[], Inventory],
         mig_caps: MigCapabilities | None,
         mps: MpsAgentPort | None,
+        cooperative: Callable[[str], bool] = lambda gpu_uuid: False,
     ) -> None:
         """``mig_caps`` None: stand-in capability nodes (fake backend);
-        ``mps`` None: MPS shares fail with a message naming the missing agent."""
+        ``mps`` None: MPS shares fail with a message naming the missing agent;
+        ``cooperative``: whether a GPU (by UUID) has ``tenancy: cooperative``, which
+        lets its legacy MPS daemons serve claims of several namespaces."""
         self.backend = backend
         self.inventory = inventory
         self.mig_caps = mig_caps
         self.mps = mps
+        self.cooperative = cooperative
 
     async def apply(
         self, claim: ClaimRef, devices: Sequence[PlannedDevice], spec: CdiSpec
@@ -250,6 +264,8 @@ class Enforcer:
             claim_uid=claim.uid,
             memory_limit_bytes=namespace.memory_limit_bytes,
             active_thread_percentage=namespace.active_thread_percentage,
+            tenant=claim.namespace,
+            cooperative=self.cooperative(namespace.gpu_uuid),
         )
         edits = share_cdi_edits(share)
         return ContainerEdits(

@@ -4,6 +4,7 @@ File format (YAML or JSON); every key optional, flags give the defaults::
 
     sharing: mps            # mps | timeslicing | exclusive, for every GPU
     allocator: scheduler    # scheduler | controller
+    tenancy: namespace      # namespace | cooperative (legacy MPS and MPS inside MIG)
     memoryReserve: 1Gi      # kept back from shares on each GPU
     memoryStep: 256Mi       # share granularity
     maxClients: 48          # shares per GPU
@@ -11,6 +12,12 @@ File format (YAML or JSON); every key optional, flags give the defaults::
       "1": {sharing: exclusive}
       "3": {sharing: mps}   # on a MIG-enabled GPU: its MIG instances are MPS-shared
       GPU-5ed1b7c8-...: {allocator: controller}
+      "4": {sharing: mps, tenancy: cooperative}  # claims of any namespace share its instances
+
+``tenancy`` matters only where a GPU's MPS daemon cannot keep its clients apart
+(legacy MPS; a MIG instance's daemon is always legacy): ``namespace`` (default)
+lets it serve the claims of one Kubernetes namespace only, ``cooperative`` any
+namespace's (:class:`~dra_driver.core.settings.Tenancy` says what that gives up).
 
 The node-wide ``sharing`` applies to GPUs without MIG only; a MIG-enabled GPU's
 instances are exclusive unless its own ``gpus`` entry says ``sharing: mps``
@@ -31,10 +38,18 @@ import yaml
 
 from dra_driver.base.errors import ConfigError
 from dra_driver.base.quantity import parse_whole
-from dra_driver.core.settings import Allocator, GpuSettings, NodeSettings, Sharing
+from dra_driver.core.settings import Allocator, GpuSettings, NodeSettings, Sharing, Tenancy
 
-_TOP_KEYS = ("sharing", "allocator", "memoryReserve", "memoryStep", "maxClients", "gpus")
-_GPU_KEYS = ("sharing", "allocator")
+_TOP_KEYS = (
+    "sharing",
+    "allocator",
+    "tenancy",
+    "memoryReserve",
+    "memoryStep",
+    "maxClients",
+    "gpus",
+)
+_GPU_KEYS = ("sharing", "allocator", "tenancy")
 
 
 @dataclass(frozen=True)
@@ -43,13 +58,16 @@ class NodeFlags:
 
     sharing: str = Sharing.MPS.value
     allocator: str = Allocator.SCHEDULER.value
+    tenancy: str = Tenancy.NAMESPACE.value
+    legacy_mps: bool = False
+    """Whole GPUs' MPS daemons speak legacy MPS (resolved from ``--mps-protocol``)."""
     memory_reserve: str = "0"
     memory_step: str = "256Mi"
     max_clients: int = 48
     config_file: str | None = None
 
 
-def _choice(enum: type[Sharing] | type[Allocator], value: Any, where: str) -> Any:
+def _choice(enum: type[Sharing] | type[Allocator] | type[Tenancy], value: Any, where: str) -> Any:
     try:
         return enum(str(value))
     except ValueError:
@@ -91,6 +109,7 @@ def load_node_settings(flags: NodeFlags) -> NodeSettings:
     default = GpuSettings(
         sharing=_choice(Sharing, doc.get("sharing", flags.sharing), f"{where}: sharing"),
         allocator=_choice(Allocator, doc.get("allocator", flags.allocator), f"{where}: allocator"),
+        tenancy=_choice(Tenancy, doc.get("tenancy", flags.tenancy), f"{where}: tenancy"),
     )
     per_gpu: dict[str, GpuSettings] = {}
     gpus = doc.get("gpus") or {}
@@ -107,6 +126,7 @@ def load_node_settings(flags: NodeFlags) -> NodeSettings:
             allocator=_choice(
                 Allocator, entry.get("allocator", default.allocator), f"{at}.allocator"
             ),
+            tenancy=_choice(Tenancy, entry.get("tenancy", default.tenancy), f"{at}.tenancy"),
             # Only this GPU's own explicit setting shares its MIG instances.
             mig_sharing=(
                 Sharing.MPS if "sharing" in entry and sharing is Sharing.MPS else Sharing.EXCLUSIVE
@@ -126,4 +146,5 @@ def load_node_settings(flags: NodeFlags) -> NodeSettings:
         ),
         memory_step_bytes=step,
         max_clients=clients,
+        legacy_mps=flags.legacy_mps,
     )

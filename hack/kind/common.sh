@@ -37,13 +37,18 @@
 #                         scheduler | controller | auto (the chart's nodeSettings.defaults;
 #                         default here: scheduler, so that only CONTROLLER_GPU is the
 #                         controller's and the native tests keep their shareable GPUs)
+#   MPS_PROTOCOL          the mps-agent's (and so the plugin's) MPS protocol for whole
+#                         GPUs: v3 | legacy | auto (default: v3, as the fake speaks it;
+#                         legacy daemons serve one namespace each, so the scheduler
+#                         gets those GPUs whole: see tenancy in the chart's values)
 #   CONTROLLER_ENABLED    run the controller Deployment (default: true)
 #   CONTROLLER_GPU        index of the GPU that the controller allocates on each
 #                         opted-in node (allocator: controller, a per-node setting), so
 #                         both paths are tested on one cluster (default: 2; empty:
 #                         none; ignored with CONTROLLER_ENABLED=false)
 #   MPS_MIG_GPU           index of the MIG-enabled GPU whose MIG instances are MPS-shared
-#                         on each opted-in node (sharing: mps in its own per-node entry;
+#                         on each opted-in node (sharing: mps and tenancy: cooperative
+#                         in its own per-node entry;
 #                         a node-wide sharing leaves MIG instances exclusive), for the
 #                         mig-mps-shares example (default: 4; empty: none)
 #   ARTIFACTS_DIR         where collect-diagnostics.sh and the e2e tests write
@@ -97,6 +102,7 @@ _version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "${ROOT}/pyproject.toml" | head
 : "${NODE_LABEL_VALUE:=true}"
 : "${GPU_NODE_SELECTOR:=!node-role.kubernetes.io/control-plane}"
 : "${ALLOCATOR:=scheduler}"
+: "${MPS_PROTOCOL:=v3}"
 : "${CONTROLLER_ENABLED:=true}"
 : "${CONTROLLER_GPU=2}"
 : "${MPS_MIG_GPU=4}"

@@ -49,20 +49,22 @@ fi
 
 # The per-GPU entries of every opted-in node: CONTROLLER_GPU for the controller (with
 # the controller on), MPS_MIG_GPU with MPS-shared MIG instances (one entry for a GPU
-# that is both).
+# that is both). An instance's MPS daemon is legacy MPS, which cannot keep tenants
+# apart, and the kube-scheduler cannot keep an instance to one namespace: its shares
+# are published only with the opt-in tenancy: cooperative.
 controller_gpu=""
 if [[ "${CONTROLLER_ENABLED}" == "true" ]]; then
   controller_gpu="${CONTROLLER_GPU}"
 fi
 gpu_entries=""
 if [[ -n "${controller_gpu}" && "${controller_gpu}" == "${MPS_MIG_GPU}" ]]; then
-  gpu_entries="\"${controller_gpu}\": {allocator: controller, sharing: mps}"
+  gpu_entries="\"${controller_gpu}\": {allocator: controller, sharing: mps, tenancy: cooperative}"
 else
   if [[ -n "${controller_gpu}" ]]; then
     gpu_entries="\"${controller_gpu}\": {allocator: controller}"
   fi
   if [[ -n "${MPS_MIG_GPU}" ]]; then
-    gpu_entries="${gpu_entries:+${gpu_entries}, }\"${MPS_MIG_GPU}\": {sharing: mps}"
+    gpu_entries="${gpu_entries:+${gpu_entries}, }\"${MPS_MIG_GPU}\": {sharing: mps, tenancy: cooperative}"
   fi
 fi
 
@@ -94,6 +96,7 @@ fi
   --set-string nodeSelection.labelKey="${NODE_LABEL_KEY}" \
   --set-string nodeSelection.labelValue="${NODE_LABEL_VALUE}" \
   --set-string nodeSettings.defaults.allocator="${ALLOCATOR}" \
+  --set-string mpsAgent.mpsProtocol="${MPS_PROTOCOL}" \
   --set controller.enabled="${CONTROLLER_ENABLED}" \
   --set-string kubeletPlugin.cdiHookPath="" \
   --set kubeletPlugin.health.probeInterval=5 \

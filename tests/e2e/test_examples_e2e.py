@@ -272,8 +272,8 @@ def test_mig_1g_by_cel(cluster: Cluster, example: ApplyExample) -> None:
 
 
 MPS_MIG_SETUP = (
-    "a MIG-enabled GPU whose own node-config entry says sharing: mps"
-    " (nodeSettings.perNode.<node>.gpus.<index>.sharing=mps; a node-wide sharing leaves"
+    "a MIG-enabled GPU whose own node-config entry says sharing: mps and tenancy: cooperative"
+    " (nodeSettings.perNode.<node>.gpus.<index>; a node-wide sharing leaves"
     " MIG instances exclusive; hack/kind/install-driver.sh sets it, see MPS_MIG_GPU in"
     " hack/kind/common.sh)"
 )
@@ -318,6 +318,104 @@ def test_mig_mps_shares(cluster: Cluster, example: ApplyExample) -> None:
         ):
             assert entry in text, f"pod {pod}: no {entry} in its environment:\n{text}"
         assert_device_status(ex, pod, "mig")
+
+
+def _mig_share_claim(driver_name: str, namespace: str, parent_index: int, memory: str) -> Obj:
+    """A claim for an MPS share of the 1g partition at placementStart 0 of one GPU."""
+    driver = f'"{driver_name}"'
+    expression = (
+        f"device.attributes[{driver}].sharing == 'mps' && "
+        f"device.attributes[{driver}].placementStart == 0 && "
+        f"device.attributes[{driver}].parentIndex == {parent_index} && "
+        f"device.attributes[{driver}].profile.startsWith('1g.') && "
+        f"!device.attributes[{driver}].profile.contains('+')"
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "mig", "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "mig",
+                        "exactly": {
+                            "deviceClassName": "mig.gpu.fractional.dev",
+                            "selectors": [{"cel": {"expression": expression}}],
+                            "capacity": {"requests": {"memory": memory}},
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def test_mig_mps_shares_of_two_namespaces_need_the_opt_in(cluster: Cluster) -> None:
+    """A MIG instance's MPS daemon is legacy MPS: its clients get its control socket and
+    /dev/shm. Its shares are published only for a GPU that opts in (tenancy:
+    cooperative, which says so on the device), and then two namespaces' pods share one
+    instance; every MPS-shared MIG device published says it is cooperative."""
+    if cluster.version < NATIVE:
+        pytest.skip("MPS shares of a MIG instance need Kubernetes 1.36+ (see test_mig_mps_shares)")
+    devices = published_devices(cluster)
+    shared = [
+        d
+        for d in devices.values()
+        if attribute(d, "type") == "mig" and attribute(d, "sharing") == "mps"
+    ]
+    if not shared:
+        pytest.skip(f"no published MIG device has sharing mps: needs {MPS_MIG_SETUP}")
+    for device in shared:
+        assert attribute(device, "mpsTenancy") == "cooperative", (
+            f"{device['name']}: an MPS-shared MIG device without the opt-in: {device}"
+        )
+    first = min(shared, key=lambda d: (str(d["_node"]), d["name"]))
+    node, parent = str(first["_node"]), int(str(attribute(first, "parentIndex")))
+    claims = cluster.resource("resource.k8s.io/v1", "ResourceClaim")
+    namespaces = ("fgd-tenant-a", "fgd-tenant-b")
+    for namespace in namespaces:
+        assert delete_namespace(cluster, namespace), f"{namespace}: left over and stuck"
+    try:
+        for namespace, memory in zip(namespaces, ("2Gi", "3Gi"), strict=True):
+            cluster.core.create_namespace({"metadata": {"name": namespace}})
+            claims.create(
+                namespace=namespace,
+                body=_mig_share_claim(cluster.driver, namespace, parent, memory),
+            )
+            cluster.core.create_namespaced_pod(
+                namespace,
+                pod_image(
+                    {
+                        "metadata": {"name": "pod0"},
+                        "spec": {
+                            "nodeSelector": {"kubernetes.io/hostname": node},
+                            "containers": [
+                                {"name": "main", "image": "busybox", "command": ["sleep", "3600"]}
+                            ],
+                            "resourceClaims": [{"name": "mig", "resourceClaimName": "mig"}],
+                        },
+                    },
+                ),
+            )
+        deadline = time.monotonic() + cluster.timeout_s
+        phases: list[str] = []
+        while time.monotonic() < deadline:
+            phases = [
+                str(cluster.core.read_namespaced_pod("pod0", ns).status.phase) for ns in namespaces
+            ]
+            if phases == ["Running", "Running"]:
+                break
+            time.sleep(2)
+        assert phases == ["Running", "Running"], f"pods of both namespaces: {phases}"
+        a, b = (
+            results(claims.get(name="mig", namespace=ns).to_dict(), cluster)[0] for ns in namespaces
+        )
+        assert (a["pool"], a["device"]) == (b["pool"], b["device"]), "one instance, two tenants"
+        assert a.get("shareID") and b.get("shareID") and a["shareID"] != b["shareID"]
+    finally:
+        for namespace in namespaces:
+            assert delete_namespace(cluster, namespace), f"{namespace}: not gone"
 
 
 def test_shared_claim_two_pods(cluster: Cluster, example: ApplyExample) -> None:

@@ -23,7 +23,7 @@ from dra_driver.app.plugin import PluginParts, start_plugin
 from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.core.model import MigPlacement
 from dra_driver.core.prepare import MpsInMig, mig_of
-from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
+from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing, Tenancy
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
@@ -39,7 +39,9 @@ from tests.support.planned import mig_plan, mps_in_mig
 
 GIB = 2**30
 PARTITION = "gpu-0-mig-1g10gb-19-3"  # a free placement: made by the first prepare
-SHARED = NodeSettings(per_gpu={"0": GpuSettings(mig_sharing=Sharing.MPS)})
+SHARED = NodeSettings(
+    per_gpu={"0": GpuSettings(mig_sharing=Sharing.MPS, tenancy=Tenancy.COOPERATIVE)}
+)
 
 
 def _agent(dirs: NodeDirs, compute_mode: FakeComputeMode) -> AgentConfig:

@@ -249,6 +249,8 @@ class Shares:
         memory_limit_bytes: int,
         active_thread_percentage: int,
         uid: int | None = None,
+        tenant: str | None = None,
+        cooperative: bool = False,
     ) -> ShareInfo:
         raise NotImplementedError
 

@@ -99,7 +99,8 @@ def mps_mig_gpu() -> int | None:
 
 def node_config_args(directory: str) -> list[str]:
     """The plugin's ``--node-config``, written in ``directory``, as the kind install's
-    per-node entry: GPU ``MPS_MIG_GPU`` with ``sharing: mps``; none without that GPU.
+    per-node entry: GPU ``MPS_MIG_GPU`` with ``sharing: mps`` and ``tenancy: cooperative``
+    (the opt-in without which its instances are exclusive); none without that GPU.
 
     The entry also keeps that GPU the scheduler's, as on kind: where the local modes
     run the controller they publish every other GPU for it (``--allocator
@@ -109,7 +110,7 @@ def node_config_args(directory: str) -> list[str]:
     if index is None:
         return []
     path = Path(directory) / "node-config.yaml"
-    entry = {"sharing": "mps", "allocator": "scheduler"}
+    entry = {"sharing": "mps", "allocator": "scheduler", "tenancy": "cooperative"}
     path.write_text(yaml.safe_dump({"gpus": {str(index): entry}}))
     return ["--node-config", str(path)]
 
@@ -569,7 +570,7 @@ class LocalDriver:
             ["kubelet-plugin", *common, "--node-name", self.node,
              "--registry-dir", self.registry_dir, "--cdi-root", self.cdi_root,
              "--backend", "fake", "--fake-gpus", fake_gpus(), "--kubeconfig", kubeconfig,
-             "--cdi-hook-path", "", *extra],
+             "--cdi-hook-path", "", "--mps-protocol", "v3", *extra],
         )  # fmt: skip
         if controller:
             self._start(

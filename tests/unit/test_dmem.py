@@ -436,6 +436,8 @@ class _Agent:
         memory_limit_bytes: int,
         active_thread_percentage: int,
         uid: int | None = None,
+        tenant: str | None = None,
+        cooperative: bool = False,
     ) -> ShareInfo:
         self.asked.append(memory_limit_bytes)
         return ShareInfo(

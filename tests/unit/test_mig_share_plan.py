@@ -29,7 +29,7 @@ from dra_driver.core.prepare import (
     owned_shares,
     plan_prepare,
 )
-from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing
+from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing, Tenancy
 from dra_driver.fakes.gpu import build_inventory
 from dra_driver.fakes.objects import Allocated, resource_claim, share
 from tests.support.planned import mig_instance, mig_plan, mps_in_mig
@@ -49,7 +49,9 @@ INVENTORY: Inventory = build_inventory(
 EXISTING = INVENTORY.gpus[0].mig_devices[0]
 STATIC = "gpu-0-mig-3g40gb-9-0"  # the existing 3g.40gb instance
 FREE = "gpu-0-mig-1g10gb-19-4"  # a free 1g.10gb placement
-SHARED = NodeSettings(per_gpu={"0": GpuSettings(mig_sharing=Sharing.MPS)})
+SHARED = NodeSettings(
+    per_gpu={"0": GpuSettings(mig_sharing=Sharing.MPS, tenancy=Tenancy.COOPERATIVE)}
+)
 
 
 def _plan(

@@ -19,14 +19,16 @@ import pytest
 
 from dra_driver.base.quantity import parse_quantity
 from dra_driver.core.model import Inventory
-from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
+from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing, Tenancy
 from dra_driver.core.slices import DesiredSlice, build_slices, mig_share_policy
 from dra_driver.fakes.gpu import build_inventory
 from tests.support.slice_checks import DRIVER, NODE, assert_publishable
 
 MINORS = (34, 35, 36, 37)
 MIB = 2**20
-SHARED = NodeSettings(per_gpu={"0": GpuSettings(mig_sharing=Sharing.MPS)})
+SHARED = NodeSettings(
+    per_gpu={"0": GpuSettings(mig_sharing=Sharing.MPS, tenancy=Tenancy.COOPERATIVE)}
+)
 
 
 def _inventory(model: str = "h100-80gb", instances: Sequence[Mapping[str, Any]] = ()) -> Inventory:
@@ -98,7 +100,9 @@ def test_without_consumable_capacity_instances_stay_exclusive(minor: int) -> Non
     [
         NodeSettings(),
         NodeSettings(default=GpuSettings(sharing=Sharing.MPS)),
-        NodeSettings(per_gpu={"1": GpuSettings(mig_sharing=Sharing.MPS)}),
+        NodeSettings(
+            per_gpu={"1": GpuSettings(mig_sharing=Sharing.MPS, tenancy=Tenancy.COOPERATIVE)}
+        ),
     ],
     ids=["defaults", "node-wide-mps", "other-gpu"],
 )

@@ -15,7 +15,7 @@ from dra_driver.base.quantity import format_bytes, format_count
 from dra_driver.base.semver import normalise_version
 from dra_driver.core.model import GpuInfo, Inventory, MigDevice, MigPlacement, MigProfile
 from dra_driver.core.published import free_placements, mig_device_name
-from dra_driver.core.settings import Capabilities, GpuSettings, NodeSettings, Sharing
+from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings, Sharing
 
 _T = TypeVar("_T")
 
@@ -183,6 +183,13 @@ def _whole_gpu(
     policy = None
     if gpu_settings.sharing in (Sharing.MPS, Sharing.TIMESLICING):
         policy = _share_policy(gpu, settings)
+    one_namespace = gpu_settings.sharing is Sharing.MPS and settings.shares_one_namespace(
+        gpu_settings, mig=False
+    )
+    if one_namespace and gpu_settings.allocator is Allocator.SCHEDULER:
+        # The kube-scheduler cannot see namespaces: its shares could put two tenants
+        # on a daemon that cannot keep them apart. Whole GPUs only on that path.
+        policy = None
     sharing = gpu_settings.sharing if policy is not None else Sharing.EXCLUSIVE
     attributes: dict[str, Any] = {
         "type": {"string": "gpu"},
@@ -192,16 +199,18 @@ def _whole_gpu(
         "migCapable": {"bool": gpu.mig_capable},
         "sharing": {"string": str(sharing)},
         "allocator": {"string": str(gpu_settings.allocator)},
+        **_tenancy_attribute(sharing, gpu_settings, settings, mig=False),
     }
     device: dict[str, Any] = {"name": gpu.device_name}
-    if policy is not None and capabilities.consumable_capacity:
+    if policy is not None and capabilities.consumable_capacity and not one_namespace:
         device["allowMultipleAllocations"] = True
         device["attributes"] = attributes
         device["capacity"] = _share_capacity(policy)
         return device
     if policy is not None:
-        # The cluster drops consumable capacity: publish an ordinary device and carry
-        # the policy as attributes for our controller (ARCHITECTURE 3.2).
+        # The cluster drops consumable capacity, or only our controller may share the
+        # GPU (it keeps a one-namespace daemon to one namespace): publish an ordinary
+        # device and carry the policy as attributes for the controller (ARCHITECTURE 3.2).
         attributes |= {
             "memoryUsable": {"int": policy.usable},
             "memoryMin": {"int": policy.step},
@@ -212,6 +221,19 @@ def _whole_gpu(
     device["attributes"] = attributes
     device["capacity"] = {"memory": {"value": format_bytes(gpu.memory_bytes)}}
     return device
+
+
+TENANCY_ATTRIBUTE = "mpsTenancy"
+"""On an MPS-shared device whose daemon cannot keep clients apart: ``namespace`` (the
+controller places only one namespace's claims on it) or ``cooperative``."""
+
+
+def _tenancy_attribute(
+    sharing: Sharing, gpu_settings: GpuSettings, settings: NodeSettings, *, mig: bool
+) -> dict[str, Any]:
+    if sharing is not Sharing.MPS or settings.daemon_keeps_tenants_apart(mig=mig):
+        return {}
+    return {TENANCY_ATTRIBUTE: {"string": str(gpu_settings.tenancy)}}
 
 
 def _share_capacity(policy: SharePolicy) -> dict[str, Any]:
@@ -285,6 +307,11 @@ def _mig_policy(  # noqa: PLR0917 (private; every call site names the same six t
     the device stays exclusive (the controller path does not share MIG instances).
     """
     if gpu_settings.mig_sharing is not Sharing.MPS or not capabilities.consumable_capacity:
+        return None
+    if settings.shares_one_namespace(gpu_settings, mig=True):
+        # An instance's daemon is legacy MPS, and only the kube-scheduler shares MIG
+        # instances, which cannot keep one instance to one namespace: exclusive
+        # instances unless the GPU's entry opts in (tenancy: cooperative).
         return None
     memory_mib = existing.memory_mib if existing is not None and existing.memory_mib else 0
     if not memory_mib and profile is not None:
@@ -389,6 +416,8 @@ def _mig_device(
         "allocator": {"string": str(gpu_settings.allocator)},
         "static": {"bool": existing is not None},
     }
+    if policy is not None:  # an instance's MPS daemon is legacy: say who shares it
+        attributes[TENANCY_ATTRIBUTE] = {"string": str(gpu_settings.tenancy)}
     if existing is not None:
         attributes["migUUID"] = {"string": _cut(existing.uuid)}
     memory_mib = existing.memory_mib if existing is not None else 0
