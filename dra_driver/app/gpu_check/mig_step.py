@@ -64,7 +64,7 @@ def _mig_uuids(inventory: Inventory, gpu_uuid: GpuUUID) -> set[str]:
     return {d.uuid for g in inventory.gpus if g.uuid == gpu_uuid for d in g.mig_devices}
 
 
-# docs/nvidia-interfaces.md: mps-mig-compute-mode
+# docs/nvidia-interfaces.md: check-mig-compute-mode, mps-mig-compute-mode
 def mig_compute_mode(
     gpu_uuid: str, mig_uuid: str, config: CheckConfig, transcript: Transcript, run: Runner
 ) -> None:

@@ -146,6 +146,7 @@ class MpsRun:
         self.transcript.command(ran)
         self.transcript.outcome(step, *judge_client(ran.stdout, limit))
 
+    # docs/nvidia-interfaces.md: check-own-shm, mps-daemon-shm
     def client_own_shm(self) -> None:
         """v3: the client with a fresh tmpfs on /dev/shm, not the daemon's: does a v3
         client need the daemon's shared memory? (docs/nvidia-interfaces.md
@@ -226,6 +227,7 @@ def mps_steps(
         shutil.rmtree(base, ignore_errors=True)
 
 
+# docs/nvidia-interfaces.md: check-control-help, mps-legacy-multiuser
 def control_help(mps: MpsRun) -> None:
     """``-h`` and ``-p 3 -h`` before any daemon runs: the flags this tool takes (the
     help is captured for the transcript; nothing is judged from it)."""

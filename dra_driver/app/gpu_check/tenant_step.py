@@ -54,6 +54,7 @@ QUIT_WAIT_S = 2.0
 Limits = tuple[int | None, float | None]
 
 
+# docs/nvidia-interfaces.md: check-tenant, mps-control-socket
 def tenant_step(mps: MpsRun, base: str) -> None:
     """The ``tenant`` step; ``base``: the check's temporary directory."""
     transcript = mps.transcript
