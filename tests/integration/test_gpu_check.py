@@ -1,6 +1,13 @@
 """``dra-driver gpu-check`` end to end on the fakes: the fake NVML under the real
 NVML backend, the packaged fake ``nvidia-cuda-mps-control`` as a real process,
-and a fake CUDA client (``tests/support/fake_cuda_client.py``)."""
+a fake CUDA client (``tests/support/fake_cuda_client.py``) and, for the compute
+mode on a GPU in MIG mode, a small fake ``nvidia-smi`` written by the test.
+
+The fake control tool finds no daemon through a namespace's directory (it keeps
+its state beside the daemon's own ``control`` socket), so on it the ``tenant``
+step finds a tenant that can do nothing; a wrapper that sends a tenant's
+commands to the daemon's directory stands in for a daemon that lets tenants do
+everything, which the step must report as a security finding."""
 
 from __future__ import annotations
 
@@ -8,7 +15,9 @@ import asyncio
 import dataclasses
 import os
 import pathlib
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -45,6 +54,49 @@ def tmp_path() -> Iterator[pathlib.Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+USER_UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--propagation", "private")
+
+
+def private_mount() -> tuple[str, ...]:
+    """``unshare`` as a user without privileges can run it (a user namespace); where
+    the kernel allows none, a stand-in that runs the client as it is (the mount of
+    a fresh /dev/shm is then not tried: never on the test machine's own)."""
+    probe = subprocess.run([*USER_UNSHARE, "--", "true"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        return USER_UNSHARE
+    skip_mount = "import os,sys; a=sys.argv[sys.argv.index('--')+5:]; os.execvp(a[0], a)"
+    return (sys.executable, "-c", skip_mount)
+
+
+def fake_smi(tmp_path: pathlib.Path) -> str:
+    """An ``nvidia-smi`` for compute modes: a GPU's ``-c EXCLUSIVE_PROCESS`` is
+    refused as NVIDIA/DCGM#82 shows it on a GPU in MIG mode (exit 0, "Not
+    Supported"); a MIG device's is kept (NVML: with MIG on, compute mode is a MIG
+    device's). Modes are files in the script's directory."""
+    smi = tmp_path / "smi" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f"""#!{sys.executable}
+import pathlib, sys
+args = sys.argv[1:]
+uuid = args[args.index("-i") + 1]
+state = pathlib.Path(__file__).with_name(uuid)
+if "-c" in args:
+    mode = args[args.index("-c") + 1]
+    if uuid.startswith("GPU-") and mode == "EXCLUSIVE_PROCESS":
+        print("Setting compute mode to EXCLUSIVE_PROCESS is not supported on a MIG-enabled device.")
+        print("Unable to set the compute mode for GPU 00000000:31:00.0: Not Supported")
+        print("Treating as warning and moving on.")
+        print("All done.")
+        sys.exit(0)
+    state.write_text(mode)
+    print("Compute mode set to " + mode + " for GPU " + uuid + ".")
+else:
+    print(state.read_text().title() if state.exists() else "Default")
+""")
+    smi.chmod(0o755)
+    return str(smi)
+
+
 def config(tmp_path: pathlib.Path, client: str = fake_cuda_client.__file__) -> CheckConfig:
     env = {**os.environ, "PYTHON": sys.executable, "FAKE_MPS_CONTROL": fake_control_path()}
     return CheckConfig(
@@ -55,6 +107,7 @@ def config(tmp_path: pathlib.Path, client: str = fake_cuda_client.__file__) -> C
         work_dir=str(tmp_path),
         cgroup_root=str(tmp_path / "no-cgroup"),
         base_env=env,
+        unshare=private_mount(),
     )
 
 
@@ -71,13 +124,20 @@ def checked(nvml: FakeNvml, cfg: CheckConfig) -> Transcript:
 
 def test_the_check_on_an_mps_v3_driver(tmp_path: pathlib.Path) -> None:
     nvml = FakeNvml(driver_version="615.71.09")
-    transcript = checked(nvml, config(tmp_path))
+    work = tmp_path / "work"
+    work.mkdir()
+    cfg = dataclasses.replace(config(work), nvidia_smi=fake_smi(tmp_path))
+    transcript = checked(nvml, cfg)
     text = "\n".join(transcript.lines)
     assert transcript.outcomes == {
         "discover": Outcome.PASS,
+        "mig-compute-mode": Outcome.PASS,
         "mig": Outcome.PASS,
+        "control-help": Outcome.PASS,
         "mps": Outcome.PASS,
         "client": Outcome.PASS,
+        "client-own-shm": Outcome.PASS,
+        "tenant": Outcome.PASS,
         "dmem": Outcome.SKIP,
     }, text
     assert not transcript.failed
@@ -98,9 +158,60 @@ def test_the_check_on_an_mps_v3_driver(tmp_path: pathlib.Path) -> None:
     assert "GPU-instance profile 19 (1g.10gb) at placement 4+1" in text
     assert "-- mig: PASS: created, listed, destroyed, gone" in text
     assert "-- dmem: SKIP" in text
+    # The control tool's flags, before any daemon.
+    assert f"$ {control} -h" in text and f"$ {control} -p 3 -h" in text
+    # The client with a /dev/shm of its own, in a mount namespace of its own.
+    assert "== client-own-shm" in text and "mount -t tmpfs" in text
+    # The tenant: only its namespace's directory; the fake answers it nothing.
+    assert f"as a tenant: CUDA_MPS_PIPE_DIRECTORY={work}/" in text
+    assert f"/pipe/shares/{NAMESPACE} (only its namespace)" in text
+    for action in ("list the daemon's servers", "set another namespace's limits",
+                   "quit the daemon"):  # fmt: skip
+        assert f"tenant cannot {action}" in text
+    assert "SECURITY" not in text
+    # Compute mode in MIG mode: the GPU refuses (exit 0 all the same), the MIG device
+    # takes it and is put back.
+    assert "the GPU in MIG mode: refused (mode DEFAULT -> DEFAULT" in text
+    assert "its MIG device: accepted (mode DEFAULT -> EXCLUSIVE_PROCESS" in text
+    mig_state = [p for p in (tmp_path / "smi").iterdir() if p.name.startswith("MIG-")]
+    assert [p.read_text() for p in mig_state] == ["DEFAULT"]
     # Nothing is left behind: the MIG device is gone, the daemon's directory too.
     assert len(nvml.gpus[0].mig_devices) == len(default_gpus()[0].mig_devices)
-    assert list(tmp_path.iterdir()) == []
+    assert list(work.iterdir()) == []
+
+
+def test_a_daemon_that_obeys_a_tenant_is_a_security_finding_and_still_undone(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A control tool that sends a namespace directory's commands to the daemon (as
+    a daemon that let tenants do anything would): the tenant lists, sets the other
+    namespace and quits the daemon; the check says so in a SECURITY banner, fails,
+    starts the daemon again for its own stop, and leaves nothing behind."""
+    leaky = tmp_path / "leaky-control"
+    leaky.write_text(
+        "#!/bin/sh\n"
+        'case "$CUDA_MPS_PIPE_DIRECTORY" in */shares/s_*) '
+        'CUDA_MPS_PIPE_DIRECTORY="${CUDA_MPS_PIPE_DIRECTORY%/shares/*}";; esac\n'
+        f'exec {shlex.quote(fake_control_path())} "$@"\n'
+    )
+    leaky.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    cfg = dataclasses.replace(config(work), control=str(leaky), mig=False)
+    transcript = checked(FakeNvml(driver_version="615.71.09"), cfg)
+    text = "\n".join(transcript.lines)
+    assert transcript.outcomes["tenant"] is Outcome.FAIL, text
+    assert transcript.failed
+    assert text.count("!! SECURITY: a process that has only its own namespace's directory") == 3
+    for action in ("list the daemon's servers", "list the server's namespaces",
+                   "set another namespace's limits", "quit the daemon"):  # fmt: skip
+        assert f"tenant CAN {action}" in text
+    assert "(1073741824, 10.0) -> (2147483648, 100.0)" in text
+    # Started again in a fresh pipe directory, set up, and stopped by the check.
+    assert transcript.outcomes["restart"] is Outcome.PASS, text
+    assert "stop" not in transcript.outcomes  # the stop itself worked
+    assert text.rstrip().count("daemon exited with 0") == 1
+    assert list(work.iterdir()) == []
 
 
 def test_the_check_on_a_legacy_driver(tmp_path: pathlib.Path) -> None:
@@ -111,6 +222,8 @@ def test_the_check_on_a_legacy_driver(tmp_path: pathlib.Path) -> None:
     assert "protocol legacy" in text
     assert "echo 'set_default_device_pinned_mem_limit" in text
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-" in text
+    assert transcript.outcomes["tenant"] is Outcome.SKIP
+    assert transcript.outcomes["client-own-shm"] is Outcome.SKIP
 
 
 def test_a_client_that_is_not_limited_fails_the_check(tmp_path: pathlib.Path) -> None:
@@ -132,7 +245,8 @@ def test_a_missing_control_binary_fails_the_mps_step(tmp_path: pathlib.Path) -> 
     cfg = CheckConfig(**{**config(tmp_path).__dict__, "control": str(tmp_path / "none")})
     transcript = checked(FakeNvml(driver_version="615.71.09"), cfg)
     assert transcript.outcomes["mps"] is Outcome.FAIL
-    assert transcript.outcomes["client"] is Outcome.SKIP
+    for step in ("client", "client-own-shm", "tenant"):
+        assert transcript.outcomes[step] is Outcome.SKIP
 
 
 def test_no_mig_mode_skips_the_mig_step_without_toggling(tmp_path: pathlib.Path) -> None:

@@ -37,10 +37,10 @@ async def run_check(
         return transcript
     transcript.outcome("discover", Outcome.PASS, f"{len(inventory.gpus)} GPU(s)")
     if config.mig:
-        await mig_step(backend, config, transcript)
+        await mig_step(backend, config, transcript, run)
     mps_gpu = pick_mps_gpu(inventory.gpus)
     if mps_gpu is None:
-        for name in ("mps", "client", "dmem"):
+        for name in ("mps", "client", "client-own-shm", "tenant", "dmem"):
             transcript.outcome(name, Outcome.SKIP, "every GPU is in MIG mode")
         return transcript
     mps_steps(mps_gpu, config, transcript, run, start)

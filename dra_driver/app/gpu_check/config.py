@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dra_driver.app.gpu_check.decide import GIB
+from dra_driver.mpsagent.commands import UNSHARE_PRIVATE_MOUNT
 
 
 @dataclass(frozen=True)
@@ -23,4 +24,7 @@ class CheckConfig:
     cgroup_root: str = "/sys/fs/cgroup"
     nvidia_smi: str = "nvidia-smi"
     mig: bool = True
+    unshare: tuple[str, ...] = UNSHARE_PRIVATE_MOUNT
+    """What gives the ``client-own-shm`` client a mount namespace of its own (root:
+    plain ``unshare --mount``; tests add ``--user --map-root-user``)."""
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))

@@ -106,3 +106,96 @@ def client_env(base: Mapping[str, str], gpu: GpuInfo) -> dict[str, str]:
     env = {k: v for k, v in base.items() if not k.startswith("CUDA_MPS_")}
     env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
     return env
+
+
+# -- the tenant's view (a v3 share's container: only its namespace's directory) -----
+
+OTHER_SHARE_ID = "gpucheck_other"
+"""The second namespace the check makes, whose limits the tenant tries to change."""
+OTHER_PERCENTAGE = 10
+"""The second namespace's SM percentage; the tenant asks for 100."""
+
+
+@dataclass(frozen=True)
+class TenantFinding:
+    """What a process with only one namespace's directory could do, and the evidence."""
+
+    action: str
+    could: bool
+    evidence: str
+
+
+def tenant_env(
+    base: Mapping[str, str], gpu: GpuInfo, namespace_dir: str, logs: str
+) -> dict[str, str]:
+    """A tenant container's view: its namespace's directory as the pipe directory.
+
+    ``CUDA_MPS_PROTOCOL_VERSION=3`` as a tenant may set it (the worst case: the
+    tool speaks v3 whatever it finds); ``CUDA_MPS_LOG_DIRECTORY`` only keeps what
+    the control tool may write inside the check's temporary directory.
+    """
+    env = client_env(base, gpu)
+    env["CUDA_MPS_PIPE_DIRECTORY"] = namespace_dir
+    env["CUDA_MPS_PROTOCOL_VERSION"] = "3"
+    env["CUDA_MPS_LOG_DIRECTORY"] = logs
+    return env
+
+
+def judge_tenant_listing(action: str, returncode: int, stdout: str, expected: str) -> TenantFinding:
+    """A listing the tenant ran: it could when it exited 0 and named ``expected``
+    (the check's server or namespace), i.e. it reached the daemon's state."""
+    could = returncode == 0 and expected in stdout
+    seen = (
+        f"exit status {returncode}, {'names' if expected in stdout else 'does not name'} {expected}"
+    )
+    return TenantFinding(action, could, seen)
+
+
+def judge_tenant_set(
+    before: tuple[int | None, float | None] | None,
+    after: tuple[int | None, float | None] | None,
+    wanted: tuple[int, float],
+    returncode: int,
+) -> TenantFinding:
+    """``namespace set`` of the other namespace: it could when the daemon's listing
+    (read with the daemon's own pipe directory) shows the values the tenant sent
+    where they were not before. The exit status alone is not trusted."""
+    action = "set another namespace's limits"
+    changed = after == wanted and before != wanted
+    evidence = f"exit status {returncode}; the other namespace's (memory, SM %) {before} -> {after}"
+    return TenantFinding(action, changed, evidence)
+
+
+def judge_tenant_quit(returncode: int, daemon_exited: bool) -> TenantFinding:
+    """``-q`` from the tenant's directory: it could when the daemon exited."""
+    state = "exited" if daemon_exited else "still runs"
+    return TenantFinding(
+        "quit the daemon", daemon_exited, f"exit status {returncode}; the daemon {state}"
+    )
+
+
+def judge_tenant(findings: list[TenantFinding]) -> tuple[Outcome, list[str]]:
+    """FAIL, with a SECURITY banner, when the tenant could do any of them; else PASS."""
+    could = [f for f in findings if f.could]
+    lines = [f"tenant {'CAN' if f.could else 'cannot'} {f.action}: {f.evidence}" for f in findings]
+    if could:
+        banner = (
+            "!! SECURITY: a process that has only its own namespace's directory (as a v3 "
+            "share's container has) can " + ", ".join(f.action for f in could) + " !!"
+        )
+        return Outcome.FAIL, [banner, *lines, banner]
+    return Outcome.PASS, lines
+
+
+# -- compute mode on a GPU in MIG mode ------------------------------------------------
+
+
+def judge_compute_mode(
+    what: str, before: str | None, after: str | None, said: str
+) -> tuple[bool, str]:
+    """Whether ``nvidia-smi -c EXCLUSIVE_PROCESS`` took on ``what``, judged by the mode
+    read back (nvidia-smi may refuse and still exit 0: "Treating as warning and
+    moving on", NVIDIA/DCGM#82); ``said``: its first output line."""
+    took = after == "EXCLUSIVE_PROCESS"
+    verdict = "accepted" if took else "refused"
+    return took, f"{what}: {verdict} (mode {before} -> {after}; it said: {said or 'nothing'})"

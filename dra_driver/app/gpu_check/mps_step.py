@@ -1,7 +1,9 @@
-"""gpu-check's ``mps``, ``client`` and ``stop`` steps (I/O): an MPS control daemon as
-the mps-agent starts it, in a temporary pipe directory, one share's limits sent as
-the agent sends them (:mod:`dra_driver.mpsagent.commands`), the CUDA client in
-that share, and the daemon's stop."""
+"""gpu-check's ``control-help``, ``mps``, ``client``, ``client-own-shm`` and ``stop``
+steps (I/O): the control tool's help, an MPS control daemon as the mps-agent starts
+it, in a temporary pipe directory, one share's limits sent as the agent sends them
+(:mod:`dra_driver.mpsagent.commands`), the CUDA client in that share (v3: also with
+a /dev/shm of its own), the ``tenant`` step (:mod:`.tenant_step`), and the
+daemon's stop."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dra_driver.app.gpu_check.decide import (
     client_sizes,
     judge_client,
 )
+from dra_driver.app.gpu_check.tenant_step import tenant_step
 from dra_driver.app.gpu_check.transcript import Ran, Runner, Transcript
 from dra_driver.core.model import GpuInfo
 from dra_driver.mpsagent.commands import (
@@ -45,9 +48,12 @@ from dra_driver.mpsagent.commands import (
 from dra_driver.mpsagent.layout import UNIX_PATH_MAX
 from dra_driver.mpsagent.protocol import MpsProtocol
 
+MOUNT_FRESH_SHM = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"'
+"""A new tmpfs on /dev/shm (in the mount namespace ``unshare`` made), then the client."""
+
 
 @dataclass
-class _MpsRun:
+class MpsRun:
     """One daemon's part of the check: its setup, the client in its share, its stop."""
 
     protocol: MpsProtocol
@@ -58,20 +64,38 @@ class _MpsRun:
     config: CheckConfig
     transcript: Transcript
     run: Runner
+    start: Callable[..., subprocess.Popen[bytes]]
+    logs: str
+    daemon: subprocess.Popen[bytes] | None = None
+
+    def start_daemon(self) -> str | None:
+        """Start the daemon in the background; why not, if it cannot be started."""
+        argv = (self.config.control, *daemon_args(self.protocol))
+        self.transcript.say(
+            f"$ {shlex.join(argv)}   (CUDA_VISIBLE_DEVICES={self.gpu.uuid}, "
+            f"CUDA_MPS_PIPE_DIRECTORY={self.pipe}, in the background)"
+        )
+        try:
+            with open(os.path.join(self.logs, "check-daemon.out"), "ab") as out:
+                self.daemon = self.start(list(argv), env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT)  # fmt: skip
+        except OSError as err:
+            return f"cannot start {self.config.control}: {err}"
+        return None
 
     def control(self, call: ControlCall) -> Ran:
         argv = (self.config.control, *call.args)
         ran = self.run(argv, self.env, call.stdin, self.config.step_timeout_s)
         return ran
 
-    def setup(self) -> bool:
+    def setup(self, step: str = "mps") -> bool:
         probe = probe_call(self.protocol)
         deadline = time.monotonic() + self.config.step_timeout_s
         ran = self.control(probe)
         while reply_error(ran.returncode, ran.stdout, ran.stderr) is not None:
             if time.monotonic() > deadline:
                 self.transcript.command(ran)
-                self.transcript.outcome("mps", Outcome.FAIL, "the daemon did not answer")
+                self.transcript.outcome(step, Outcome.FAIL, "the daemon did not answer")
                 return False
             time.sleep(0.2)
             ran = self.control(probe)
@@ -86,15 +110,15 @@ class _MpsRun:
             self.transcript.command(ran)
             complaint = reply_error(ran.returncode, ran.stdout, ran.stderr)
             if complaint is not None:
-                self.transcript.outcome("mps", Outcome.FAIL, f"{call} refused: {complaint}")
+                self.transcript.outcome(step, Outcome.FAIL, f"{call} refused: {complaint}")
                 return False
         self.transcript.outcome(
-            "mps", Outcome.PASS, f"daemon up, share limits set ({self.protocol})"
+            step, Outcome.PASS, f"daemon up, share limits set ({self.protocol})"
         )
         return True
 
-    def client(self) -> None:
-        self.transcript.step("client")
+    def client_env(self) -> dict[str, str]:
+        """The environment a container of the share gets (``share_cdi_edits``)."""
         env = client_env(self.config.base_env, self.gpu)
         limits = self.limits
         if self.protocol == "v3":
@@ -107,17 +131,36 @@ class _MpsRun:
             for pair in caps:  # NAME=value, as a container gets them
                 name, _, value = pair.partition("=")
                 env[name] = value
+        return env
+
+    def client(self, step: str = "client", prefix: tuple[str, ...] = ()) -> None:
+        """The CUDA client in the share; ``prefix``: what it runs under."""
+        self.transcript.step(step)
+        env = self.client_env()
         shown = {k: v for k, v in env.items() if k.startswith(("CUDA_MPS_", "CUDA_VISIBLE"))}
         self.transcript.say("env: " + " ".join(f"{k}={v}" for k, v in sorted(shown.items())))
-        below, above = client_sizes(limits.memory_limit_bytes)
-        argv = (*self.config.client, "--below", str(below), "--above", str(above))
+        limit = self.limits.memory_limit_bytes
+        below, above = client_sizes(limit)
+        argv = (*prefix, *self.config.client, "--below", str(below), "--above", str(above))
         ran = self.run(argv, env, None, self.config.step_timeout_s)
         self.transcript.command(ran)
-        self.transcript.outcome("client", *judge_client(ran.stdout, limits.memory_limit_bytes))
+        self.transcript.outcome(step, *judge_client(ran.stdout, limit))
 
-    def stop(self, daemon: subprocess.Popen[bytes]) -> None:
+    # docs/nvidia-interfaces.md: check-own-shm, mps-daemon-shm
+    def client_own_shm(self) -> None:
+        """v3: the client with a fresh tmpfs on /dev/shm, not the daemon's: does a v3
+        client need the daemon's shared memory? (docs/nvidia-interfaces.md
+        ``cdi-mps-mounts``, ``mps-daemon-shm``: the Dynamo guide's verified v3
+        container keeps its own /dev/shm.)"""
+        shm = (*self.config.unshare, "--", "sh", "-c", MOUNT_FRESH_SHM, "own-shm")
+        self.client("client-own-shm", shm)
+
+    def stop(self) -> None:
         self.transcript.step("stop")
         self.transcript.command(self.control(quit_call(self.protocol)))
+        daemon = self.daemon
+        if daemon is None:
+            return
         try:
             code = daemon.wait(timeout=self.config.step_timeout_s)
             self.transcript.say(f"daemon exited with {code}")
@@ -154,27 +197,53 @@ def mps_steps(
     os.makedirs(pipe)
     os.makedirs(logs)
     env = daemon_env(config.base_env, gpu.uuid, pipe, logs, protocol)
-    mps = _MpsRun(protocol, gpu, limits, pipe, env, config, transcript, run)
+    mps = MpsRun(protocol, gpu, limits, pipe, env, config, transcript, run, start, logs)
     transcript.say(f"protocol {protocol} (driver {gpu.driver_version}); pipe directory {pipe}")
-    argv = (config.control, *daemon_args(protocol))
-    transcript.say(f"$ {shlex.join(argv)}   (CUDA_VISIBLE_DEVICES={gpu.uuid}, in the background)")
-    try:
-        with open(os.path.join(logs, "check-daemon.out"), "wb") as out:
-            daemon = start(list(argv), env=env, stdout=out, stderr=subprocess.STDOUT)
-    except OSError as err:
-        transcript.outcome("mps", Outcome.FAIL, f"cannot start {config.control}: {err}")
-        transcript.outcome("client", Outcome.SKIP, "no MPS daemon")
+    control_help(mps)
+    transcript.step("mps: the daemon")
+    why = mps.start_daemon()
+    if why is not None:
+        transcript.outcome("mps", Outcome.FAIL, why)
+        for name in ("client", "client-own-shm", "tenant"):
+            transcript.outcome(name, Outcome.SKIP, "no MPS daemon")
         shutil.rmtree(base, ignore_errors=True)
         return
     try:
-        if mps.setup():
+        if not mps.setup():
+            for name in ("client", "client-own-shm", "tenant"):
+                transcript.outcome(name, Outcome.SKIP, "the MPS setup failed")
+        elif protocol == "v3":
             mps.client()
+            mps.client_own_shm()
+            tenant_step(mps, base)
         else:
-            transcript.outcome("client", Outcome.SKIP, "the MPS setup failed")
+            mps.client()
+            legacy = "legacy MPS: a share's containers get the daemon's pipe directory and shm"
+            transcript.outcome("client-own-shm", Outcome.SKIP, legacy)
+            transcript.outcome("tenant", Outcome.SKIP, legacy)
     finally:
-        mps.stop(daemon)
+        mps.stop()
         _show_log(os.path.join(logs, "control.log"), transcript)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# docs/nvidia-interfaces.md: check-control-help, mps-legacy-multiuser
+def control_help(mps: MpsRun) -> None:
+    """``-h`` and ``-p 3 -h`` before any daemon runs: the flags this tool takes (the
+    help is captured for the transcript; nothing is judged from it)."""
+    mps.transcript.step("control-help")
+    env = {k: v for k, v in mps.env.items() if k != "CUDA_MPS_PROTOCOL_VERSION"}
+    printed = 0
+    for args in (("-h",), ("-p", "3", "-h")):
+        ran = mps.run((mps.config.control, *args), env, None, mps.config.step_timeout_s)
+        mps.transcript.command(ran)
+        printed += bool((ran.stdout + ran.stderr).strip())
+    if printed:
+        mps.transcript.outcome(
+            "control-help", Outcome.PASS, f"{printed} of 2 printed something (above)"
+        )
+    else:
+        mps.transcript.outcome("control-help", Outcome.SKIP, "neither printed anything")
 
 
 def _show_log(path: str, transcript: Transcript) -> None:
