@@ -6,12 +6,28 @@ protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
 615/620: "Legacy MPS v2 Interface", "MPS v3 Interface", "MPS v3 Namespaces"):
 
 * ``-d`` / ``-f``: the control daemon (background / foreground). ``-p 3`` or
-  ``CUDA_MPS_PROTOCOL_VERSION=3`` (the variable wins) selects v3; ``-m``
-  multiuser. It listens on a unix socket ``control`` in the pipe directory and
-  writes ``nvidia-cuda-mps-control.pid`` there, and keeps its state (servers,
-  namespaces, limits) in ``fake-mps-state.json`` there, so separate command
-  invocations see it. A daemon that starts finds no state from a dead
-  predecessor: like the real one, what it held dies with it.
+  ``CUDA_MPS_PROTOCOL_VERSION=3`` (the variable wins) selects v3. Multiuser mode
+  is each protocol's own flag: ``-m``/``--multiuser`` for v3
+  (docs:mpsv3-interface "Control Daemon Options"), ``-multiuser-server`` for
+  legacy (docs:mpsv2-interface; dra-facts 10.1); the other protocol's flag is
+  refused (exit 1). ``-S``/``--static-partitioning`` (docs:mpsv2-interface)
+  allows ``sm_partition``. It listens on a unix socket ``control`` in the pipe
+  directory and writes ``nvidia-cuda-mps-control.pid`` there, and keeps its
+  state (servers, namespaces, limits, clients) in ``fake-mps-state.json`` there
+  (tests read it). A daemon that starts finds no state from a dead predecessor:
+  like the real one, what it held dies with it.
+
+The control socket is the daemon's whole interface, as for the real one: a
+command connects to ``$CUDA_MPS_PIPE_DIRECTORY/control`` (the pipe directory
+*it* was given), sends its command line (or shell line) over that socket, and
+the daemon runs it against its own state in its own pipe directory and
+answers. So whoever reaches that socket, by any path (a link, a bind mount),
+commands the daemon: quit, set limits, terminate clients, list every server
+(dra-facts 10.1 "Isolation": "a user with sufficient permissions", and
+multiuser mode disregards isolation between users); a copy of the pipe
+directory without the socket commands nothing. The daemon takes the connecting
+user from the kernel (``SO_PEERCRED`` on the socket), never from the command.
+The wire format between the fake's command and its daemon is the fake's own.
 
 Sockets: the fake binds real unix sockets where the real daemon and server do
 (dra-facts 10.1; docs:mpsv3-namespaces "Namespace Routing"): the daemon's
@@ -39,7 +55,19 @@ must clear what a dead daemon left).
   the running daemon's protocol (docs:mpsv3-interface "Enabling MPS v3").
   v3: exactly the documented ``<module> <verb> [args]`` forms on the command
   line (``server``, ``namespace`` and ``client``; the other documented modules
-  are refused as not modelled), ``-q`` to quit, one command per process; stdin
+  are refused as not modelled), ``-q`` to quit, one command per process.
+  ``server create [<name>] [--uid=<uid>]`` (the name optional, as
+  docs:quick-start runs ``server create --uid=$UID``; an unnamed server is
+  called ``server_<pid>`` here, the real name is not documented): without
+  ``--uid`` the server is the connecting user's (docs:mpsv3-interface
+  "Server"). The default namespace is the server's own ("Every server has an
+  implicit default namespace", docs:mpsv3-namespaces): it is listed and read,
+  its limits are ``server set``'s, and ``namespace set default`` is refused (no
+  documented form sets it by name). ``namespace delete`` and ``server delete``
+  are refused while clients are connected to what they delete, unless
+  ``--force``, which terminates those clients (docs:mpsv3-interface ``delete
+  ... [--force]``); ``client list|get|terminate`` see the clients connected with
+  ``--fake-client`` (below). Stdin
   is refused, since v3 "replaces the interactive shell" (docs:mpsv3-interface;
   what the real tool does with stdin under v3 is not documented). ``list``
   prints as documented: a padded table by default, ``--format=csv[,noheader]``
@@ -50,6 +78,16 @@ must clear what a dead daemon left).
   quit | nvidia-cuda-mps-control``, docs:appendix-tools-and-interface-reference).
   One shell can serve many commands; it exits when the daemon is gone. An
   unknown command is answered ``Error: unknown command '<the line>' ...``.
+  The legacy commands of docs:mpsv2-interface are modelled: ``get_server_list``,
+  ``get_server_status``, ``start_server -uid``, ``get_client_list <PID>`` (client
+  PIDs, one a line), ``get_device_client_list``, ``ps``, ``quit``, the
+  ``set_``/``get_`` forms of the default and per-server active thread percentage
+  and device pinned memory limit, ``set_default_client_priority <0|1>`` and
+  ``get_default_client_priority``, ``terminate_client <server PID> <client
+  PID>``, ``device_query``, and with ``-S`` ``sm_partition add <device>
+  <chunks>``, ``sm_partition rm <ID>`` and ``lspart``. Where the docs show no
+  output format (``terminate_client``, the priority commands, ``device_query``,
+  ``sm_partition``, ``lspart``), the fake's is minimal and said at the command.
 * ``FAKE_MPS_COMMAND_DELAY_S`` (fake only): each accepted command takes that many
   seconds, standing in for a slow daemon in tests; refusals stay instant.
 
@@ -65,13 +103,18 @@ documented format (docs:appendix-logging "Control Log"): ``[<date> <time> Contro
 The text after a NEW CLIENT line's colon is the fake's choice for a client that
 must wait for another UID's server (the docs do not show that case).
 
-Clients (legacy protocol only), a fake-only invocation standing in for a CUDA
-process that connects or exits: ``--fake-client connect|exit --uid <uid>``. The
-daemon serves one UID at a time as documented (docs:mpsv2-interface,
+Clients, a fake-only invocation standing in for a CUDA process that connects or
+exits: ``--fake-client connect|exit --uid <uid> [--namespace <name> [--server
+<name>]]``. Under v3 a client names the namespace whose socket it connected
+through (docs:mpsv3-namespaces "Namespace Routing"; ``default`` for the
+server's own), ``connect`` prints its PID, and it stays until it exits, is
+terminated, or a forced delete drops it. Under legacy MPS the daemon serves
+one UID at a time as documented (docs:mpsv2-interface,
 nvidia-cuda-mps-control(1)): a client of another UID is queued until the running
 server's clients have all exited; then the server exits and one for the queued
 UID starts. Clients are logged with PID 0, as a real daemon logs a client in
-another PID namespace (a container).
+another PID namespace (a container); each gets a PID of the fake's own, which
+``get_client_list`` prints and ``terminate_client`` takes.
 
 The daemon records the identity (device, inode) of the ``/dev/shm`` it sees in
 its state (``shm``), so tests can check which shm directory it runs with.
@@ -86,6 +129,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -105,6 +149,8 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 STATE_FILE = "fake-mps-state.json"
 LOCK_FILE = ".fake-mps.lock"
 RECORD_FILE = "fake-mps-commands.jsonl"
+MAX_REQUEST = 1 << 20
+"""The longest request the fake daemon reads from its control socket."""
 DELAY_ENV = "FAKE_MPS_COMMAND_DELAY_S"
 """Fake only: seconds each accepted command takes (a slow daemon, for tests)."""
 V3_MODULES = ("server", "namespace", "client")
@@ -112,9 +158,12 @@ LEGACY_COMMANDS = frozenset(
     {
         "get_server_list", "start_server", "get_server_status", "get_client_list",
         "get_device_client_list", "ps", "set_default_active_thread_percentage",
-        "get_default_active_thread_percentage", "set_default_device_pinned_mem_limit",
-        "get_default_device_pinned_mem_limit", "set_active_thread_percentage",
-        "set_device_pinned_mem_limit",
+        "get_default_active_thread_percentage", "set_active_thread_percentage",
+        "get_active_thread_percentage", "set_default_device_pinned_mem_limit",
+        "get_default_device_pinned_mem_limit", "set_device_pinned_mem_limit",
+        "get_device_pinned_mem_limit", "set_default_client_priority",
+        "get_default_client_priority", "terminate_client", "device_query", "sm_partition",
+        "lspart",
     }
 )  # fmt: skip
 """What the legacy shell knows; a word neither protocol knows is refused at once."""
@@ -208,28 +257,85 @@ def _bind_for_server(path: str, what: str) -> None:
         raise CommandError(f"Error: cannot create the socket of {what} at {path}: {err}") from err
 
 
-def _serve_control(listener: socket.socket) -> None:
-    """The daemon's control socket: accept every connection (a probe, a client)
-    and end the daemon on ``quit`` (sent by ``-q`` and the shell's ``quit``)."""
+def _peer_uid(conn: socket.socket) -> int:
+    """The UID of the process at the other end of ``conn``, as the kernel reports it
+    (SO_PEERCRED): the connecting user, whatever the command claims."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def _serve_control(listener: socket.socket, pipe: str) -> None:
+    """The daemon's control socket: each connection (a probe, a command) on its own
+    thread; a probe sends nothing and closes."""
     while True:
         try:
             conn, _ = listener.accept()
         except OSError:
             return  # closed: the daemon is exiting
-        with conn:
-            conn.settimeout(0.5)
-            try:
-                data = conn.recv(16)
-            except OSError:
-                continue
-            if data.strip() == b"quit":
-                os.kill(os.getpid(), signal.SIGTERM)  # our own pid; sigwait takes it
+        threading.Thread(target=_serve_connection, args=(conn, pipe), daemon=True).start()
+
+
+def _serve_connection(conn: socket.socket, pipe: str) -> None:
+    """One request: a JSON line ``{"argv": [...]}`` (a command line) or ``{"line": "..."}``
+    (a line of the legacy shell), answered with one JSON line; a bare ``quit`` line is
+    taken too. The daemon runs the command against its own state in its own pipe
+    directory, so whoever reaches this socket, by whatever path, commands the daemon
+    (dra-facts 10.1 "Isolation": the pipe directory's ``control`` socket is the power)."""
+    with conn:
+        conn.settimeout(5)
+        data = b""
+        try:
+            while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            uid = _peer_uid(conn)
+        except OSError:
+            return
+        if not data.strip():
+            return  # a liveness probe
+        if data.strip() == b"quit":
+            os.kill(os.getpid(), signal.SIGTERM)  # our own pid; sigwait takes it
+            return
+        try:
+            request = json.loads(data)
+            answer = _daemon_command(pipe, request, uid)
+        except Exception as err:  # a fake's bug must still answer
+            answer = {"ok": False, "reply": f"Error: the fake daemon failed: {err!r}\n"}
+        quitting = answer.pop("quit", False)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+        if quitting:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _daemon_command(pipe: str, request: dict[str, Any], uid: int) -> dict[str, Any]:
+    """Run one request under the state lock, in the daemon; the answer's ``quit``: the
+    daemon ends once the answer is sent."""
+    argv = [str(a) for a in request.get("argv") or []]
+    line = request.get("line")
+    with _locked(pipe):
+        state = _read_state(pipe) or {}
+        answer: dict[str, Any] = {"daemon_pid": state.get("daemon_pid"),
+                                  "protocol": state.get("protocol")}  # fmt: skip
+        quitting = (line is None and argv in (["-q"], ["--quit"])) or (
+            line is not None and line.split() == ["quit"] and state.get("protocol") != 3
+        )
+        try:
+            reply = "" if quitting else _execute(state, pipe, argv, line, uid)
+            _write_state(pipe, state)
+            answer.update(ok=True, reply=reply, quit=quitting)
+        except CommandError as err:
+            answer.update(ok=False, reply=f"{err}\n")
+    return answer
 
 
 # -- the daemon -----------------------------------------------------------------------
 
 
-def run_daemon(protocol: int, multiuser: bool) -> int:
+def run_daemon(protocol: int, multiuser: bool, static: bool = False) -> int:
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     pipe, logs = _dirs()
@@ -254,16 +360,27 @@ def run_daemon(protocol: int, multiuser: bool) -> int:
             return 1
         listener.listen(64)
         # Blocked signals are inherited: SIGTERM still reaches sigwait below.
-        threading.Thread(target=_serve_control, args=(listener,), daemon=True).start()
+        threading.Thread(target=_serve_control, args=(listener, pipe), daemon=True).start()
         state: dict[str, Any] = {
             "daemon_pid": os.getpid(),
             "protocol": protocol,
             "multiuser": multiuser,
+            "static_partitioning": static,
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "next_pid": 100000 + os.getpid() % 100000 * 10,
-            "servers": {},  # v3: name -> {uid, pid, limits, namespaces{name: limits}}
-            # legacy servers: pid -> {uid, pct, mem, clients}; pending: queued client UIDs
-            "legacy": {"default_pct": None, "default_mem": {}, "servers": {}, "pending": []},
+            # v3: name -> {uid, pid, limits, namespaces{name: limits},
+            #              clients{pid: {uid, namespace}}}
+            "servers": {},
+            # legacy servers: pid -> {uid, pct, mem, clients (a count), client_pids};
+            # pending: queued client UIDs; partitions: static SM partitions (-S)
+            "legacy": {
+                "default_pct": None,
+                "default_mem": {},
+                "default_priority": 0,
+                "servers": {},
+                "pending": [],
+                "partitions": {},
+            },
             "shm": _shm_identity(),
         }
         _write_state(pipe, state)
@@ -328,14 +445,6 @@ V3_NO_SHELL = (
 )
 
 
-def _running_state(pipe: str) -> dict[str, Any]:
-    """The daemon's state, if a daemon answers on its control socket."""
-    state = _read_state(pipe)
-    if not state or state.get("stopped") or not answers(os.path.join(pipe, "control")):
-        raise CommandError(NO_DAEMON)
-    return state
-
-
 def _new_pid(state: dict[str, Any]) -> int:
     pid = int(state["next_pid"])
     state["next_pid"] = pid + 1
@@ -377,8 +486,8 @@ class _Args:
 # not be documented to take. What the real tool answers to an undocumented form is
 # not documented: this fake's refusal texts and exit status 1 are its own.
 _V3_FORMS: dict[tuple[str, str], tuple[int, int, frozenset[str], frozenset[str], str]] = {
-    ("server", "create"): (1, 1, frozenset({"uid", "allowed-devices", "locality-domains"}),
-                           frozenset(), "server create <name> [--uid=<n>] "
+    ("server", "create"): (0, 1, frozenset({"uid", "allowed-devices", "locality-domains"}),
+                           frozenset(), "server create [<name>] [--uid=<n>] "
                            "[--allowed-devices=<devices>] [--locality-domains=<true|false>]"),
     ("server", "delete"): (1, 1, frozenset(), frozenset({"force"}),
                            "server delete <name> [--force]"),
@@ -483,7 +592,7 @@ def _server(state: dict[str, Any], options: dict[str, str]) -> tuple[str, dict[s
     return name, server
 
 
-def _v3(state: dict[str, Any], pipe: str, args: list[str]) -> str:
+def _v3(state: dict[str, Any], pipe: str, args: list[str], caller: int) -> str:
     if args[:1] and args[0] in _V3_UNMODELLED:
         raise CommandError(f"Error: the MPS v3 module {args[0]!r} is documented but this fake "
                            "does not model it")  # fmt: skip
@@ -500,40 +609,78 @@ def _v3(state: dict[str, Any], pipe: str, args: list[str]) -> str:
     if module == "server":
         if verb in ("list", "get"):
             return _v3_server_query(state, pipe, verb, rest)
-        return _v3_server(state, pipe, verb, rest)
+        return _v3_server(state, pipe, verb, rest, caller)
     if module == "namespace":
         if verb in ("list", "get"):
             return _v3_namespace_query(state, pipe, verb, rest)
         return _v3_namespace(state, pipe, verb, rest)
-    # client: the fake models no v3 clients.
+    return _v3_client(state, verb, rest)
+
+
+_CLIENT_FIELDS = ["pid", "server", "device", "namespace", "cmd"]
+"""``client list`` columns (docs:mpsv3-interface "Client"); the header words and the
+``client get`` field names are this fake's guess in the documented style."""
+
+
+def _v3_client(state: dict[str, Any], verb: str, args: _Args) -> str:
+    """``client list|get|terminate`` over the clients connected with ``--fake-client``."""
+    rows = {
+        pid: [pid, sname, state.get("visible_devices") or "-", client["namespace"], "-"]
+        for sname, server in sorted(state["servers"].items())
+        for pid, client in sorted(server.get("clients", {}).items())
+        if args.options.get("server", sname) == sname
+    }
     if verb == "list":
-        header = ["PID", "SERVER", "DEVICE", "NAMESPACE", "CMD"]  # the header's form: a guess
-        return _table(header, [], rest.fmt)
-    raise CommandError(f"Error: no client with PID {rest.positional[0]!r}")
+        return _table([f.upper() for f in _CLIENT_FIELDS], list(rows.values()), args.fmt)
+    pid = args.positional[0]
+    if pid not in rows:
+        raise CommandError(f"Error: no client with PID {pid!r}")
+    if verb == "get":
+        wanted = args.positional[1]
+        if wanted not in _CLIENT_FIELDS:
+            raise CommandError(
+                f"Error: unknown field {wanted!r}; fields: {', '.join(_CLIENT_FIELDS)}"
+            )
+        cell: str = rows[pid][_CLIENT_FIELDS.index(wanted)]
+        return cell + "\n"
+    for server in state["servers"].values():  # terminate: the client is gone
+        server.get("clients", {}).pop(pid, None)
+    return ""
 
 
-def _v3_server(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> str:
+def _v3_server(state: dict[str, Any], pipe: str, verb: str, args: _Args, caller: int) -> str:
     positional, options = args.positional, args.options
     servers: dict[str, Any] = state["servers"]
     if verb == "create":
-        name = _need_name(positional, "server")
+        pid = _new_pid(state)
+        # The name is optional ("server create --uid=$UID", docs:quick-start); what
+        # the real daemon calls an unnamed server is not documented: here server_<pid>.
+        name = _need_name(positional, "server") if positional else f"server_{pid}"
         if name in servers:
             raise CommandError(f"Error: server {name!r} already exists")
-        uid = int(options.pop("uid", "0"))
-        if state["multiuser"] and uid != 0:
-            raise CommandError("Error: only --uid=0 is allowed in multiuser mode")
+        # Without --uid the server is the connecting user's (docs:mpsv3-interface
+        # "Server"): the UID the kernel reports for the command's end of the control
+        # socket. Any UID may be named: whoever reaches the control socket commands
+        # the daemon (dra-facts 10.1 "Isolation"; multiuser mode disregards isolation
+        # between users). No rule of the docs limits --uid in multiuser mode.
+        uid_text = options.pop("uid", str(caller))
+        if not uid_text.isdigit():
+            raise CommandError(f"Error: --uid must be a numeric user ID, got {uid_text!r}")
+        uid = int(uid_text)
         options.pop("allowed-devices", None)
         options.pop("locality-domains", None)
         if options:
             raise CommandError(f"Error: unknown option(s) {sorted(options)}")
         _bind_for_server(os.path.join(pipe, name, "control"), f"server {name!r}")
         _bind_for_server(os.path.join(pipe, name, "default", "control"), f"server {name!r}")
-        servers[name] = {"uid": uid, "pid": _new_pid(state), "limits": {}, "namespaces": {}}
+        servers[name] = {"uid": uid, "pid": pid, "limits": {}, "namespaces": {}, "clients": {}}
         return ""
     if verb == "delete":
         name = _need_name(positional, "server")
-        if servers.pop(name, None) is None:
+        if name not in servers:
             raise CommandError(f"Error: server {name!r} not found")
+        _drop_clients(servers[name], None, f"server {name!r}", "force" in args.flags)
+        del servers[name]
         return ""
     if verb == "set":
         name = _need_name(positional, "server")
@@ -620,13 +767,24 @@ def _v3_namespace(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> s
         spaces[name] = {}
         return ""
     if verb == "delete":
-        if spaces.pop(name, None) is None:
+        if name not in spaces:
             raise CommandError(f"Error: namespace {name!r} not found")
+        what = f"namespace {name!r} of server {sname!r}"
+        _drop_clients(server, name, what, "force" in args.flags)
+        del spaces[name]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(pipe, sname, name, "control"))
         return ""
     if verb == "set":
-        target = server["limits"] if name == "default" else spaces.get(name)
+        if name == "default":
+            # "Every server has an implicit default namespace" (docs:mpsv3-namespaces);
+            # its limits are the server's (``server set``). No documented form sets it
+            # by name, so the fake refuses one.
+            raise CommandError(
+                f"Error: the default namespace is the server's own: set its limits with "
+                f"server set {sname} [--pinned-memory-limit=...] [--active-thread-percentage=...]"
+            )
+        target = spaces.get(name)
         if target is None:
             raise CommandError(f"Error: namespace {name!r} not found")
         limits = _limits(options, {"pinned-memory-limit", "active-thread-percentage",
@@ -636,6 +794,21 @@ def _v3_namespace(state: dict[str, Any], pipe: str, verb: str, args: _Args) -> s
         target.update(limits)
         return ""
     raise CommandError(f"Error: unknown command namespace {verb}")
+
+
+def _drop_clients(server: dict[str, Any], namespace: str | None, what: str, force: bool) -> None:
+    """Before a delete: refuse while clients are connected (to ``namespace``, or to any
+    of the server's), unless ``force``, which terminates them (docs:mpsv3-interface:
+    ``delete ... [--force]``). The refusal's text is this fake's."""
+    clients: dict[str, Any] = server.setdefault("clients", {})
+    connected = [p for p, c in clients.items() if namespace in (None, c["namespace"])]
+    if connected and not force:
+        raise CommandError(
+            f"Error: {what} has {len(connected)} connected client(s) (PIDs "
+            f"{', '.join(connected)}); add --force to delete it and terminate them"
+        )
+    for pid in connected:
+        del clients[pid]
 
 
 def _namespace_row(pipe: str, server: str, name: str, lim: dict[str, Any]) -> list[str]:
@@ -668,32 +841,51 @@ def _table(header: list[str], rows: list[list[str]], fmt: str) -> str:
 # -- legacy commands ------------------------------------------------------------------
 
 
-def _legacy(state: dict[str, Any], line: str) -> str:  # noqa: PLR0911 (one return per command)
+def _need(cmd: str, args: list[str], n: int) -> None:
+    if len(args) != n:
+        raise CommandError(f"Error: {cmd} takes {n} argument(s)")
+
+
+def _pct(value: str) -> int:
+    if not value.isdigit() or not 0 < int(value) <= 100:
+        raise CommandError(f"Error: invalid active thread percentage {value!r}")
+    return int(value)
+
+
+def _mem(value: str) -> str:
+    if not _LEGACY_MEM.match(value):
+        raise CommandError(f"Error: invalid device pinned memory limit {value!r}")
+    return value
+
+
+def _legacy_server(state: dict[str, Any], pid: str) -> dict[str, Any]:
+    servers: dict[str, Any] = state["legacy"]["servers"]
+    if pid not in servers:
+        raise CommandError(f"Error: no server with PID {pid}")
+    found: dict[str, Any] = servers[pid]
+    return found
+
+
+_PER_SERVER = frozenset(
+    {
+        "get_server_status", "set_active_thread_percentage", "get_active_thread_percentage",
+        "set_device_pinned_mem_limit", "get_device_pinned_mem_limit", "terminate_client",
+        "get_client_list",
+    }
+)  # fmt: skip
+"""Legacy commands that name a server by its PID first."""
+
+
+def _legacy(state: dict[str, Any], line: str) -> str:  # noqa: PLR0911, PLR0912 (one per command)
+    """One line of the legacy shell: the commands of docs:mpsv2-interface. Where the
+    docs show no output for a command, the fake prints what it documents in the
+    fewest words (noted at each)."""
     words = line.split()
     cmd, args = words[0], words[1:]
     legacy: dict[str, Any] = state["legacy"]
     servers: dict[str, Any] = legacy["servers"]
-
-    def need(n: int) -> None:
-        if len(args) != n:
-            raise CommandError(f"Error: {cmd} takes {n} argument(s)")
-
-    def pct(value: str) -> int:
-        if not value.isdigit() or not 0 < int(value) <= 100:
-            raise CommandError(f"Error: invalid active thread percentage {value!r}")
-        return int(value)
-
-    def mem(value: str) -> str:
-        if not _LEGACY_MEM.match(value):
-            raise CommandError(f"Error: invalid device pinned memory limit {value!r}")
-        return value
-
-    def server(pid: str) -> dict[str, Any]:
-        if pid not in servers:
-            raise CommandError(f"Error: no server with PID {pid}")
-        found: dict[str, Any] = servers[pid]
-        return found
-
+    if cmd in _PER_SERVER:
+        return _legacy_per_server(state, cmd, args)
     if cmd == "get_server_list":
         return "".join(f"{pid}\n" for pid in servers)
     if cmd == "start_server":
@@ -703,57 +895,197 @@ def _legacy(state: dict[str, Any], line: str) -> str:  # noqa: PLR0911 (one retu
             raise CommandError("Error: a server for another user is running")
         _start_legacy_server(state, int(args[1]), clients=0)
         return ""
-    if cmd == "get_server_status":
-        need(1)
-        server(args[0])
-        return "ACTIVE\n"
     if cmd == "set_default_active_thread_percentage":
-        need(1)
-        legacy["default_pct"] = pct(args[0])
+        _need(cmd, args, 1)
+        legacy["default_pct"] = _pct(args[0])
         return f"{legacy['default_pct']}\n"
     if cmd == "get_default_active_thread_percentage":
-        need(0)
+        _need(cmd, args, 0)
         return f"{legacy['default_pct'] or 100}.0\n"
     if cmd == "set_default_device_pinned_mem_limit":
-        need(2)
-        legacy["default_mem"][args[0]] = mem(args[1])
+        _need(cmd, args, 2)
+        legacy["default_mem"][args[0]] = _mem(args[1])
         return ""
     if cmd == "get_default_device_pinned_mem_limit":
-        need(1)
+        _need(cmd, args, 1)
         return f"{legacy['default_mem'].get(args[0], '0M')}\n"
-    if cmd == "set_active_thread_percentage":
-        need(2)
-        server(args[0])["pct"] = pct(args[1])
-        return f"{args[1]}\n"
-    if cmd == "set_device_pinned_mem_limit":
-        need(3)
-        server(args[0])["mem"][args[1]] = mem(args[2])
+    if cmd == "set_default_client_priority":
+        # 0 normal, 1 below normal, as CUDA_MPS_CLIENT_PRIORITY (docs:appendix-environment-
+        # variables); for clients started afterwards. No output (none documented).
+        _need(cmd, args, 1)
+        if args[0] not in ("0", "1"):
+            raise CommandError(f"Error: client priority must be 0 or 1, got {args[0]!r}")
+        legacy["default_priority"] = int(args[0])
         return ""
-    if cmd in ("get_client_list", "get_device_client_list", "ps"):
+    if cmd == "get_default_client_priority":
+        _need(cmd, args, 0)
+        return f"{legacy.get('default_priority', 0)}\n"
+    if cmd == "device_query":
+        # The devices the daemon sees; the real output's format is not documented: one
+        # line per device, "<ordinal> <CUDA_VISIBLE_DEVICES entry>".
+        _need(cmd, args, 0)
+        visible = (state.get("visible_devices") or "0").split(",")
+        return "".join(f"{i} {dev.strip()}\n" for i, dev in enumerate(visible))
+    if cmd in ("sm_partition", "lspart"):
+        return _legacy_partition(state, cmd, args)
+    if cmd in ("get_device_client_list", "ps"):
         return ""
     raise CommandError(f"Error: unknown command {line.strip()!r}")
+
+
+def _legacy_per_server(state: dict[str, Any], cmd: str, args: list[str]) -> str:  # noqa: PLR0911
+    """The legacy commands of :data:`_PER_SERVER`."""
+    if not args:
+        raise CommandError(f"Error: {cmd} takes the server's PID first")
+    server = _legacy_server(state, args[0])
+    pids: list[str] = server.setdefault("client_pids", [])
+    if cmd == "get_server_status":
+        _need(cmd, args, 1)
+        return "ACTIVE\n"
+    if cmd == "set_active_thread_percentage":
+        _need(cmd, args, 2)
+        server["pct"] = _pct(args[1])
+        return f"{args[1]}\n"
+    if cmd == "get_active_thread_percentage":
+        # "get_active_thread_percentage <PID>": printed as the default's getter prints.
+        _need(cmd, args, 1)
+        return f"{server['pct'] or 100}.0\n"
+    if cmd == "set_device_pinned_mem_limit":
+        _need(cmd, args, 3)
+        server["mem"][args[1]] = _mem(args[2])
+        return ""
+    if cmd == "get_device_pinned_mem_limit":
+        # "get_device_pinned_mem_limit <PID> <dev>": printed as the default's getter prints.
+        _need(cmd, args, 2)
+        return f"{server['mem'].get(args[1], '0M')}\n"
+    if cmd == "get_client_list":
+        # "lists the PIDs of client applications connected to" the server: one a line.
+        _need(cmd, args, 1)
+        return "".join(f"{pid}\n" for pid in pids)
+    # terminate_client <server PID> <client PID>: the client's work is ended and it
+    # leaves the server; no output (none documented).
+    _need(cmd, args, 2)
+    if args[1] not in pids:
+        raise CommandError(f"Error: no client with PID {args[1]} on server {args[0]}")
+    pids.remove(args[1])
+    server["clients"] = len(pids)
+    _switch_if_idle(state)
+    return ""
+
+
+def _legacy_partition(state: dict[str, Any], cmd: str, args: list[str]) -> str:
+    """Static SM partitions of a daemon started with ``-S`` (docs:mpsv2-interface:
+    ``sm_partition add <device> <chunks>``, ``sm_partition rm <partition>``,
+    ``lspart``). The real output formats are not documented: ``add`` prints the new
+    partition's ID, ``lspart`` one line per partition, ``<ID> <device> <chunks>``."""
+    partitions: dict[str, Any] = state["legacy"].setdefault("partitions", {})
+    if cmd == "lspart":
+        if args:
+            raise CommandError("Error: lspart takes no arguments")
+        return "".join(f"{pid} {p['device']} {p['chunks']}\n" for pid, p in partitions.items())
+    if not state.get("static_partitioning"):
+        raise CommandError("Error: sm_partition needs a daemon started with -S "
+                           "(--static-partitioning)")  # fmt: skip
+    if args[:1] == ["add"] and len(args) == 3:
+        device, chunks = args[1], args[2]
+        visible = [d.strip() for d in (state.get("visible_devices") or "0").split(",")]
+        if device not in visible and not (device.isdigit() and int(device) < len(visible)):
+            raise CommandError(f"Error: device {device!r} is not one this daemon sees")
+        if not chunks.isdigit() or int(chunks) < 1:
+            raise CommandError(f"Error: the chunk count must be a positive integer, got {chunks!r}")
+        pid = str(_new_pid(state))
+        partitions[pid] = {"device": device, "chunks": int(chunks)}
+        return f"{pid}\n"
+    if args[:1] == ["rm"] and len(args) == 2:
+        if partitions.pop(args[1], None) is None:
+            raise CommandError(f"Error: no partition {args[1]!r}")
+        return ""
+    raise CommandError("Error: usage: sm_partition add <device> <chunk count> | "
+                       "sm_partition rm <partition ID>")  # fmt: skip
 
 
 def _start_legacy_server(state: dict[str, Any], uid: int, clients: int) -> str:
     legacy: dict[str, Any] = state["legacy"]
     pid = str(_new_pid(state))
+    client_pids = [str(_new_pid(state)) for _ in range(clients)]
     legacy["servers"][pid] = {"uid": uid, "pct": legacy["default_pct"],
-                              "mem": dict(legacy["default_mem"]), "clients": clients}  # fmt: skip
+                              "mem": dict(legacy["default_mem"]), "clients": clients,
+                              "client_pids": client_pids}  # fmt: skip
     _, logs = _dirs()
     _control_log(logs, int(state["daemon_pid"]), f"Starting new server {pid} for user {uid}")
     _control_log(logs, int(state["daemon_pid"]), f"NEW SERVER {pid}: Ready")
     return pid
 
 
-def _fake_client(state: dict[str, Any], action: str, uid: int) -> str:
+class _FakeClientArgs:
+    """``--fake-client connect|exit --uid <uid> [--namespace <name> [--server <name>]]``."""
+
+    USAGE = ("Error: usage: --fake-client connect|exit --uid <uid> "
+             "[--namespace <name> [--server <name>]]")  # fmt: skip
+
+    def __init__(self, action: str, uid: int, namespace: str | None, server: str | None):
+        self.action, self.uid, self.namespace, self.server = action, uid, namespace, server
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> _FakeClientArgs:
+        if len(argv) % 2 == 0 or argv[0] not in ("connect", "exit"):
+            raise CommandError(cls.USAGE)
+        pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
+        if (
+            set(pairs) - {"--uid", "--namespace", "--server"}
+            or not pairs.get("--uid", "").isdigit()
+        ):
+            raise CommandError(cls.USAGE)
+        if "--server" in pairs and "--namespace" not in pairs:
+            raise CommandError(cls.USAGE)
+        return cls(argv[0], int(pairs["--uid"]), pairs.get("--namespace"), pairs.get("--server"))
+
+
+def _fake_client(state: dict[str, Any], pipe: str, args: _FakeClientArgs) -> str:
+    """A CUDA client connects or exits: under v3 to a namespace (``--namespace``), under
+    legacy MPS to the daemon (one server UID at a time)."""
+    if state["protocol"] == 3:
+        if args.namespace is None:
+            raise CommandError("Error: a v3 fake client names its --namespace")
+        return _v3_fake_client(state, args)
+    if args.namespace is not None:
+        raise CommandError("Error: namespaces are MPS v3's; this daemon runs legacy MPS")
+    return _legacy_fake_client(state, args.action, args.uid)
+
+
+def _v3_fake_client(state: dict[str, Any], args: _FakeClientArgs) -> str:
+    """A client in a v3 namespace (it connected through that namespace's socket,
+    docs:mpsv3-namespaces "Namespace Routing"); ``connect`` prints its PID."""
+    servers: dict[str, Any] = state["servers"]
+    holding = [n for n, s in sorted(servers.items())
+               if args.namespace == "default" or args.namespace in s["namespaces"]]  # fmt: skip
+    if args.server is not None:
+        holding = [n for n in holding if n == args.server]
+    if len(holding) != 1:
+        where = "no server holds it" if not holding else f"servers {holding}: name --server"
+        raise CommandError(f"Error: namespace {args.namespace!r}: {where}")
+    clients: dict[str, Any] = servers[holding[0]].setdefault("clients", {})
+    if args.action == "connect":
+        pid = str(_new_pid(state))
+        clients[pid] = {"uid": args.uid, "namespace": args.namespace}
+        return f"{pid}\n"
+    mine = [
+        p for p, c in clients.items() if (c["uid"], c["namespace"]) == (args.uid, args.namespace)
+    ]
+    if not mine:
+        raise CommandError(f"Error: no connected client of user {args.uid} in namespace "
+                           f"{args.namespace!r}")  # fmt: skip
+    del clients[mine[0]]
+    return ""
+
+
+def _legacy_fake_client(state: dict[str, Any], action: str, uid: int) -> str:
     """A CUDA client of ``uid`` connects or exits (legacy: one server UID at a time).
 
     A server stays when its last client exits, until a client of another UID
     needs the GPU: then it exits as soon as it has no clients, and a server for
     the queued UID starts (nvidia-cuda-mps-control(1)).
     """
-    if state["protocol"] == 3:
-        raise CommandError("Error: fake clients are modelled for legacy MPS only")
     _, logs = _dirs()
     daemon = int(state["daemon_pid"])
     legacy: dict[str, Any] = state["legacy"]
@@ -762,6 +1094,7 @@ def _fake_client(state: dict[str, Any], action: str, uid: int) -> str:
     running = next(iter(servers.items()), None)
     if action == "connect":
         if running is not None and running[1]["uid"] == uid:
+            running[1].setdefault("client_pids", []).append(str(_new_pid(state)))
             running[1]["clients"] = running[1].get("clients", 0) + 1
             _control_log(logs, daemon, f"NEW CLIENT 0 from user {uid}: Server already exists")
             return f"{running[0]}\n"
@@ -774,11 +1107,11 @@ def _fake_client(state: dict[str, Any], action: str, uid: int) -> str:
         pending.append(uid)
         _switch_if_idle(state)
         return "pending\n"
-    if action != "exit":
-        raise CommandError(f"Error: --fake-client takes connect or exit, not {action!r}")
     if running is None or running[1]["uid"] != uid or not running[1].get("clients"):
         raise CommandError(f"Error: no connected client of user {uid}")
     running[1]["clients"] -= 1
+    with contextlib.suppress(IndexError):
+        running[1].setdefault("client_pids", []).pop()
     _switch_if_idle(state)
     return ""
 
@@ -787,7 +1120,7 @@ def _switch_if_idle(state: dict[str, Any]) -> None:
     """A server without clients gives way to the first queued UID."""
     legacy: dict[str, Any] = state["legacy"]
     servers: dict[str, Any] = legacy["servers"]
-    pending: list[int] = legacy["pending"]
+    pending: list[int] = legacy.setdefault("pending", [])
     running = next(iter(servers.items()), None)
     if running is None or running[1].get("clients") or not pending:
         return
@@ -802,45 +1135,54 @@ def _switch_if_idle(state: dict[str, Any]) -> None:
 # -- entry point ----------------------------------------------------------------------
 
 
-def _quit(pipe: str) -> None:
-    """``quit`` over the daemon's control socket; the daemon ends itself (no signal
-    to a recorded pid, which may name another process)."""
+def _send(pipe: str, request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` to the daemon over ``<pipe>/control`` (the pipe directory this
+    command was given, as the real tool connects), and its answer. A socket that
+    does not answer: :data:`NO_DAEMON`."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(5)
+        conn.settimeout(120)  # many commands may queue for the daemon's state lock
         try:
             conn.connect(os.path.join(pipe, "control"))
-            conn.sendall(b"quit\n")
         except OSError as err:
             raise CommandError(f"{NO_DAEMON}: {err}") from err
+        try:
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as err:
+            raise CommandError(f"{NO_DAEMON}: {err}") from err
+    if not data.strip():
+        raise CommandError(f"{NO_DAEMON}: the daemon closed the connection")
+    answer: dict[str, Any] = json.loads(data)
+    return answer
 
 
-def _execute(state: dict[str, Any], pipe: str, argv: list[str], line: str | None) -> str:
-    """One command (``argv``, or one ``line`` of the interactive shell) against ``state``."""
+def _execute(
+    state: dict[str, Any], pipe: str, argv: list[str], line: str | None, caller: int
+) -> str:
+    """One command (``argv``, or one ``line`` of the interactive shell) against
+    ``state``, in the daemon; ``caller``: the connecting user's UID."""
     if line is None:
-        if argv in (["-q"], ["--quit"]):
-            _quit(pipe)
-            return ""
         if argv[:1] == ["--fake-client"]:
-            if len(argv) != 4 or argv[2] != "--uid" or not argv[3].isdigit():
-                raise CommandError("Error: usage: --fake-client connect|exit --uid <uid>")
-            return _fake_client(state, argv[1], int(argv[3]))
+            return _fake_client(state, pipe, _FakeClientArgs.parse(argv[1:]))
         if state["protocol"] != 3:
             raise CommandError("Error: module verb commands need MPS protocol 3")
-        return _v3(state, pipe, argv)
+        return _v3(state, pipe, argv, caller)
     if state["protocol"] == 3:
         # MPS v3 "replaces the interactive shell of Legacy MPS v2 with a scriptable
         # module verb command syntax" (docs:mpsv3-interface): every documented v3
         # command, quitting included (-q), is one process with its arguments. What
         # the real tool does with stdin under v3 is not documented; this fake refuses.
         raise CommandError(V3_NO_SHELL)
-    if line.split() == ["quit"]:
-        _quit(pipe)
-        return ""
     return _legacy(state, line)
 
 
 def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) -> tuple[bool, str]:
-    """Run one command under the state lock, record it; (worked, reply)."""
+    """Send one command to the daemon, record it; (worked, reply)."""
     entry: dict[str, Any] = {"argv": argv} if line is None else {"stdin": line}
     entry["control_pid"] = os.getpid()  # which control process ran it (a shell runs many)
     word = line.split()[0] if line is not None else ""
@@ -854,13 +1196,10 @@ def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) 
         _record(logs, entry)
         return False, reply
     try:
-        with _locked(pipe):
-            state = _running_state(pipe)
-            entry["daemon_pid"] = state["daemon_pid"]
-            entry["protocol"] = state["protocol"]
-            reply = _execute(state, pipe, argv, line)
-            _write_state(pipe, state)
-        ok = True
+        answer = _send(pipe, {"argv": argv} if line is None else {"line": line})
+        entry["daemon_pid"] = answer.get("daemon_pid")
+        entry["protocol"] = answer.get("protocol")
+        ok, reply = bool(answer.get("ok")), str(answer.get("reply", ""))
     except CommandError as err:
         ok, reply = False, f"{err}\n"
     if ok and delay > 0:
@@ -901,9 +1240,10 @@ def _run_command(argv: list[str]) -> int:
     return 0 if all_ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0912 (one branch per flag)
     args = list(sys.argv[1:] if argv is None else argv)
-    protocol, daemon, foreground, multiuser = 2, False, False, False
+    protocol, daemon, foreground, static = 2, False, False, False
+    multiuser: str | None = None
     rest: list[str] = []
     i = 0
     while i < len(args):
@@ -912,8 +1252,10 @@ def main(argv: list[str] | None = None) -> int:
             daemon = True
         elif arg in ("-f", "--foreground"):
             foreground = True
-        elif arg in ("-m", "--multiuser"):
-            multiuser = True
+        elif arg in ("-m", "--multiuser", "-multiuser-server"):
+            multiuser = arg
+        elif arg in ("-S", "--static-partitioning"):
+            static = True
         elif arg in ("-p", "--protocol") and i + 1 < len(args):
             protocol = int(args[i + 1])
             i += 1
@@ -926,10 +1268,19 @@ def main(argv: list[str] | None = None) -> int:
     env_protocol = os.environ.get("CUDA_MPS_PROTOCOL_VERSION")
     if env_protocol:
         protocol = int(env_protocol)  # the variable wins over -p (docs:mpsv3-interface)
+    if (daemon or foreground) and multiuser is not None:
+        # Each protocol documents its own multiuser flag: v3 ``-m``/``--multiuser``
+        # (docs:mpsv3-interface "Control Daemon Options"), legacy ``-multiuser-server``
+        # (docs:mpsv2-interface; dra-facts 10.1). The other protocol's is refused.
+        wanted = "-multiuser-server" if protocol != 3 else "-m or --multiuser"
+        if (multiuser == "-multiuser-server") != (protocol != 3):
+            print(f"Error: {multiuser} is not a protocol {protocol} option; its multiuser "
+                  f"flag is {wanted}", file=sys.stderr)  # fmt: skip
+            return 1
     if daemon:
         return spawn_background(args)
     if foreground:
-        return run_daemon(protocol, multiuser)
+        return run_daemon(protocol, multiuser is not None, static)
     return _run_command(rest)
 
 
