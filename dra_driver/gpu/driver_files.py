@@ -75,9 +75,12 @@ BINARIES = (
     "nvidia-smi",
     "nvidia-debugdump",
     "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
 )
+"""Mounted when present. Not ``nvidia-cuda-mps-control``: a CUDA client never runs it
+(it reaches its daemon through ``CUDA_MPS_PIPE_DIRECTORY``), and with a legacy
+daemon's pipe directory it is a ready tool to quit the daemon or change other
+tenants' limits (issue 33); the mps-agent gets its own from the toolkit."""
 
 FIRMWARE_DIR = "lib/firmware/nvidia"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")

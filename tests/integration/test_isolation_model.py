@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from dra_driver.app.plugin import PluginParts, start_plugin
-from dra_driver.core.cdi.driver_edits import edits_from_driver_files
+from dra_driver.core.cdi.driver_edits import edits_from_driver_files, edits_from_toolkit_spec
 from dra_driver.core.settings import GpuSettings, NodeSettings, Sharing, Tenancy
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
@@ -219,15 +219,28 @@ def _driver_root(tmp: pathlib.Path, names: Sequence[str]) -> tuple[str, str]:
     return str(root), str(dev)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 33): on a real node the driver's discovery (and the NVIDIA "
-    "Container Toolkit's CDI spec it prefers) mounts /usr/bin/nvidia-cuda-mps-control "
-    "into every GPU container; with a legacy daemon's pipe dir that is a ready client",
-)
 def test_real_driver_files_mount_no_mps_control(tmp_path: pathlib.Path) -> None:
-    assert MPS_CONTROL in BINARIES
-    root, dev = _driver_root(tmp_path, BINARIES)
+    """On a real node's driver root holding the tool, no claim's container gets it."""
+    assert MPS_CONTROL not in BINARIES
+    root, dev = _driver_root(tmp_path, (*BINARIES, MPS_CONTROL))
     edits = edits_from_driver_files(discover_driver_files(root, dev_root=dev))
     mounted: list[Any] = [m.container_path for m in edits.mounts]
     assert not [p for p in mounted if p.endswith(MPS_CONTROL)], mounted
+
+
+def test_the_toolkit_specs_mps_control_tool_is_withheld() -> None:
+    """The NVIDIA Container Toolkit's spec mounts the tool too; a claim never gets it."""
+    spec = {
+        "cdiVersion": "0.6.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
+        "containerEdits": {
+            "mounts": [
+                {"hostPath": f"/usr/bin/{name}", "containerPath": f"/usr/bin/{name}"}
+                for name in ("nvidia-smi", MPS_CONTROL)
+            ]
+        },
+    }
+    parsed = edits_from_toolkit_spec(spec)
+    assert [m.container_path for m in parsed.common.mounts] == ["/usr/bin/nvidia-smi"]
+    assert any(MPS_CONTROL in note for note in parsed.skipped), parsed.skipped

@@ -84,10 +84,11 @@ def test_toolkit_common_edits_field_by_field() -> None:
         f"{LIB}/libnvidia-ptxjitcompiler.so.{VERSION}",
         f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",
         "/usr/bin/nvidia-smi",
-        "/usr/bin/nvidia-cuda-mps-control",
     ):
         assert by_path[path] == Mount(path, path, RO)
-    assert len(common.mounts) == 1 + 5 + 11 + 2
+    # The MPS control tool is withheld (issue 33): no client runs it.
+    assert "/usr/bin/nvidia-cuda-mps-control" not in by_path
+    assert len(common.mounts) == 1 + 5 + 11 + 2 - 1
     assert common.additional_gids == ()
 
 
@@ -98,7 +99,7 @@ def test_toolkit_per_device_edits() -> None:
     assert all(e == gpu for e in edits.per_device.values())
     assert edits.for_gpu(UUID) == gpu
     assert edits.for_gpu("GPU-other", index=0) == gpu
-    assert edits.skipped == ()
+    assert edits.skipped == (WITHHELD,)
     with pytest.raises(
         InventoryError, match=r"has no device 'GPU-other' or 3.*nvidia-ctk cdi generate"
     ):
@@ -106,9 +107,14 @@ def test_toolkit_per_device_edits() -> None:
 
 
 def test_toolkit_edits_render_back_to_the_same_document() -> None:
-    """Nothing is lost or invented on the way through our types."""
+    """Nothing is lost or invented on the way through our types, but the withheld tool."""
     doc = toolkit_doc()
     edits = edits_from_toolkit_spec(doc)
+    doc["containerEdits"]["mounts"] = [
+        m
+        for m in doc["containerEdits"]["mounts"]
+        if m["containerPath"] != "/usr/bin/nvidia-cuda-mps-control"
+    ]
     spec = CdiSpec(
         kind="nvidia.com/gpu",
         devices=tuple(CdiDevice(name, e) for name, e in edits.per_device.items()),
@@ -122,7 +128,7 @@ def test_toolkit_skips_foreign_edits_with_a_reason() -> None:
     doc["cdiVersion"] = "1.1.0"
     doc["containerEdits"]["netDevices"] = [{"hostInterfaceName": "eth1", "name": "net1"}]
     edits = edits_from_toolkit_spec(doc)
-    assert edits.skipped == ("containerEdits.netDevices: not a GPU edit; left out",)
+    assert edits.skipped == ("containerEdits.netDevices: not a GPU edit; left out", WITHHELD)
 
 
 @pytest.mark.parametrize(
@@ -187,6 +193,11 @@ BINS = [
 ]  # fmt: skip
 
 
+MOUNTED_BINS = [b for b in BINS if b != "nvidia-cuda-mps-control"]
+"""What a claim's container gets of BINS: not the MPS control tool (issue 33)."""
+WITHHELD = "containerEdits.mounts /usr/bin/nvidia-cuda-mps-control: the MPS control tool; left out"
+
+
 def touch(path: pathlib.Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
@@ -227,7 +238,9 @@ def test_discovery_finds_the_documented_files(tmp_path: pathlib.Path) -> None:
         DriverFile(f"{root}{fw}/gsp_ga10x.bin", f"{fw}/gsp_ga10x.bin"),
         DriverFile(f"{root}{fw}/gsp_tu10x.bin", f"{fw}/gsp_tu10x.bin"),
     )
-    assert files.binaries == tuple(DriverFile(f"{root}/usr/bin/{b}", f"/usr/bin/{b}") for b in BINS)
+    assert files.binaries == tuple(
+        DriverFile(f"{root}/usr/bin/{b}", f"/usr/bin/{b}") for b in MOUNTED_BINS
+    )
     # Regular files in the test, so no numbers: the runtime will stat the host's nodes.
     assert files.device_nodes == (FoundNode("/dev/nvidiactl"),)
     assert any("nvidia-uvm" in note and "nvidia-modprobe" in note for note in files.notes)
@@ -242,7 +255,7 @@ def test_discovery_edits(tmp_path: pathlib.Path) -> None:
     assert edits.mounts[0] == Mount(
         f"{root}{LIB}/libcuda.so.{VERSION}", f"{LIB}/libcuda.so.{VERSION}", RO
     )
-    assert len(edits.mounts) == len(LIBS) + 2 + len(BINS)
+    assert len(edits.mounts) == len(LIBS) + 2 + len(MOUNTED_BINS)
     assert all(m.options == RO and m.type is None for m in edits.mounts)
     assert edits.device_nodes == (
         DeviceNode("/dev/nvidiactl", type=""),

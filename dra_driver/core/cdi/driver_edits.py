@@ -142,10 +142,23 @@ def edits_from_toolkit_spec(doc: Mapping[str, Any], source: str = "toolkit spec"
     return ToolkitEdits(common=common, per_device=per_device, skipped=tuple(skipped))
 
 
+WITHHELD_BINARIES = ("nvidia-cuda-mps-control",)
+"""Binaries of the toolkit's spec a claim's container never gets: no CUDA client runs
+the MPS control tool, and beside a legacy daemon's pipe directory it could stop the
+daemon or change other tenants' limits (issue 33)."""
+
+
+def _withheld(mount: Mapping[str, Any]) -> bool:
+    return str(mount.get("containerPath", "")).rsplit("/", 1)[-1] in WITHHELD_BINARIES
+
+
 def _edits(raw: Mapping[str, Any], where: str, skipped: list[str]) -> ContainerEdits:
     for key in ("intelRdt", "netDevices"):
         if key in raw:
             skipped.append(f"{where}.{key}: not a GPU edit; left out")
+    for m in raw.get("mounts", ()):
+        if _withheld(m):
+            skipped.append(f"{where}.mounts {m['containerPath']}: the MPS control tool; left out")
     return ContainerEdits(
         device_nodes=tuple(_node(n) for n in raw.get("deviceNodes", ())),
         env=tuple(raw.get("env", ())),
@@ -157,6 +170,7 @@ def _edits(raw: Mapping[str, Any], where: str, skipped: list[str]) -> ContainerE
                 type=m.get("type") or None,
             )
             for m in raw.get("mounts", ())
+            if not _withheld(m)
         ),
         hooks=tuple(
             Hook(
