@@ -47,7 +47,7 @@ from dra_driver.allocator.search import (
 from dra_driver.base.quantity import Amount
 from dra_driver.core import claim_shape
 from dra_driver.core.settings import Tenancy
-from dra_driver.core.slices.build import TENANCY_ATTRIBUTE
+from dra_driver.core.slices import TENANCY_ATTRIBUTE
 
 ALLOCATOR_ATTRIBUTE = "allocator"
 CONTROLLER = "controller"

@@ -24,13 +24,11 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from dra_driver.fakes.kubelet import PrepareResult
-from dra_driver.fakes.objects import node_object
 from tests.support.cluster import Cluster
 from tests.support.e2e_identities import E2E_NAMESPACE, chart_identities
 from tests.support.e2e_local_modes import (
@@ -42,6 +40,7 @@ from tests.support.e2e_local_modes import (
     check_case_specifics,
     check_prepared,
     check_spec,
+    create_node,
     delete_node_slices,
     delete_quietly,
     ensure_device_classes,
@@ -56,52 +55,6 @@ from tests.support.examples import Obj
 
 pytestmark = pytest.mark.e2e
 E2E_MODE_OF = "control-plane"
-MARK = "fractional.dev/e2e"
-"""Label of the Node objects this mode creates (an existing node without it is not ours)."""
-
-
-def create_node(cluster: Cluster, name: str) -> None:
-    """The fake node: labels for opt-in and affinity, capacity, a Ready condition."""
-    from kubernetes.client.exceptions import ApiException
-
-    labels = {
-        OPT_IN_LABEL: "true",
-        "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
-        MARK: "control-plane",
-    }
-    try:
-        cluster.core.create_node(node_object(name, labels))
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        existing = cluster.core.read_node(name)
-        if (existing.metadata.labels or {}).get(MARK) != "control-plane":
-            pytest.skip(
-                f"node {name} exists and was not created by these tests (no {MARK} label):"
-                " set E2E_NODE_NAME to a free name"
-            )
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    resources = {"cpu": "8", "memory": "32Gi", "pods": "110"}
-    cluster.core.patch_node_status(
-        name,
-        {
-            "status": {
-                "capacity": resources,
-                "allocatable": resources,
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "message": "a fake node of the control-plane e2e mode (no kubelet)",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-            }
-        },
-    )
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +79,7 @@ def local_node(cluster: Cluster) -> Iterator[LocalDriver]:
     stack = contextlib.ExitStack()
     try:
         classes = ensure_device_classes(cluster)
-        create_node(cluster, name)  # skips when a Node of that name is not ours
+        create_node(cluster, name, "control-plane", {OPT_IN_LABEL: "true"})  # skips if not ours
         created = True
         # The plugin as its ServiceAccount (token bound to the Node just created), under
         # the RBAC and admission policies the chart installs for it.

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from dra_driver.base.ids import ClaimRef, ClaimUID
 from dra_driver.base.quantity import parse_whole
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
+from dra_driver.fakes.objects import node_object
 from tests.support.chart import helm_binary
 from tests.support.cluster import (
     POLL_S,
@@ -677,6 +679,55 @@ def delete_quietly(cluster: Cluster, api_version: str, kind: str, name: str) -> 
     except ApiException as err:
         if err.status != 404:
             print(f"cleanup: could not delete {kind}/{name}: {err.status} {err.reason}")
+
+
+MARK = "fractional.dev/e2e"
+"""Label of the Node objects the e2e tests create (an existing node without it is not ours)."""
+
+
+def create_node(cluster: Cluster, name: str, owner: str, labels: dict[str, str]) -> None:
+    """A kubelet-less Node ``name`` with ``labels``, capacity and a Ready condition,
+    marked as made by ``owner``; a skip when a Node of that name is someone else's."""
+    from kubernetes.client.exceptions import ApiException
+
+    labels = {
+        **labels,
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        MARK: owner,
+    }
+    try:
+        cluster.core.create_node(node_object(name, labels))
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        existing = cluster.core.read_node(name)
+        if (existing.metadata.labels or {}).get(MARK) != owner:
+            pytest.skip(
+                f"node {name} exists and was not created by these tests (no {MARK}={owner} "
+                "label): set E2E_NODE_NAME to a free name"
+            )
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    resources = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    cluster.core.patch_node_status(
+        name,
+        {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": f"a fake node of the e2e tests ({owner}; no kubelet)",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        },
+    )
 
 
 def delete_node_slices(cluster: Cluster, node: str) -> None:

@@ -9,7 +9,13 @@ plugin on this node. The device names themselves live in
 :mod:`dra_driver.core.published`.
 """
 
-from dra_driver.core.slices.build import MIB, DesiredSlice, build_slices, mig_share_policy
+from dra_driver.core.slices.build import (
+    MIB,
+    TENANCY_ATTRIBUTE,
+    DesiredSlice,
+    build_slices,
+    mig_share_policy,
+)
 from dra_driver.core.slices.extended_resources import (
     EVENT_REASON,
     advertised,
@@ -27,6 +33,7 @@ from dra_driver.core.slices.rules import (
 __all__ = [
     "EVENT_REASON",
     "MIB",
+    "TENANCY_ATTRIBUTE",
     "DesiredSlice",
     "SliceInvalidError",
     "advertised",
