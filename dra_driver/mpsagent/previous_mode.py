@@ -37,8 +37,20 @@ def recorded_mode(path: str) -> Mode | None:
 async def enter_exclusive_process(compute_mode: ComputeMode, gpu_uuid: str, record: str) -> None:
     """Record the GPU's compute mode at ``record`` (first start only), then set
     EXCLUSIVE_PROCESS; recorded before it is changed, so a crash in between
-    leaves the right mode. Raises :class:`ComputeModeError` when the set fails."""
+    leaves the right mode. Raises :class:`ComputeModeError` when the set fails.
+
+    A MIG instance's daemon runs in the mode the instance has: nvidia-smi refuses a
+    compute mode on a GPU in MIG mode, and setting one on a MIG device is not
+    documented (docs/nvidia-interfaces.md ``mps-mig-compute-mode``); said in the log,
+    since it lets a client without the instance's pipe directory take the instance."""
     if is_mig_uuid(gpu_uuid):
+        log.warning(
+            "MPS daemon for MIG instance %s runs without EXCLUSIVE_PROCESS (not settable "
+            "with MIG on): a container of a claim on this instance whose MPS pipe "
+            "directory is missing or wrong runs as a plain CUDA process with the whole "
+            "instance, outside every share's limits",
+            gpu_uuid,
+        )
         return
     if recorded_mode(record) is None:
         try:
