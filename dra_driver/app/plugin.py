@@ -275,6 +275,7 @@ async def _build(parts: PluginParts, closers: contextlib.AsyncExitStack) -> Plug
             mig_caps=MigCapabilities(cfg.proc_root) if backend.reads_mig_capabilities else None,
             mps=mps,
             cooperative=lambda gpu_uuid: cooperative_gpu(cfg.settings, current.get(), gpu_uuid),
+            legacy_mps=cfg.settings.legacy_mps,
         ),
         observers=[*observers, *parts.observers],
         activity=parts.activity,

@@ -74,7 +74,15 @@ class MpsAgentClient:
         except wire.ProtocolError as err:
             raise MpsAgentError("internal", f"bad answer from the mps-agent: {err}") from err
         if isinstance(reply, wire.ErrorReply):
-            raise MpsAgentError(reply.kind, f"mps-agent: {reply.message}")
+            message = f"mps-agent: {reply.message}"
+            if isinstance(request, wire.EnsureShare) and "unknown field(s)" in reply.message:
+                message += (
+                    " (this node's mps-agent is older than the kubelet plugin, which keeps a "
+                    "legacy MPS daemon to one namespace: roll the agent when the node has no "
+                    "MPS clients, kubectl delete pod -l app.kubernetes.io/component=mps-agent "
+                    "--field-selector spec.nodeName=<node>)"
+                )
+            raise MpsAgentError(reply.kind, message)
         return reply
 
     async def _connect(self) -> _Connection:

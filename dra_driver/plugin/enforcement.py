@@ -42,6 +42,7 @@ import enum
 import logging
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dra_driver.base.errors import AllocationError, DriverError, InventoryError
 from dra_driver.base.ids import ClaimRef, GpuUUID, MigUUID
@@ -76,6 +77,7 @@ from dra_driver.dmemhook import install_hook
 from dra_driver.gpu.dmem import detect_dmem
 from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.mpsagent.commands import share_cdi_edits
+from dra_driver.mpsagent.layout import is_mig_uuid
 from dra_driver.mpsagent.port import MpsAgentPort
 
 log = logging.getLogger(__name__)
@@ -139,16 +141,21 @@ class Enforcer:
         mig_caps: MigCapabilities | None,
         mps: MpsAgentPort | None,
         cooperative: Callable[[str], bool] = lambda gpu_uuid: False,
+        legacy_mps: bool = False,
     ) -> None:
         """``mig_caps`` None: stand-in capability nodes (fake backend);
         ``mps`` None: MPS shares fail with a message naming the missing agent;
         ``cooperative``: whether a GPU (by UUID) has ``tenancy: cooperative``, which
-        lets its legacy MPS daemons serve claims of several namespaces."""
+        lets its legacy MPS daemons serve claims of several namespaces;
+        ``legacy_mps``: whole GPUs' daemons speak legacy MPS (a MIG instance's always
+        does): only those shares carry the claim's namespace to the agent, so an
+        agent older than the tenancy rule still serves MPS v3 shares."""
         self.backend = backend
         self.inventory = inventory
         self.mig_caps = mig_caps
         self.mps = mps
         self.cooperative = cooperative
+        self.legacy_mps = legacy_mps
 
     async def apply(
         self, claim: ClaimRef, devices: Sequence[PlannedDevice], spec: CdiSpec
@@ -264,14 +271,20 @@ class Enforcer:
             claim_uid=claim.uid,
             memory_limit_bytes=namespace.memory_limit_bytes,
             active_thread_percentage=namespace.active_thread_percentage,
-            tenant=claim.namespace,
-            cooperative=self.cooperative(namespace.gpu_uuid),
+            **self._tenancy(claim, namespace.gpu_uuid, daemon_uuid),
         )
         edits = share_cdi_edits(share)
         return ContainerEdits(
             env=edits.env,
             mounts=tuple(Mount(m.host_path, m.container_path, m.options) for m in edits.mounts),
         )
+
+    def _tenancy(self, claim: ClaimRef, gpu_uuid: str, daemon_uuid: str) -> dict[str, Any]:
+        """What the agent needs to keep a legacy daemon to one namespace: nothing for
+        an MPS v3 daemon, whose clients each reach their own namespace directory."""
+        if not (self.legacy_mps or is_mig_uuid(daemon_uuid)):
+            return {}
+        return {"tenant": claim.namespace, "cooperative": self.cooperative(gpu_uuid)}
 
     # --- MPS inside MIG -----------------------------------------------------------
 

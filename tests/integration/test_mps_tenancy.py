@@ -11,10 +11,13 @@ whose clients each reach only their own namespace directory, takes any namespace
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from dra_driver.base.errors import MpsAgentError as AgentError
+from dra_driver.mpsagent import protocol as wire
+from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.protocol import ShareInfo
 from tests.support.mps import GIB, GPU0, Node, agent_running
 
@@ -100,3 +103,35 @@ def test_the_tenant_survives_an_agent_restart(legacy_node: Node) -> None:
                 await _ensure(legacy_node, GPU0, "b1", "team-b")
 
     asyncio.run(scenario())
+
+
+def test_an_agent_older_than_the_rule_gets_a_refusal_that_names_the_fix(tmp_path: Path) -> None:
+    """An mps-agent is rolled only by hand (OnDelete): until then it refuses the tenant
+    field, and the plugin's error says how to roll it."""
+    socket_path = str(tmp_path / "old-agent.sock")
+
+    async def old_agent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(
+            wire.encode_error(
+                "invalid_request",
+                "ensure_share args: unknown field(s) ['tenant']; allowed: active_thread_"
+                "percentage, claim_uid, gpu_uuid, memory_limit_bytes, share_id, uid",
+            )
+        )
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> str:
+        server = await asyncio.start_unix_server(old_agent, socket_path)
+        async with server:
+            with pytest.raises(AgentError) as refused:
+                await MpsAgentClient(socket_path).ensure_share(
+                    GPU0, "a1", claim_uid="c", memory_limit_bytes=GIB,
+                    active_thread_percentage=30, tenant="team-a",
+                )  # fmt: skip
+        return str(refused.value)
+
+    message = asyncio.run(scenario())
+    assert "unknown field(s) ['tenant']" in message
+    assert "older than the kubelet plugin" in message and "kubectl delete pod" in message

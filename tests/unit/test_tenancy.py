@@ -210,3 +210,33 @@ def test_a_v3_gpu_takes_every_namespace_on_the_controller_path() -> None:
     state = _state(False)
     first = _device_of(state, _claim("team-a", "a1"))
     assert _device_of(state, _claim("team-b", "b1")) == first
+
+
+# --- what the plugin tells the agent ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("legacy", "daemon", "cooperative", "expected"),
+    [
+        (False, "GPU-a", False, {}),  # v3: an agent older than the rule still serves it
+        (True, "GPU-a", False, {"tenant": "team-a", "cooperative": False}),
+        (True, "GPU-a", True, {"tenant": "team-a", "cooperative": True}),
+        (False, "MIG-b", False, {"tenant": "team-a", "cooperative": False}),  # always legacy
+    ],
+)
+def test_the_plugin_names_the_tenant_only_to_a_legacy_daemon(
+    legacy: bool, daemon: str, cooperative: bool, expected: dict[str, Any]
+) -> None:
+    from dra_driver.base.ids import ClaimRef, ClaimUID
+    from dra_driver.plugin.enforcement import Enforcer
+
+    enforcer = Enforcer(
+        backend=None,  # type: ignore[arg-type]  # not reached: only the agent's arguments
+        inventory=lambda: None,  # type: ignore[arg-type,return-value]
+        mig_caps=None,
+        mps=None,
+        cooperative=lambda gpu: cooperative,
+        legacy_mps=legacy,
+    )
+    claim = ClaimRef("team-a", "c", ClaimUID("u1"))
+    assert enforcer._tenancy(claim, "GPU-a", daemon) == expected
