@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from dra_driver.base.quantity import parse_whole
-from tests.support.cluster import Cluster, Example, delete_namespace
+from tests.support.cluster import Cluster, Example, delete_namespace, wait_for_event
 from tests.support.examples import Obj, pod_image
 
 pytestmark = pytest.mark.e2e
@@ -531,17 +531,12 @@ def test_oversized_share_stays_pending_with_our_event(cluster: Cluster) -> None:
                 },
             ),
         )
-        deadline = time.monotonic() + cluster.timeout_s
-        reasons: list[str] = []
-        while time.monotonic() < deadline:
-            events = cluster.core.list_namespaced_event(
-                namespace, field_selector="involvedObject.name=too-big"
-            ).items
-            reasons = [e.reason for e in events]
-            if "CannotAllocate" in reasons:
-                break
-            time.sleep(2)
-        assert "CannotAllocate" in reasons, f"no CannotAllocate Event; events: {reasons}"
+        events = wait_for_event(
+            cluster, namespace, "too-big", lambda e: e.startswith("CannotAllocate:")
+        )
+        assert any(e.startswith("CannotAllocate:") for e in events), (
+            f"no CannotAllocate Event; events: {events}"
+        )
         claim = claims.get(name="too-big", namespace=namespace).to_dict()
         assert not (claim.get("status") or {}).get("allocation")
         pod = cluster.core.read_namespaced_pod("pod0", namespace)

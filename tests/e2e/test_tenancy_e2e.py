@@ -23,7 +23,7 @@ import pytest
 from dra_driver.core.settings import Allocator, Capabilities, GpuSettings, NodeSettings
 from dra_driver.core.slices import build_slices
 from dra_driver.fakes.gpu import build_inventory, load_spec
-from tests.support.cluster import Cluster, delete_namespace
+from tests.support.cluster import Cluster, delete_namespace, wait_for_event
 from tests.support.e2e_local_modes import create_node, delete_node_slices, delete_quietly
 from tests.support.examples import Obj, pod_image
 
@@ -158,19 +158,13 @@ def test_a_legacy_gpu_serves_one_namespace_on_the_controller_path(
         cluster.core.create_namespace({"metadata": {"name": c}})
         claims.create(namespace=c, body=_claim(cluster.driver, c))
         cluster.core.create_namespaced_pod(c, _pod())
-        deadline = time.monotonic() + cluster.timeout_s
-        messages: list[str] = []
-        while time.monotonic() < deadline:
-            events = cluster.core.list_namespaced_event(
-                c, field_selector="involvedObject.name=share"
-            ).items
-            messages = [f"{e.reason}: {e.message}" for e in events]
-            if any(m.startswith("CannotAllocate") and "kept off" in m for m in messages):
-                break
-            time.sleep(2)
-        assert any(
-            m.startswith("CannotAllocate") and f"kept off for namespace {c}" in m for m in messages
-        ), f"no CannotAllocate Event naming the one-namespace rule; events: {messages}"
+        rule = f"kept off for namespace {c}"
+        messages = wait_for_event(
+            cluster, c, "share", lambda e: e.startswith("CannotAllocate:") and rule in e
+        )
+        assert any(m.startswith("CannotAllocate:") and rule in m for m in messages), (
+            f"no CannotAllocate Event naming the one-namespace rule; events: {messages}"
+        )
         claim = claims.get(name="share", namespace=c).to_dict()
         assert not (claim.get("status") or {}).get("allocation")
     finally:

@@ -18,9 +18,16 @@ D = f'device.attributes["{DRIVER}"]'
 
 
 def slices(
-    spec: str = "h100-80gb:2", node: str = "node-a", minor: int = 36, allocator: str = "controller"
+    spec: str = "h100-80gb:2",
+    node: str = "node-a",
+    minor: int = 36,
+    allocator: str = "controller",
+    *,
+    legacy_mps: bool = False,
 ) -> list[dict[str, Any]]:
-    settings = NodeSettings(default=GpuSettings(allocator=Allocator(allocator)))
+    settings = NodeSettings(
+        default=GpuSettings(allocator=Allocator(allocator)), legacy_mps=legacy_mps
+    )
     built = build_slices(
         build_inventory(load_spec(spec), node),
         driver_name=DRIVER,
@@ -53,8 +60,10 @@ def request(name: str = "gpu", memory: str | None = "10Gi", **extra: Any) -> dic
     return {"name": name, "exactly": exactly}
 
 
-def claim(*requests: Mapping[str, Any], **devices: Any) -> dict[str, Any]:
+def claim(
+    *requests: Mapping[str, Any], namespace: str = "default", name: str = "c", **devices: Any
+) -> dict[str, Any]:
     return {
-        "metadata": {"namespace": "default", "name": "c", "uid": "u1"},
+        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}"},
         "spec": {"devices": {"requests": list(requests or [request()]), **devices}},
     }

@@ -324,6 +324,24 @@ def diagnostics(cluster: Cluster, namespace: str) -> str:
     )
 
 
+def wait_for_event(
+    cluster: Cluster, namespace: str, name: str, wanted: Callable[[str], bool]
+) -> list[str]:
+    """The Events about object ``name`` as ``"<reason>: <message>"``, polled until one is
+    ``wanted`` or the cluster's timeout passes (the caller asserts on what came)."""
+    deadline = time.monotonic() + cluster.timeout_s
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        events = cluster.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}"
+        ).items
+        seen = [f"{e.reason}: {e.message}" for e in events]
+        if any(wanted(e) for e in seen):
+            break
+        time.sleep(2)
+    return seen
+
+
 def delete_namespace(cluster: Cluster, namespace: str) -> bool:
     """Delete ``namespace`` and wait until it is gone; False on timeout."""
     return delete_and_wait(

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.allocator import AllocatorState, sentinel_expression
+from dra_driver.allocator import AllocatorState
 from dra_driver.base.errors import ConfigError
 from dra_driver.core.settings import (
     Allocator,
@@ -34,9 +34,9 @@ from dra_driver.core.settings import (
 from dra_driver.core.slices import build_slices
 from dra_driver.fakes.gpu import build_inventory, load_spec
 from dra_driver.plugin.node_config import NodeFlags, load_node_settings
+from tests.support import allocator as support
 
 DRIVER = "gpu.fractional.dev"
-CLASS = "share.gpu.fractional.dev"
 NODE = "node-a"
 
 
@@ -131,43 +131,16 @@ def test_mig_instances_are_mps_shared_only_with_the_opt_in(tenancy: Tenancy) -> 
 
 
 def _state(legacy: bool, *claims: dict[str, Any]) -> AllocatorState:
-    settings = NodeSettings(default=GpuSettings(allocator=Allocator.CONTROLLER), legacy_mps=legacy)
-    built = build_slices(
-        build_inventory(load_spec("h100-80gb:2"), NODE),
-        driver_name=DRIVER,
-        node_name=NODE,
-        settings=settings,
-        capabilities=Capabilities.for_version(36),
-    )
-    cls = {
-        "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": sentinel_expression(DRIVER)}}]},
-    }
     return AllocatorState(
-        slices=[{"spec": s.spec} for s in built],
-        classes=[cls],
+        slices=support.slices(legacy_mps=legacy),
+        classes=[support.device_class()],
         allocated_claims=list(claims),
         driver_name=DRIVER,
     )
 
 
-def _claim(namespace: str, name: str, memory: str = "10Gi") -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": CLASS,
-                            "capacity": {"requests": {"memory": memory}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
+def _claim(namespace: str, name: str) -> dict[str, Any]:
+    return support.claim(support.request(), namespace=namespace, name=name)
 
 
 def _device_of(state: AllocatorState, claim: dict[str, Any]) -> str | None:
