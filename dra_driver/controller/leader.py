@@ -1,22 +1,38 @@
-"""Leader election with a ``coordination.k8s.io/v1`` Lease, as client-go does it.
+"""Leader election with a ``coordination.k8s.io/v1`` Lease, with client-go's semantics.
 
-A candidate takes the Lease when it is free (no holder) or expired
-(``renewTime + leaseDurationSeconds`` in the past), renews it every
-``renew_interval_s`` while it leads, and gives it up on shutdown (holder
+A candidate takes the Lease when it is free (no holder) or expired, renews it
+every ``renew_interval_s`` while it leads, and gives it up on shutdown (holder
 cleared, duration 1 s). Every write carries the resourceVersion read, so two
 candidates never both win.
 
-Nothing fails silently: every failed attempt is logged with its cause (the
-call, HTTP status, reason and the API server's message), a leader's at
-WARNING. A failed renewal is retried every ``retry_interval_s``; when none has
-succeeded within ``renew_deadline_s`` (shorter than the lease, so the Lease is
-still ours when we stop), or the Lease names another holder, leadership is
-lost: :meth:`LeaderElector.run` raises :class:`LeadershipLostError`, which ends
-the controller with exit status 2 so that its pod restarts and another replica
-(or this one, anew) takes over. A replica never stays up neither leading nor
+**Expiry is judged on this process's own monotonic clock**, as client-go's
+``leaderelection`` does: a Lease held by another is expired once
+``leaseDurationSeconds`` have passed since this candidate last *saw the record
+change* (:class:`Observed`). The holder's ``renewTime`` is never compared with
+the local wall clock, so clock skew between nodes cannot let a candidate take
+a live Lease; the cost is that a new candidate waits a full lease duration
+before taking the Lease of a holder that died (a released Lease is taken at
+once).
+
+**Every renewal is bounded by the renew deadline**, measured from the start of
+the last renewal that succeeded (the write of a successful attempt lands after
+it starts, so every other candidate's observation, and so its expiry, comes
+later). The attempts in between, their calls included, run under that
+deadline: a renewal whose GET or PATCH hangs is abandoned at the deadline, the
+leader stops leading (``leading`` cleared, ``lost`` set) while the Lease is
+still valid for everyone else (``renew_deadline_s < lease_duration_s``), and
+:meth:`LeaderElector.run` raises :class:`LeadershipLostError`, which ends the
+controller with exit status 2 so that its pod restarts. Losing the Lease to
+another holder does the same. A replica never stays up neither leading nor
 trying to.
 
-:func:`lease_action` is the pure rule; :class:`LeaderElector` does the I/O.
+Nothing fails silently: every failed attempt is logged with its cause (the
+call, HTTP status, reason and the API server's message), a leader's at
+WARNING.
+
+:func:`observe` and :func:`lease_action` are the pure rules; :class:`LeaseApi`
+is the I/O (the official client's transport, in a thread); :class:`LeaderElector`
+runs the campaign.
 """
 
 from __future__ import annotations
@@ -25,7 +41,9 @@ import asyncio
 import datetime
 import functools
 import logging
-from typing import Any, Literal
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, Protocol
 
 from dra_driver.base.errors import (
     ApiConflictError,
@@ -42,34 +60,106 @@ log = logging.getLogger(__name__)
 Action = Literal["take", "renew", "wait"]
 
 
-def _parse(stamp: str | None) -> datetime.datetime | None:
-    if not stamp:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def micro_time(now: datetime.datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def lease_action(lease: JsonObj | None, identity: str, now: datetime.datetime) -> Action:
-    """What ``identity`` may do with ``lease`` at ``now`` (pure)."""
+Record = tuple[str, str, str, int, int]
+"""What identifies a holder's write: holder, renewTime, acquireTime, duration, transitions."""
+
+
+def _record(lease: JsonObj) -> Record:
+    spec = lease.get("spec") or {}
+    return (
+        str(spec.get("holderIdentity") or ""),
+        str(spec.get("renewTime") or ""),
+        str(spec.get("acquireTime") or ""),
+        int(spec.get("leaseDurationSeconds") or 0),
+        int(spec.get("leaseTransitions") or 0),
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The Lease record as this candidate last saw it, and when (its monotonic clock)
+    it first saw it so."""
+
+    record: Record
+    at: float
+
+
+def observe(previous: Observed | None, lease: JsonObj | None, now: float) -> Observed | None:
+    """The observation after reading ``lease`` at ``now`` (pure): a record that changed
+    is new as of ``now``; an unchanged one keeps the time it was first seen."""
+    if lease is None:
+        return None
+    record = _record(lease)
+    if previous is not None and previous.record == record:
+        return previous
+    return Observed(record, now)
+
+
+def lease_action(
+    lease: JsonObj | None, identity: str, now: float, observed: Observed | None
+) -> Action:
+    """What ``identity`` may do with ``lease`` at ``now`` (pure; ``now`` and
+    ``observed.at`` on this process's monotonic clock): another holder's Lease is
+    expired once its duration has passed since the record was seen to change."""
     if lease is None:
         return "take"
-    spec = lease.get("spec") or {}
-    holder = spec.get("holderIdentity") or ""
+    holder, _, _, duration, _ = _record(lease)
     if holder == identity:
         return "renew"
     if not holder:
         return "take"
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
-    duration = float(spec.get("leaseDurationSeconds") or 0)
-    if renewed is None or renewed + datetime.timedelta(seconds=duration) < now:
-        return "take"
-    return "wait"
+    if observed is None or observed.record != _record(lease):
+        return "wait"  # just seen: its duration starts now
+    return "take" if observed.at + duration <= now else "wait"
+
+
+class LeaseApi(Protocol):
+    """The Lease's reads and writes (raising :class:`ApiError` subclasses)."""
+
+    async def get(self) -> JsonObj | None: ...
+    async def create(self, body: JsonObj) -> None: ...
+    async def patch(self, lease: JsonObj, spec: JsonObj) -> None: ...
+
+
+class ClientLeaseApi:
+    """:class:`LeaseApi` through the official client's transport, in a thread."""
+
+    def __init__(self, api_client: Any, namespace: str, name: str) -> None:
+        self._api = api_client
+        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self._name = name
+
+    async def get(self) -> JsonObj | None:
+        try:
+            lease: JsonObj = await asyncio.to_thread(
+                send_json, self._api, "GET", f"{self._path}/{self._name}"
+            )
+        except ApiNotFoundError:
+            return None
+        return lease
+
+    async def create(self, body: JsonObj) -> None:
+        await asyncio.to_thread(send_json, self._api, "POST", self._path, body)
+
+    async def patch(self, lease: JsonObj, spec: JsonObj) -> None:
+        """Write ``spec`` over the Lease as read: a merge patch guarded by its
+        resourceVersion, so two candidates cannot both take it (one gets 409)."""
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        patch = {"metadata": {"resourceVersion": version}, "spec": spec}
+        await asyncio.to_thread(
+            functools.partial(
+                send_json,
+                self._api,
+                "PATCH",
+                f"{self._path}/{self._name}",
+                patch,
+                content_type=MERGE_PATCH,
+            )
+        )
 
 
 class LeaderElector:
@@ -84,7 +174,12 @@ class LeaderElector:
         renew_deadline_s: float = 10.0,
         renew_interval_s: float = 5.0,
         retry_interval_s: float = 2.0,
+        lease_api: LeaseApi | None = None,
+        wall_clock: Any = None,
     ) -> None:
+        """``lease_api``: the Lease's I/O (default: ``api_client``'s transport);
+        ``wall_clock``: what stamps ``acquireTime``/``renewTime`` (a callable giving an
+        aware datetime; default: UTC now). Neither stamp is ever used for expiry."""
         if not (0 < max(retry_interval_s, renew_interval_s) < renew_deadline_s < lease_duration_s):
             raise ConfigError(
                 f"leader election needs 0 < retry period ({retry_interval_s:g}s) and renew "
@@ -92,7 +187,8 @@ class LeaderElector:
                 f"lease duration ({lease_duration_s:g}s), as client-go does: change "
                 "--retry-period, --renew-deadline or --lease-duration"
             )
-        self._api = api_client
+        self._leases: LeaseApi = lease_api or ClientLeaseApi(api_client, namespace, name)
+        self._wall_clock = wall_clock or (lambda: datetime.datetime.now(datetime.UTC))
         self.name, self.namespace, self.identity = name, namespace, identity
         self.lease_duration_s = lease_duration_s
         self.renew_deadline_s = renew_deadline_s
@@ -101,12 +197,10 @@ class LeaderElector:
         self.is_leader = False
         self.leading = asyncio.Event()
         self.lost = asyncio.Event()
+        self._observed: Observed | None = None
         self._last_renew = 0.0
+        """Monotonic start of the last attempt that held the Lease."""
         self._last_error: ApiError | None = None
-
-    @property
-    def _path(self) -> str:
-        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
 
     @property
     def lease(self) -> str:
@@ -116,55 +210,38 @@ class LeaderElector:
         """One attempt; True when this candidate holds the Lease afterwards. Raises
         :class:`ApiError` when a call fails, :class:`LeadershipLostError` when this
         leader finds the Lease held by another."""
-        now = datetime.datetime.now(datetime.UTC)
-        try:
-            lease: JsonObj | None = await asyncio.to_thread(
-                send_json, self._api, "GET", f"{self._path}/{self.name}"
-            )
-        except ApiNotFoundError:
-            lease = None
-        action = lease_action(lease, self.identity, now)
+        lease = await self._leases.get()
+        seen = asyncio.get_running_loop().time()
+        self._observed = observe(self._observed, lease, seen)
+        action = lease_action(lease, self.identity, seen, self._observed)
         if action == "wait":
             if self.is_leader:
                 holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
                 self._lose(f"the Lease is held by {holder!r} now")
             return False
+        stamp = micro_time(self._wall_clock())
         spec: JsonObj = dict((lease or {}).get("spec") or {})
         if action == "take":
             spec["holderIdentity"] = self.identity
-            spec["acquireTime"] = micro_time(now)
+            spec["acquireTime"] = stamp
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (
                 1 if lease is not None else 0
             )
-        spec["leaseDurationSeconds"] = max(1, int(self.lease_duration_s))
-        spec["renewTime"] = micro_time(now)
+        # Whole seconds in the API: rounded up, so no candidate waits less than configured.
+        spec["leaseDurationSeconds"] = max(1, math.ceil(self.lease_duration_s))
+        spec["renewTime"] = stamp
         if lease is None:
-            body: JsonObj = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": spec,
-            }
-            await asyncio.to_thread(send_json, self._api, "POST", self._path, body)
-        else:
-            await self._patch_spec(lease, spec)
-        return True
-
-    async def _patch_spec(self, lease: JsonObj, spec: JsonObj) -> None:
-        """Write ``spec`` over the Lease as read: a merge patch guarded by its
-        resourceVersion, so two candidates cannot both take it (one gets 409)."""
-        version = (lease.get("metadata") or {}).get("resourceVersion")
-        patch = {"metadata": {"resourceVersion": version}, "spec": spec}
-        await asyncio.to_thread(
-            functools.partial(
-                send_json,
-                self._api,
-                "PATCH",
-                f"{self._path}/{self.name}",
-                patch,
-                content_type=MERGE_PATCH,
+            await self._leases.create(
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": spec,
+                }
             )
-        )
+        else:
+            await self._leases.patch(lease, spec)
+        return True
 
     async def run(self) -> None:
         """Campaign, then renew, until cancelled (then the Lease is released) or until
@@ -172,26 +249,50 @@ class LeaderElector:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                held = await self._attempt()
-                now = loop.time()
+                started = loop.time()
+                held = await self._bounded_attempt(started)
                 if held:
-                    self._last_renew = now
+                    self._last_renew = started
                     self._last_error = None
                     if not self.is_leader:
                         log.info("%s leads (lease %s)", self.identity, self.lease)
                         self.is_leader = True
                         self.lost.clear()
                         self.leading.set()
-                elif self.is_leader and now - self._last_renew >= self.renew_deadline_s:
-                    self._lose(
-                        f"no renewal succeeded within the renew deadline "
-                        f"({self.renew_deadline_s:g}s); the last attempt: {self._last_error}"
-                    )
-                await asyncio.sleep(self.renew_interval_s if held else self.retry_interval_s)
+                    await asyncio.sleep(self.renew_interval_s)
+                    continue
+                pause = self.retry_interval_s
+                if self.is_leader:
+                    left = self._deadline() - loop.time()
+                    if left <= 0:
+                        self._lose(self._deadline_passed())
+                    pause = min(pause, left)
+                await asyncio.sleep(pause)
         finally:
             if self.is_leader:  # cancelled while leading: shutting down
                 self._step_down("shutting down")
                 await self.release()
+
+    def _deadline(self) -> float:
+        return self._last_renew + self.renew_deadline_s
+
+    def _deadline_passed(self) -> str:
+        return (
+            f"no renewal succeeded within the renew deadline ({self.renew_deadline_s:g}s after "
+            f"the last one began); the last attempt: {self._last_error or 'no answer in time'}"
+        )
+
+    async def _bounded_attempt(self, started: float) -> bool:
+        """One attempt; a leader's runs under the renew deadline, and one that has not
+        answered by then ends the leadership (its calls are abandoned)."""
+        if not self.is_leader:
+            return await self._attempt()
+        try:
+            async with asyncio.timeout_at(self._deadline()):
+                return await self._attempt()
+        except TimeoutError:
+            self._last_error = None
+            self._lose(self._deadline_passed())
 
     async def _attempt(self) -> bool:
         """One attempt, its failure logged with its cause (never silently)."""
@@ -202,7 +303,7 @@ class LeaderElector:
             if self.is_leader:
                 log.warning(
                     "%s could not renew the lease %s (retrying in %gs, leadership ends "
-                    "%gs after the last renewal): %s",
+                    "%gs after the last renewal began): %s",
                     self.identity,
                     self.lease,
                     self.retry_interval_s,
@@ -229,7 +330,7 @@ class LeaderElector:
         self.leading.clear()
         self.lost.set()
 
-    def _lose(self, why: str) -> None:
+    def _lose(self, why: str) -> NoReturn:
         """Leadership is gone while running: stop leading and end the process."""
         self.is_leader = False
         self.leading.clear()
@@ -242,14 +343,15 @@ class LeaderElector:
     async def release(self) -> None:
         """Give the Lease up so another candidate need not wait for it to expire."""
         try:
-            lease = await asyncio.to_thread(
-                send_json, self._api, "GET", f"{self._path}/{self.name}"
-            )
-            spec = dict(lease.get("spec") or {})
-            if spec.get("holderIdentity") != self.identity:
-                return
-            spec["holderIdentity"] = ""
-            spec["leaseDurationSeconds"] = 1
-            await self._patch_spec(lease, spec)
-        except ApiError as err:
-            log.warning("could not release the lease %s: %s", self.lease, err)
+            async with asyncio.timeout(self.renew_deadline_s):
+                lease = await self._leases.get()
+                if lease is None:
+                    return
+                spec = dict(lease.get("spec") or {})
+                if spec.get("holderIdentity") != self.identity:
+                    return
+                spec["holderIdentity"] = ""
+                spec["leaseDurationSeconds"] = 1
+                await self._leases.patch(lease, spec)
+        except (ApiError, TimeoutError) as err:
+            log.warning("could not release the lease %s: %s", self.lease, err or "no answer")

@@ -18,7 +18,6 @@ import pytest
 from dra_driver.allocator import node_fits_pod
 from dra_driver.base.quantity import parse_quantity
 from dra_driver.controller.informer import CLAIMS, Informer
-from dra_driver.controller.leader import lease_action, micro_time
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import FINALIZER, REJECTED_ANNOTATION
 from dra_driver.k8s.watch import MERGE_PATCH
@@ -396,22 +395,6 @@ def test_node_fits_pod_selector_affinity_and_taints() -> None:
         "nodeSelectorTerms"
     ] = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]
     assert not node_fits_pod(node, {"spec": {**tolerate, "affinity": affinity}})
-
-
-def test_lease_action() -> None:
-    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
-    held = {
-        "spec": {
-            "holderIdentity": "a",
-            "renewTime": micro_time(now - datetime.timedelta(seconds=5)),
-            "leaseDurationSeconds": 15,
-        }
-    }
-    assert lease_action(None, "b", now) == "take"
-    assert lease_action(held, "a", now) == "renew"
-    assert lease_action(held, "b", now) == "wait"
-    assert lease_action(held, "b", now + datetime.timedelta(seconds=11)) == "take"
-    assert lease_action({"spec": {"holderIdentity": ""}}, "b", now) == "take"
 
 
 def test_work_queue_coalesces() -> None:
