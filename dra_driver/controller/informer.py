@@ -2,8 +2,12 @@
 
 The informer lists, then watches from the list's resourceVersion; a stream that
 ends (server timeout, idle read timeout, cut connection) is resumed from the
-last resourceVersion seen; a 410 ``Expired`` (history compacted) relists and
-replaces the cache; other errors back off and retry from the last version.
+last resourceVersion seen at once; a 410 ``Expired`` (history compacted) relists
+and replaces the cache, and other errors retry from the last version, each after
+a backoff as client-go's reflector takes one (:data:`REFLECTOR_BACKOFF`: 0.8 s
+doubling to 30 s, with jitter; the count starts again once two minutes pass
+without a failure). So a LIST or a watch that keeps failing, 410 included, is
+retried ever more slowly, never in a tight loop.
 
 The blocking client calls run in a thread of the informer's own: a watch holds
 its thread for up to the read timeout, and six informers in ``asyncio.to_thread``'s
@@ -21,7 +25,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +33,7 @@ from typing import Any
 from dra_driver.base.errors import ApiError
 from dra_driver.controller import slim
 from dra_driver.controller.cache import ObjectCache, PackedCache, PlainCache
+from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.watch import (
     WatchCanceller,
@@ -38,6 +43,11 @@ from dra_driver.k8s.watch import (
 )
 
 log = logging.getLogger(__name__)
+
+REFLECTOR_BACKOFF = Backoff(initial_s=0.8, max_s=30.0, factor=2.0, jitter=0.5)
+"""client-go's reflector: 800 ms doubling to 30 s, jittered (ours symmetric, +-50 %)."""
+BACKOFF_RESET_S = 120.0
+"""A failure this long after the previous one starts the count again (client-go: 2 min)."""
 
 ChangeHandler = Callable[[str, JsonObj, JsonObj], None]
 
@@ -91,13 +101,17 @@ class Informer:
         *,
         on_change: ChangeHandler | None = None,
         read_timeout_s: float = 30.0,
-        backoff_s: float = 1.0,
+        backoff: Backoff = REFLECTOR_BACKOFF,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.kind = kind
         self._api = api_client
         self._on_change = on_change
         self._read_timeout_s = read_timeout_s
-        self._backoff_s = backoff_s
+        self._backoff = backoff
+        self._sleep = sleep
+        self._failures = 0
+        self._last_failure = -BACKOFF_RESET_S
         self.objects: ObjectCache = self._new_cache()
         self.synced = asyncio.Event()
         self.relists = 0
@@ -132,19 +146,29 @@ class Informer:
                     if not self._version:
                         await self._relist(thread)
                     await loop.run_in_executor(thread, self._watch_once, loop)
-                except WatchExpiredError as err:
-                    log.info("%s: %s; relisting", self.kind.name, err)
-                    self._version = ""
+                    continue  # a watch that ended: resumed from the last version at once
                 except ApiError as err:
-                    if err.status == 410:  # Gone as an HTTP status rather than an event
-                        log.info("%s: %s; relisting", self.kind.name, err)
-                        self._version = ""
-                        continue
-                    log.warning("%s: %s; retrying in %.1fs", self.kind.name, err, self._backoff_s)
-                    await asyncio.sleep(self._backoff_s)
+                    failure = err
+                delay = self._next_delay()
+                if isinstance(failure, WatchExpiredError) or failure.status == 410:
+                    # History compacted (an event, or Gone as an HTTP status): relist.
+                    self._version = ""
+                    log.info("%s: %s; relisting in %.1fs", self.kind.name, failure, delay)
+                else:
+                    log.warning("%s: %s; retrying in %.1fs", self.kind.name, failure, delay)
+                await self._sleep(delay)
         finally:
             self._canceller.cancel()  # the blocked watch returns now, not at its read timeout
             thread.shutdown(wait=False)
+
+    def _next_delay(self) -> float:
+        """The backoff before the next try, counting this failure."""
+        now = asyncio.get_running_loop().time()
+        if now - self._last_failure > BACKOFF_RESET_S:
+            self._failures = 0
+        self._failures += 1
+        self._last_failure = now
+        return self._backoff.delay(self._failures)
 
     async def _relist(self, thread: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
