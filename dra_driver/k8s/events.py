@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
 import time
 import uuid
@@ -65,21 +66,20 @@ WARNING = "Warning"
 
 
 _STAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-_last_stamp: tuple[int, str] = (-1, "")
-"""(second, its text): the controller stamps two writes per claim, many a second."""
+
+
+@functools.lru_cache(maxsize=4)
+def _stamp_of(second: int) -> str:
+    """The text of one second; cached, since the controller stamps two writes per claim,
+    many a second (lru_cache is safe from several threads; no module state of ours)."""
+    return time.strftime(_STAMP_FORMAT, time.gmtime(second))
 
 
 def now_rfc3339(now: datetime.datetime | None = None) -> str:
     """A timestamp as the API writes ``metav1.Time`` (seconds, UTC, ``Z``)."""
-    global _last_stamp  # noqa: PLW0603 (one cached value; a tuple, replaced whole)
     if now is not None:
         return now.strftime(_STAMP_FORMAT)
-    second = int(time.time())
-    cached = _last_stamp
-    if cached[0] != second:
-        cached = (second, time.strftime(_STAMP_FORMAT, time.gmtime(second)))
-        _last_stamp = cached
-    return cached[1]
+    return _stamp_of(int(time.time()))
 
 
 @dataclass(frozen=True)
