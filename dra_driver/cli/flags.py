@@ -29,11 +29,16 @@ class EnvTwinParser(argparse.ArgumentParser):
     Subparsers inherit this class, so each subcommand checks its own flags.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.env_twins: list[argparse.Action] = []
+        """The flags :func:`add_flag` added (``add_argument`` returns each Action)."""
+
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
-        for action in self._actions:
+        for action in self.env_twins:
             value = getattr(parsed, action.dest, None)
             if action.choices is None or value is None or value in action.choices:
                 continue
@@ -50,7 +55,9 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs: An
         kwargs["default"] = os.environ[env]
     default = kwargs.get("default")
     suffix = f" [env {env}" + (f"; default {default}]" if default not in (None, "") else "]")
-    parser.add_argument(flag, help=help + suffix, **kwargs)
+    action = parser.add_argument(flag, help=help + suffix, **kwargs)
+    if isinstance(parser, EnvTwinParser):
+        parser.env_twins.append(action)
 
 
 def common_flags(parser: argparse.ArgumentParser, log_level: str = "INFO") -> None:
