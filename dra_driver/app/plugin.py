@@ -62,7 +62,7 @@ from dra_driver.plugin.config import (
 from dra_driver.plugin.current_inventory import CurrentInventory
 from dra_driver.plugin.disruption_guard import DisruptionGuard, PodStore
 from dra_driver.plugin.driver import Driver, ReconcileReport
-from dra_driver.plugin.enforcement import Enforcer, cooperative_gpu
+from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.plugin.health_monitor import HealthListener, HealthMonitor
 from dra_driver.plugin.inventory_watch import InventoryWatch
 from dra_driver.plugin.mps_watch import MpsUidWatch
@@ -274,8 +274,7 @@ async def _build(parts: PluginParts, closers: contextlib.AsyncExitStack) -> Plug
             inventory=current.get,
             mig_caps=MigCapabilities(cfg.proc_root) if backend.reads_mig_capabilities else None,
             mps=mps,
-            cooperative=lambda gpu_uuid: cooperative_gpu(cfg.settings, current.get(), gpu_uuid),
-            legacy_mps=cfg.settings.legacy_mps,
+            settings=cfg.settings,
         ),
         observers=[*observers, *parts.observers],
         activity=parts.activity,

@@ -123,15 +123,6 @@ async def dmem_hook_settings(
     )
 
 
-def cooperative_gpu(settings: NodeSettings, inventory: Inventory, gpu_uuid: str) -> bool:
-    """Whether the node config gives GPU ``gpu_uuid`` ``tenancy: cooperative`` (a GPU
-    no longer in the inventory: no)."""
-    for gpu in inventory.gpus:
-        if gpu.uuid == gpu_uuid:
-            return settings.for_gpu(gpu.index, gpu.uuid).tenancy is Tenancy.COOPERATIVE
-    return False
-
-
 class Enforcer:
     def __init__(
         self,
@@ -140,22 +131,17 @@ class Enforcer:
         inventory: Callable[[], Inventory],
         mig_caps: MigCapabilities | None,
         mps: MpsAgentPort | None,
-        cooperative: Callable[[str], bool] = lambda gpu_uuid: False,
-        legacy_mps: bool = False,
+        settings: NodeSettings | None = None,
     ) -> None:
         """``mig_caps`` None: stand-in capability nodes (fake backend);
         ``mps`` None: MPS shares fail with a message naming the missing agent;
-        ``cooperative``: whether a GPU (by UUID) has ``tenancy: cooperative``, which
-        lets its legacy MPS daemons serve claims of several namespaces;
-        ``legacy_mps``: whole GPUs' daemons speak legacy MPS (a MIG instance's always
-        does): only those shares carry the claim's namespace to the agent, so an
-        agent older than the tenancy rule still serves MPS v3 shares."""
+        ``settings``: the node's (default: the defaults), for who may share a legacy
+        MPS daemon (:meth:`_tenancy`)."""
         self.backend = backend
         self.inventory = inventory
         self.mig_caps = mig_caps
         self.mps = mps
-        self.cooperative = cooperative
-        self.legacy_mps = legacy_mps
+        self.settings = settings or NodeSettings()
 
     async def apply(
         self, claim: ClaimRef, devices: Sequence[PlannedDevice], spec: CdiSpec
@@ -281,10 +267,13 @@ class Enforcer:
 
     def _tenancy(self, claim: ClaimRef, gpu_uuid: str, daemon_uuid: str) -> dict[str, Any]:
         """What the agent needs to keep a legacy daemon to one namespace: nothing for
-        an MPS v3 daemon, whose clients each reach their own namespace directory."""
-        if not (self.legacy_mps or is_mig_uuid(daemon_uuid)):
+        an MPS v3 daemon, whose clients each reach their own namespace directory (so
+        an agent older than the tenancy rule still serves MPS v3 shares)."""
+        if self.settings.daemon_keeps_tenants_apart(mig=is_mig_uuid(daemon_uuid)):
             return {}
-        return {"tenant": claim.namespace, "cooperative": self.cooperative(gpu_uuid)}
+        gpu = next((g for g in self.inventory().gpus if g.uuid == gpu_uuid), None)
+        tenancy = self.settings.for_gpu(gpu.index, gpu.uuid).tenancy if gpu is not None else None
+        return {"tenant": claim.namespace, "cooperative": tenancy is Tenancy.COOPERATIVE}
 
     # --- MPS inside MIG -----------------------------------------------------------
 

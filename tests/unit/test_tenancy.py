@@ -189,27 +189,32 @@ def test_a_v3_gpu_takes_every_namespace_on_the_controller_path() -> None:
 
 
 @pytest.mark.parametrize(
-    ("legacy", "daemon", "cooperative", "expected"),
+    ("legacy", "mig", "tenancy", "expected"),
     [
-        (False, "GPU-a", False, {}),  # v3: an agent older than the rule still serves it
-        (True, "GPU-a", False, {"tenant": "team-a", "cooperative": False}),
-        (True, "GPU-a", True, {"tenant": "team-a", "cooperative": True}),
-        (False, "MIG-b", False, {"tenant": "team-a", "cooperative": False}),  # always legacy
+        (False, False, Tenancy.NAMESPACE, {}),  # v3: an agent older than the rule serves it
+        (True, False, Tenancy.NAMESPACE, {"tenant": "team-a", "cooperative": False}),
+        (True, False, Tenancy.COOPERATIVE, {"tenant": "team-a", "cooperative": True}),
+        (False, True, Tenancy.COOPERATIVE, {"tenant": "team-a", "cooperative": True}),
     ],
 )
 def test_the_plugin_names_the_tenant_only_to_a_legacy_daemon(
-    legacy: bool, daemon: str, cooperative: bool, expected: dict[str, Any]
+    legacy: bool, mig: bool, tenancy: Tenancy, expected: dict[str, Any]
 ) -> None:
     from dra_driver.base.ids import ClaimRef, ClaimUID
     from dra_driver.plugin.enforcement import Enforcer
 
+    inventory = build_inventory(load_spec("h100-80gb"), NODE)
+    (gpu,) = inventory.gpus
     enforcer = Enforcer(
         backend=None,  # type: ignore[arg-type]  # not reached: only the agent's arguments
-        inventory=lambda: None,  # type: ignore[arg-type,return-value]
+        inventory=lambda: inventory,
         mig_caps=None,
         mps=None,
-        cooperative=lambda gpu: cooperative,
-        legacy_mps=legacy,
+        settings=NodeSettings(per_gpu={"0": GpuSettings(tenancy=tenancy)}, legacy_mps=legacy),
     )
     claim = ClaimRef("team-a", "c", ClaimUID("u1"))
-    assert enforcer._tenancy(claim, "GPU-a", daemon) == expected
+    daemon = "MIG-00000000-aaaa-bbbb-cccc-444444444444" if mig else gpu.uuid
+    assert enforcer._tenancy(claim, gpu.uuid, daemon) == expected
+    # A GPU gone from the inventory: no opt-in is known for it.
+    if expected:
+        assert enforcer._tenancy(claim, "GPU-gone", daemon)["cooperative"] is False
