@@ -166,9 +166,13 @@ class AllocatorState(NodeSearch):
             self._tenants.setdefault(key, set()).add(namespace)
 
     def _tenant_refuses(self, device: Device, namespace: str) -> str | None:
-        """The namespace a one-namespace device serves, when it is not ``namespace``."""
-        others = self._tenants.get(device.key, set()) - {namespace}
-        return min(others) if others else None
+        """The namespace a one-namespace device serves, when it is not ``namespace``
+        (asked for every candidate device of every claim: no set is built unless the
+        device has tenants)."""
+        served = self._tenants.get(device.key)
+        if not served or served == {namespace}:
+            return None
+        return min(served - {namespace})
 
     def _charge(
         self,
