@@ -42,6 +42,7 @@ import datetime
 import functools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, Protocol
 
@@ -175,7 +176,7 @@ class LeaderElector:
         renew_interval_s: float = 5.0,
         retry_interval_s: float = 2.0,
         lease_api: LeaseApi | None = None,
-        wall_clock: Any = None,
+        wall_clock: Callable[[], datetime.datetime] | None = None,
     ) -> None:
         """``lease_api``: the Lease's I/O (default: ``api_client``'s transport);
         ``wall_clock``: what stamps ``acquireTime``/``renewTime`` (a callable giving an
