@@ -276,6 +276,17 @@ def _serve_control(listener: socket.socket, pipe: str) -> None:
         threading.Thread(target=_serve_connection, args=(conn, pipe), daemon=True).start()
 
 
+def _read_line(conn: socket.socket, limit: int | None = None) -> bytes:
+    """Bytes up to and including a newline (or the peer's close, or ``limit``)."""
+    data = b""
+    while not data.endswith(b"\n") and (limit is None or len(data) < limit):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def _serve_connection(conn: socket.socket, pipe: str) -> None:
     """One request: a JSON line ``{"argv": [...]}`` (a command line) or ``{"line": "..."}``
     (a line of the legacy shell), answered with one JSON line; a bare ``quit`` line is
@@ -284,13 +295,8 @@ def _serve_connection(conn: socket.socket, pipe: str) -> None:
     (dra-facts 10.1 "Isolation": the pipe directory's ``control`` socket is the power)."""
     with conn:
         conn.settimeout(5)
-        data = b""
         try:
-            while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = _read_line(conn, MAX_REQUEST)
             uid = _peer_uid(conn)
         except OSError:
             return
@@ -1147,12 +1153,7 @@ def _send(pipe: str, request: dict[str, Any]) -> dict[str, Any]:
             raise CommandError(f"{NO_DAEMON}: {err}") from err
         try:
             conn.sendall(json.dumps(request).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = _read_line(conn)
         except OSError as err:
             raise CommandError(f"{NO_DAEMON}: {err}") from err
     if not data.strip():
