@@ -1,0 +1,105 @@
+"""The pure helpers of hack/bench/kubelet_prepare.py: the kubelet's histogram read per
+driver and method, the phases' deltas and the MPS/whole tally."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+METHOD = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
+FAMILY = "dra_grpc_operations_duration_seconds"
+
+
+def sample(kind: str, driver: str, code: str, method: str, value: float) -> str:
+    """One line of the kubelet's histogram, labelled as the real kubelet labels it
+    (read off Kubernetes 1.36.2's /metrics)."""
+    labels = f'driver_name="{driver}",grpc_status_code="{code}",method_name="{METHOD}{method}"'
+    return f"{FAMILY}_{kind}{{{labels}}} {value}"
+
+
+# Two status codes for one method, another driver beside ours, another family.
+KUBELET_TEXT = "\n".join(
+    [
+        f"# HELP {FAMILY} [ALPHA] Duration in seconds of the DRA gRPC operations",
+        f"# TYPE {FAMILY} histogram",
+        sample("bucket", "gpu.fractional.dev", "OK", "NodePrepareResources", 4).replace(
+            "}", ',le="+Inf"}'
+        ),
+        sample("sum", "gpu.fractional.dev", "OK", "NodePrepareResources", 0.2),
+        sample("count", "gpu.fractional.dev", "OK", "NodePrepareResources", 4),
+        sample("sum", "gpu.fractional.dev", "Unavailable", "NodePrepareResources", 0.1),
+        sample("count", "gpu.fractional.dev", "Unavailable", "NodePrepareResources", 1),
+        sample("sum", "gpu.fractional.dev", "OK", "NodeUnprepareResources", 0.05),
+        sample("count", "gpu.fractional.dev", "OK", "NodeUnprepareResources", 5),
+        sample("sum", "gpu.example.com", "OK", "NodePrepareResources", 9.0),
+        sample("count", "gpu.example.com", "OK", "NodePrepareResources", 3),
+        "# HELP dra_operations_duration_seconds [ALPHA] per pod",
+        "# TYPE dra_operations_duration_seconds histogram",
+        'dra_operations_duration_seconds_sum{is_error="false",operation_name="Prepare"} 7',
+        'dra_operations_duration_seconds_count{is_error="false",operation_name="Prepare"} 7',
+        "",
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    path = os.path.join(ROOT, "hack", "bench", "kubelet_prepare.py")
+    spec = importlib.util.spec_from_file_location("bench_kubelet_prepare", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_totals_are_per_driver_and_method_over_every_status_code(bench: ModuleType) -> None:
+    ours = bench.kubelet_totals(KUBELET_TEXT, "gpu.fractional.dev")
+    assert set(ours) == {"NodePrepareResources", "NodeUnprepareResources"}
+    assert ours["NodePrepareResources"].calls == 5
+    assert ours["NodePrepareResources"].seconds == pytest.approx(0.3)
+    assert ours["NodePrepareResources"].mean_ms == pytest.approx(60.0)
+    assert ours["NodeUnprepareResources"].mean_ms == pytest.approx(10.0)
+    other = bench.kubelet_totals(KUBELET_TEXT, "gpu.example.com")
+    assert other["NodePrepareResources"].mean_ms == pytest.approx(3000.0)
+    assert bench.kubelet_totals(KUBELET_TEXT, "nobody") == {}
+
+
+def test_a_phase_counts_only_the_calls_made_during_it(bench: ModuleType) -> None:
+    before = {"NodePrepareResources": bench.Totals(0.3, 5)}
+    after = {"NodePrepareResources": bench.Totals(1.3, 15)}
+    got = bench.delta(after, before, "NodePrepareResources")
+    assert (got.calls, got.mean_ms) == (10, pytest.approx(100.0))
+    first = bench.delta(after, {}, "NodePrepareResources")
+    assert first.calls == 15
+    assert math.isnan(bench.delta({}, {}, "NodeUnprepareResources").mean_ms)
+
+
+def phase(bench: ModuleType, name: str, prepare_ms: float, unprepare_ms: float) -> Any:
+    return bench.PhaseResult(
+        name,
+        bench.Totals(prepare_ms * 30 / 1000, 30),
+        bench.Totals(unprepare_ms * 30 / 1000, 30),
+        [2.0, 3.0],
+    )
+
+
+def test_the_tally_counts_runs_within_the_target_for_each_method(bench: ModuleType) -> None:
+    runs = [
+        {"whole": phase(bench, "whole", 40, 10), "mps": phase(bench, "mps", 50, 12)},
+        {"whole": phase(bench, "whole", 40, 10), "mps": phase(bench, "mps", 70, 14)},
+        {"whole": phase(bench, "whole", 40, 10)},  # no MPS phase: not counted
+    ]
+    lines = bench.summary(runs)
+    assert lines[0] == "run 1: mps/whole prepare 1.25x, unprepare 1.20x"
+    assert lines[1] == "run 2: mps/whole prepare 1.75x, unprepare 1.40x"
+    assert lines[-1].endswith("prepare met in 1/2 runs, unprepare in 2/2")
+    assert "40.0 ms mean (30 calls)" in runs[0]["whole"].line()
