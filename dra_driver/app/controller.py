@@ -32,7 +32,7 @@ from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.event_queue import WriteLane
-from dra_driver.k8s.loop_http import LoopHttp
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.observability.metrics_server import serve_metrics
 
 __all__ = ["BackgroundTaskFailed", "build_controller", "run", "run_controller", "serve"]
@@ -63,7 +63,7 @@ def build_controller(
 
     # The claims' patches and the Events on the loop where the configuration allows
     # (no thread hand-off, a third of the CPU per write); else in threads.
-    http = LoopHttp.for_client(api_client, max_idle=max(1, config.write_concurrency) + 1)
+    http = ApiTransport.for_client(api_client)
     log.info(
         "claim writes and Events: %s",
         "on the event loop" if http is not None else "in write threads (the client's transport)",
@@ -129,7 +129,7 @@ async def serve(controller: Controller, stop: asyncio.Event) -> None:
     finally:
         background.cancel()
         await asyncio.gather(background, return_exceptions=True)
-        controller.close()
+        await controller.close()
     if failures:
         raise failures[0]
 

@@ -1,5 +1,5 @@
 """Where the controller's writes go: on the event loop when the client's configuration
-allows it (:mod:`dra_driver.k8s.loop_http`), else through the official client's
+allows it (:mod:`dra_driver.k8s.transport`), else through the official client's
 transport in threads. Both paths allocate and write the Event, under the chart's RBAC."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from dra_driver.k8s.loop_http import LoopHttp
+from dra_driver.k8s.transport import ApiTransport
 from tests.support.chart import CONTROLLER_VALUES
 from tests.support.controller_env import (
     allocation_of,
@@ -59,10 +59,10 @@ def test_the_writes_go_on_the_loop(fake_kube: FakeKubeApi) -> None:
 def test_the_clients_transport_where_the_loop_does_not_speak_its_configuration(
     fake_kube: FakeKubeApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def refuse(cls: type[LoopHttp], api_client: object, *, max_idle: int = 16) -> None:
+    def refuse(cls: type[ApiTransport], api_client: object, *, max_connections: int = 100) -> None:
         return None  # as for a proxy, socket options, assert_hostname or retries
 
-    monkeypatch.setattr(LoopHttp, "for_client", classmethod(refuse))
+    monkeypatch.setattr(ApiTransport, "for_client", classmethod(refuse))
     on_loop, threads = _allocate_one(fake_kube)
     assert not on_loop
     assert threads >= 1
