@@ -85,9 +85,13 @@ class ClaimWriter:
     async def get(self, claim: JsonObj) -> JsonObj | None:
         """The claim as the API server has it now (after a conflict); None once gone."""
         try:
-            fresh = await self._call(
-                functools.partial(send_json, self._api, "GET", claim_path(claim))
-            )
+            if self._http is not None:
+                with self.lane.held():
+                    fresh = await self._http.send_json("GET", claim_path(claim))
+            else:
+                fresh = await self._call(
+                    functools.partial(send_json, self._api, "GET", claim_path(claim))
+                )
         except ApiNotFoundError:
             return None
         self._assumed.assume(fresh)

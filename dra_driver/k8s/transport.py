@@ -37,7 +37,7 @@ import contextlib
 import ipaddress
 import logging
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -193,6 +193,54 @@ class ApiTransport:
             except aiohttp.ClientError as err:
                 raise _transport_error(err) from err
 
+    async def lines(
+        self,
+        path: str,
+        query: Iterable[tuple[str, str]],
+        *,
+        read_timeout_s: float,
+        connect_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    ) -> AsyncGenerator[bytes, None]:
+        """A GET whose answer is read line by line as it arrives (a watch's events).
+
+        A non-2xx answer raises ``ApiException``. The stream ends, without an error,
+        when the server ends it, when nothing arrived for ``read_timeout_s`` or when
+        the connection is cut (the caller resumes from what it saw); a cancelled
+        reader closes the connection.
+        """
+        headers = {**(await self._headers_now()), "Accept": "application/json"}
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        )
+        target = self._target
+        try:
+            async with self._session_now().get(
+                self._url(path, query),
+                headers=headers,
+                allow_redirects=False,
+                proxy=target.proxy,
+                proxy_headers=target.proxy_headers,
+                server_hostname=target.server_hostname,
+                timeout=timeout,
+            ) as response:
+                if not 200 <= response.status <= 299:
+                    data = await response.read()
+                    raise api_exception(response.status, response.reason, data)
+                lines = LineSplitter()
+                try:
+                    async for chunk in response.content.iter_any():
+                        for line in lines.feed(chunk):
+                            yield line
+                except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                    return  # cut: the caller resumes
+                except TimeoutError:
+                    return  # quiet for read_timeout_s: the caller resumes
+                rest = lines.rest()
+                if rest:
+                    yield rest
+        except aiohttp.ClientError as err:
+            raise _transport_error(err) from err
+
     async def close(self) -> None:
         """Close the kept connections (of the session on the running loop)."""
         session, self._session = self._session, None
@@ -234,6 +282,32 @@ class ApiTransport:
                 return fresh
             return await asyncio.to_thread(self._headers)
         return self._headers()
+
+
+class LineSplitter:
+    """Lines out of a byte stream that arrives in pieces of any size (an event of a
+    large object spans many pieces; kept as a list, joined once, not copied per piece)."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines: list[bytes] = []
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            self._parts.append(chunk[start:end])
+            lines.append(b"".join(self._parts))
+            self._parts.clear()
+            start = end + 1
+        if start < len(chunk):
+            self._parts.append(chunk[start:])
+        return lines
+
+    def rest(self) -> bytes:
+        """What came after the last newline (a stream that ended without one)."""
+        rest = b"".join(self._parts)
+        self._parts.clear()
+        return rest
 
 
 def _transport_error(err: aiohttp.ClientError) -> OSError:

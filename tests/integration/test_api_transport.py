@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -15,8 +16,11 @@ import pytest
 from dra_driver.base.errors import ApiConflictError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.k8s.client import USER_AGENT, KubeClient
 from dra_driver.k8s.official import Configuration
+from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.transport import ApiTransport, target_of
-from dra_driver.k8s.watch import MERGE_PATCH
+from dra_driver.k8s.watch import MERGE_PATCH, WatchExpiredError
+from dra_driver.k8s.watch_loop import list_in_chunks as list_on_loop
+from dra_driver.k8s.watch_loop import watch_events as watch_on_loop
 from tests.support.fakekube import FakeKubeApi
 from tests.support.tls import SelfSigned
 
@@ -270,3 +274,114 @@ def test_credentials_are_refreshed_off_the_loop(https_kube: FakeKubeApi, pair: S
     assert refreshed_in[0] is not threading.main_thread()
     gets = [r for r in https_kube.request_log if r.method == "GET"]
     assert [r.authorization for r in gets] == ["Bearer the-token"] * 3
+
+
+# --- watch streams on the loop (dra_driver/k8s/watch_loop.py) ----------------------------
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def test_a_watch_reads_events_split_anywhere_and_ends_when_quiet_or_cut() -> None:
+    big = json.dumps({"type": "ADDED", "object": {"metadata": {"name": "b" * 300_000}}})
+    stream = (
+        b'{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"5"}}}\n'
+        + big.encode()
+        + b'\n\n{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}'
+    )
+    pieces = [stream[i : i + 7000] for i in range(0, len(stream), 7000)]
+    requests: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            requests.append(await _read_request(reader))
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for piece in pieces:
+                writer.write(_chunk(piece))
+                await writer.drain()
+            if len(requests) == 1:
+                writer.write(b"0\r\n\r\n")  # ended by the server
+            elif len(requests) == 2:
+                await reader.read()  # quiet until the reader gives up and hangs up
+            else:
+                writer.transport.abort()  # cut
+                return
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> list[tuple[float, list[tuple[str, str]]]]:
+        runs = []
+        async with _server(handler) as url:
+            http = _http(_client(url))
+            loop = asyncio.get_running_loop()
+            for _ in range(3):
+                seen: list[tuple[str, str]] = []
+
+                def emit(etype: str, obj: JsonObj, seen: list[tuple[str, str]] = seen) -> None:
+                    seen.append((etype, obj["metadata"].get("name", "")[:3]))
+
+                started = loop.time()
+                await watch_on_loop(http, "/api/v1/pods", "4", emit, read_timeout_s=0.5)
+                runs.append((loop.time() - started, seen))
+            await http.close()
+        return runs
+
+    (_, ended), (quiet_s, quiet), (_, cut) = asyncio.run(scenario())
+    # Ended by the server: every event, the last one without its newline too. Quiet
+    # (after the read timeout) or cut: the complete lines read before.
+    assert ended == [("ADDED", "a"), ("ADDED", "bbb"), ("BOOKMARK", "")]
+    assert quiet == cut == [("ADDED", "a"), ("ADDED", "bbb")]
+    assert 0.4 < quiet_s < 3
+    assert (
+        b"watch=true&resourceVersion=4&timeoutSeconds=300&allowWatchBookmarks=true" in (requests[0])
+    )
+
+
+def _claim(name: str) -> JsonObj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": []}},
+    }
+
+
+def test_a_watch_refused_or_expired_raises(https_kube: FakeKubeApi, pair: SelfSigned) -> None:
+    http = _http(_client(https_kube.url, pair.cert))
+
+    async def scenario() -> None:
+        with pytest.raises(ApiNotFoundError):
+            await watch_on_loop(http, "/apis/nope.example/v1/things", "0", lambda t, o: None)
+        https_kube.create(_claim("c2"))
+        https_kube.compact()
+        with pytest.raises(WatchExpiredError):
+            await watch_on_loop(
+                http, "/apis/resource.k8s.io/v1/resourceclaims", "1", lambda t, o: None
+            )
+        await http.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_list_in_chunks_on_the_loop(https_kube: FakeKubeApi, pair: SelfSigned) -> None:
+    for i in range(5):
+        https_kube.create(_claim(f"x{i}"))
+    http = _http(_client(https_kube.url, pair.cert))
+    names: list[str] = []
+
+    async def scenario() -> str:
+        version = await list_on_loop(
+            http,
+            "/apis/resource.k8s.io/v1/resourceclaims",
+            2,
+            lambda o: names.append(f"{o['kind']}/{o['metadata']['name']}"),
+        )
+        await http.close()
+        return version
+
+    version = asyncio.run(scenario())
+    assert version
+    assert {f"ResourceClaim/x{i}" for i in range(5)} <= set(names)
+    lists = [r for r in https_kube.request_log if r.method == "GET"]
+    assert len(lists) >= 3  # in chunks of two
