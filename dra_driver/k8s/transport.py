@@ -269,6 +269,9 @@ class ApiTransport:
                 # compressed answer costs the API server and us CPU per byte.
                 skip_auto_headers=("Accept-Encoding",),
                 timeout=aiohttp.ClientTimeout(total=None),  # each request has its own
+                # The API server sets no cookies: no jar to match every request against.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
             )
             self._session, self._session_loop = session, loop
         return session
