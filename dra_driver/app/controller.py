@@ -27,12 +27,12 @@ from dra_driver.app.tasks import BackgroundTaskFailed, first_of, supervise
 from dra_driver.controller import Controller, ControllerConfig
 from dra_driver.controller.events import ClaimEventRecorder
 from dra_driver.controller.informer import ChangeHandler, Informer, KindPath
-from dra_driver.controller.leader import LeaderElector
+from dra_driver.controller.leader import LeaderElector, LoopLeaseApi
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.event_queue import WriteLane
-from dra_driver.k8s.loop_http import LoopHttp
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.observability.metrics_server import serve_metrics
 
 __all__ = ["BackgroundTaskFailed", "build_controller", "run", "run_controller", "serve"]
@@ -51,23 +51,30 @@ def build_controller(
 ) -> Controller:
     """The controller and its collaborators, against ``api_client``."""
 
-    def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
-        return Informer(api_client, kind, on_change=on_change, read_timeout_s=config.read_timeout_s)
+    # Every request on the loop where the configuration allows (no thread hand-off,
+    # a third of the CPU per write); else through the client's transport in threads.
+    http = ApiTransport.for_client(api_client)
+    log.info(
+        "API requests: %s",
+        "on the event loop" if http is not None else "in threads (the client's transport)",
+    )
 
-    # Threads for the claims' writes where the loop transport below is not used
+    def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
+        return Informer(
+            api_client,
+            kind,
+            on_change=on_change,
+            read_timeout_s=config.read_timeout_s,
+            transport=http,
+        )
+
+    # Threads for the claims' writes where the loop transport above is not used
     # (and a claim's GET after a conflict): as many as may be in flight
     # (``asyncio.to_thread``'s pool has CPUs + 4, shared with everything else).
     writer = ThreadPoolExecutor(
         max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
     )
 
-    # The claims' patches and the Events on the loop where the configuration allows
-    # (no thread hand-off, a third of the CPU per write); else in threads.
-    http = LoopHttp.for_client(api_client, max_idle=max(1, config.write_concurrency) + 1)
-    log.info(
-        "claim writes and Events: %s",
-        "on the event loop" if http is not None else "in write threads (the client's transport)",
-    )
     # The Events: one sender behind the claim writes (the lane).
     lane = WriteLane()
     metrics = ControllerMetrics()
@@ -94,6 +101,11 @@ def build_controller(
             renew_deadline_s=config.renew_deadline_s,
             renew_interval_s=config.renew_interval_s,
             retry_interval_s=config.retry_interval_s,
+            lease_api=(
+                LoopLeaseApi(http, config.lease_namespace, config.lease_name)
+                if http is not None
+                else None
+            ),
         ),
         metrics=metrics,
         writer=writer,
@@ -129,7 +141,7 @@ async def serve(controller: Controller, stop: asyncio.Event) -> None:
     finally:
         background.cancel()
         await asyncio.gather(background, return_exceptions=True)
-        controller.close()
+        await controller.close()
     if failures:
         raise failures[0]
 

@@ -3,7 +3,7 @@
 :class:`~dra_driver.k8s.event_queue.WriteLane` from before it is sent to its answer:
 the Events give way to it.
 
-The patches are sent on the event loop (:mod:`dra_driver.k8s.loop_http`) when the
+The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`) when the
 client's configuration allows it, else through the official client's transport in
 the write threads. A claim's finalizer and allocation go one after the other when
 nothing makes the allocation wait (:meth:`ClaimWriter.protect_and_allocate`). The
@@ -33,8 +33,8 @@ from dra_driver.controller.worker import ClaimSlot
 from dra_driver.core import claim_shape
 from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
-from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
 
 _T = TypeVar("_T")
@@ -59,7 +59,7 @@ class ClaimWriter:
         *,
         lane: WriteLane | None = None,
         missed: Callable[[str], None] = lambda uid: None,
-        http: LoopHttp | None = None,
+        http: ApiTransport | None = None,
     ) -> None:
         """``missed(uid)``: a change of the claim came while its writes were in flight
         and is newer than their answer (the caller queues the claim). ``http``: the
@@ -85,9 +85,13 @@ class ClaimWriter:
     async def get(self, claim: JsonObj) -> JsonObj | None:
         """The claim as the API server has it now (after a conflict); None once gone."""
         try:
-            fresh = await self._call(
-                functools.partial(send_json, self._api, "GET", claim_path(claim))
-            )
+            if self._http is not None:
+                with self.lane.held():
+                    fresh = await self._http.send_json("GET", claim_path(claim))
+            else:
+                fresh = await self._call(
+                    functools.partial(send_json, self._api, "GET", claim_path(claim))
+                )
         except ApiNotFoundError:
             return None
         self._assumed.assume(fresh)

@@ -22,8 +22,8 @@ from dra_driver.k8s import event_queue
 from dra_driver.k8s import events as k8s_events
 from dra_driver.k8s.event_queue import EventQueue, WriteLane
 from dra_driver.k8s.events import InvolvedObject
-from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.transport import ApiTransport
 
 COMPONENT = "fractional-gpu-dra-controller"
 
@@ -49,7 +49,7 @@ class ClaimEventRecorder:
         queued: bool = False,
         depth: int = event_queue.DEFAULT_DEPTH,
         on_drop: Callable[[], None] = lambda: None,
-        http: LoopHttp | None = None,
+        http: ApiTransport | None = None,
     ) -> None:
         """``queued``: :meth:`post` queues for one sender, giving way to ``lane``'s
         writes, in a thread of its own (on the loop with ``http``); otherwise the

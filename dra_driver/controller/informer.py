@@ -9,12 +9,15 @@ doubling to 30 s, with jitter; the count starts again once two minutes pass
 without a failure). So a LIST or a watch that keeps failing, 410 included, is
 retried ever more slowly, never in a tight loop.
 
-The blocking client calls run in a thread of the informer's own: a watch holds
-its thread for up to the read timeout, and six informers in ``asyncio.to_thread``'s
-default pool (``min(32, CPUs + 4)`` threads: 6 on 2 CPUs) left the controller's
-writes and the Lease waiting for a watch to time out. Cache changes are applied on the
-event loop (``call_soon_threadsafe``, once for all the events read meanwhile), so
-readers on the loop never see a half-applied event. ``on_change(type, new, old)``
+With a :class:`~dra_driver.k8s.transport.ApiTransport` the list and the watch run on
+the event loop (:mod:`dra_driver.k8s.watch_loop`) and each event is applied as it is
+read. Without one (a configuration the loop transport does not speak) the blocking
+client calls run in a thread of the informer's own: a watch holds its thread for up
+to the read timeout, and six informers in ``asyncio.to_thread``'s default pool
+(``min(32, CPUs + 4)`` threads: 6 on 2 CPUs) left the controller's writes and the
+Lease waiting for a watch to time out; cache changes are then applied on the event
+loop (``call_soon_threadsafe``, once for all the events read meanwhile), so readers
+on the loop never see a half-applied event. ``on_change(type, new, old)``
 runs on the loop after each change (``type``: ADDED, MODIFIED, DELETED, or SYNCED
 after a (re)list with ``new``/``old`` empty).
 """
@@ -35,12 +38,15 @@ from dra_driver.controller import slim
 from dra_driver.controller.cache import ObjectCache, PackedCache, PlainCache
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.k8s.watch import (
     WatchCanceller,
     WatchExpiredError,
     list_in_chunks,
     watch_events,
 )
+from dra_driver.k8s.watch_loop import list_in_chunks as list_on_loop
+from dra_driver.k8s.watch_loop import watch_events as watch_on_loop
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +109,13 @@ class Informer:
         read_timeout_s: float = 30.0,
         backoff: Backoff = REFLECTOR_BACKOFF,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        transport: ApiTransport | None = None,
     ) -> None:
+        """``transport``: list and watch on the loop (None: in a thread, through
+        ``api_client``'s own transport)."""
         self.kind = kind
         self._api = api_client
+        self._transport = transport
         self._on_change = on_change
         self._read_timeout_s = read_timeout_s
         self._backoff = backoff
@@ -138,28 +148,45 @@ class Informer:
 
     async def run(self) -> None:
         """List+watch until cancelled."""
+        if self._transport is not None:
+            await self._list_and_watch(self._list_on_loop, self._watch_on_loop)
+            return
         loop = asyncio.get_running_loop()
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"informer-{self.kind.name}")
+
+        def listed() -> Awaitable[tuple[ObjectCache, str]]:
+            return loop.run_in_executor(thread, self._list)
+
+        def watched() -> Awaitable[None]:
+            return loop.run_in_executor(thread, self._watch_once, loop)
+
         try:
-            while True:
-                try:
-                    if not self._version:
-                        await self._relist(thread)
-                    await loop.run_in_executor(thread, self._watch_once, loop)
-                    continue  # a watch that ended: resumed from the last version at once
-                except ApiError as err:
-                    failure = err
-                delay = self._next_delay()
-                if isinstance(failure, WatchExpiredError) or failure.status == 410:
-                    # History compacted (an event, or Gone as an HTTP status): relist.
-                    self._version = ""
-                    log.info("%s: %s; relisting in %.1fs", self.kind.name, failure, delay)
-                else:
-                    log.warning("%s: %s; retrying in %.1fs", self.kind.name, failure, delay)
-                await self._sleep(delay)
+            await self._list_and_watch(listed, watched)
         finally:
             self._canceller.cancel()  # the blocked watch returns now, not at its read timeout
             thread.shutdown(wait=False)
+
+    async def _list_and_watch(
+        self,
+        listed: Callable[[], Awaitable[tuple[ObjectCache, str]]],
+        watched: Callable[[], Awaitable[None]],
+    ) -> None:
+        while True:
+            try:
+                if not self._version:
+                    await self._relist(listed)
+                await watched()
+                continue  # a watch that ended: resumed from the last version at once
+            except ApiError as err:
+                failure = err
+            delay = self._next_delay()
+            if isinstance(failure, WatchExpiredError) or failure.status == 410:
+                # History compacted (an event, or Gone as an HTTP status): relist.
+                self._version = ""
+                log.info("%s: %s; relisting in %.1fs", self.kind.name, failure, delay)
+            else:
+                log.warning("%s: %s; retrying in %.1fs", self.kind.name, failure, delay)
+            await self._sleep(delay)
 
     def _next_delay(self) -> float:
         """The backoff before the next try, counting this failure."""
@@ -170,9 +197,8 @@ class Informer:
         self._last_failure = now
         return self._backoff.delay(self._failures)
 
-    async def _relist(self, thread: ThreadPoolExecutor) -> None:
-        loop = asyncio.get_running_loop()
-        objects, version = await loop.run_in_executor(thread, self._list)
+    async def _relist(self, listed: Callable[[], Awaitable[tuple[ObjectCache, str]]]) -> None:
+        objects, version = await listed()
         self.objects = objects
         self._version = version
         self.relists += 1
@@ -193,6 +219,34 @@ class Informer:
 
         version = list_in_chunks(self._api, self.kind.path, LIST_CHUNK, add)
         return objects, version
+
+    async def _list_on_loop(self) -> tuple[ObjectCache, str]:
+        assert self._transport is not None
+        objects, keep = self._new_cache(), self.kind.keep
+
+        def add(obj: JsonObj) -> None:
+            objects.put(uid_of(obj), keep(obj))
+
+        version = await list_on_loop(self._transport, self.kind.path, LIST_CHUNK, add)
+        return objects, version
+
+    async def _watch_on_loop(self) -> None:
+        assert self._transport is not None
+        await watch_on_loop(
+            self._transport,
+            self.kind.path,
+            self._version,
+            self._arrive_on_loop,
+            read_timeout_s=self._read_timeout_s,
+        )
+
+    def _arrive_on_loop(self, etype: str, obj: JsonObj) -> None:
+        """On the loop: one event read, applied at once."""
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self._version = str(version)
+        if etype in ("ADDED", "MODIFIED", "DELETED"):
+            self._apply(etype, self.kind.keep(obj))
 
     def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:
         watch_events(

@@ -54,6 +54,7 @@ from dra_driver.base.errors import (
     LeadershipLostError,
 )
 from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.k8s.watch import MERGE_PATCH, send_json
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,33 @@ class ClientLeaseApi:
                 patch,
                 content_type=MERGE_PATCH,
             )
+        )
+
+
+class LoopLeaseApi:
+    """:class:`LeaseApi` on the event loop (:class:`~dra_driver.k8s.transport.ApiTransport`):
+    the same requests as :class:`ClientLeaseApi`, so a renewal waits for no thread."""
+
+    def __init__(self, transport: ApiTransport, namespace: str, name: str) -> None:
+        self._transport = transport
+        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self._name = name
+
+    async def get(self) -> JsonObj | None:
+        try:
+            return await self._transport.send_json("GET", f"{self._path}/{self._name}")
+        except ApiNotFoundError:
+            return None
+
+    async def create(self, body: JsonObj) -> None:
+        await self._transport.send_json("POST", self._path, body)
+
+    async def patch(self, lease: JsonObj, spec: JsonObj) -> None:
+        """As :meth:`ClientLeaseApi.patch`: guarded by the resourceVersion read."""
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        patch = {"metadata": {"resourceVersion": version}, "spec": spec}
+        await self._transport.send_json(
+            "PATCH", f"{self._path}/{self._name}", patch, content_type=MERGE_PATCH
         )
 
 

@@ -90,8 +90,8 @@ from dra_driver.controller.reconcile import (
 from dra_driver.controller.worker import ClaimSlot, Rank, work_claims
 from dra_driver.core import claim_shape
 from dra_driver.k8s.event_queue import WriteLane
-from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.transport import ApiTransport
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class Controller:
         writer: ThreadPoolExecutor,
         lane: WriteLane | None = None,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
-        http: LoopHttp | None = None,
+        http: ApiTransport | None = None,
     ) -> None:
         """``http``: the claims' patches are sent on the loop (None: in ``writer``)."""
         self.config = config
@@ -312,13 +312,13 @@ class Controller:
             work["events"] = self.events.run
         return work
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """After the background tasks: wake whoever waits on the queue; the write
         threads end with the writes they have (each bounded by the client's timeout)."""
         self.queue.close()
         self._writer.shutdown(wait=False)
         if self._http is not None:
-            self._http.close()
+            await self._http.close()
         self.events.close()
 
     async def synced(self) -> None:

@@ -38,13 +38,16 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.base.ids import ClaimRef
 from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
-from dra_driver.k8s.loop_http import LoopHttp
 from dra_driver.k8s.rest import JsonObj, request_json
+
+if TYPE_CHECKING:  # the plugin's Events go in threads: it need not import aiohttp
+    from dra_driver.k8s.transport import ApiTransport
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +215,7 @@ class EventRecorder:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         clock: Callable[[], float] = time.monotonic,
         executor: Executor | None = None,
-        http: LoopHttp | None = None,
+        http: ApiTransport | None = None,
     ) -> None:
         """``executor``: the threads the writes block in (the caller's own pool for
         its writes, so Events keep pace with them); None: ``asyncio.to_thread``'s.

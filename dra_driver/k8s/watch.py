@@ -98,22 +98,38 @@ def list_in_chunks(
     """
     token = ""
     while True:
-        query = [("limit", str(limit))] if limit > 0 else []
-        if token:
-            query.append(("continue", token))
+        query = chunk_query(limit, token)
         with translate_api_errors(f"LIST {path}"):
-            body = request_json(api_client, "GET", path, query=query, timeout_s=60.0)
-        kind = str(body.get("kind", ""))
-        item_kind = kind[: -len("List")] if kind.endswith("List") else kind
-        for raw in body.pop("items", None) or []:
-            if isinstance(raw, dict):
-                raw.setdefault("kind", item_kind)
-                raw.setdefault("apiVersion", body.get("apiVersion", ""))
-                each(raw)
-        meta = body.get("metadata") or {}
-        token = str(meta.get("continue") or "")
+            body = request_json(
+                api_client, "GET", path, query=query, timeout_s=LIST_CHUNK_TIMEOUT_S
+            )
+        token, version = take_chunk(body, each)
         if not token:
-            return str(meta.get("resourceVersion", ""))
+            return version
+
+
+LIST_CHUNK_TIMEOUT_S = 60.0
+
+
+def chunk_query(limit: int, token: str) -> list[tuple[str, str]]:
+    query = [("limit", str(limit))] if limit > 0 else []
+    if token:
+        query.append(("continue", token))
+    return query
+
+
+def take_chunk(body: JsonObj, each: Callable[[JsonObj], None]) -> tuple[str, str]:
+    """``each(item)`` for the items of one chunk of a list, with ``kind``/``apiVersion``
+    filled in from the list; returns (the continue token, the list's resourceVersion)."""
+    kind = str(body.get("kind", ""))
+    item_kind = kind[: -len("List")] if kind.endswith("List") else kind
+    for raw in body.pop("items", None) or []:
+        if isinstance(raw, dict):
+            raw.setdefault("kind", item_kind)
+            raw.setdefault("apiVersion", body.get("apiVersion", ""))
+            each(raw)
+    meta = body.get("metadata") or {}
+    return str(meta.get("continue") or ""), str(meta.get("resourceVersion", ""))
 
 
 def watch_events(
@@ -134,12 +150,7 @@ def watch_events(
     :class:`WatchExpiredError` on a 410 ``ERROR`` event and :class:`ApiError`
     on other failures.
     """
-    query = [
-        ("watch", "true"),
-        ("resourceVersion", resource_version),
-        ("timeoutSeconds", str(timeout_s)),
-        ("allowWatchBookmarks", "true"),
-    ]
+    query = watch_query(resource_version, timeout_s)
     what = f"WATCH {path}"
     canceller = canceller or WatchCanceller()
     if canceller.cancelled:
@@ -152,21 +163,9 @@ def watch_events(
             for line in _lines(response):
                 if canceller.cancelled:
                     return
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError as err:
-                    raise ApiError(f"{what}: bad event {truncate(repr(line))}") from err
-                etype = str(event.get("type", ""))
-                obj = event.get("object") or {}
-                if etype == "ERROR":
-                    code = obj.get("code")
-                    message = f"{what}: {obj.get('message', 'watch error')}"
-                    if code == 410:
-                        raise WatchExpiredError(message, status=410)
-                    raise ApiError(message, status=code if isinstance(code, int) else None)
-                emit(etype, obj)
+                event = decode_event(what, line)
+                if event is not None:
+                    emit(*event)
     except ApiError:
         if canceller.cancelled:
             return  # the cut stream of a cancelled watch, not a failure
@@ -174,6 +173,38 @@ def watch_events(
     finally:
         canceller.attach(None)
         response.release_conn()
+
+
+def watch_query(resource_version: str, timeout_s: int) -> list[tuple[str, str]]:
+    return [
+        ("watch", "true"),
+        ("resourceVersion", resource_version),
+        ("timeoutSeconds", str(timeout_s)),
+        ("allowWatchBookmarks", "true"),
+    ]
+
+
+def decode_event(what: str, line: str | bytes) -> tuple[str, JsonObj] | None:
+    """One line of a watch stream: (type, object); None for a blank line. Raises
+    :class:`WatchExpiredError` for a 410 ``ERROR`` event, :class:`ApiError` for
+    another ``ERROR`` event or a line that is not an event."""
+    if not line.strip():
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError as err:
+        raise ApiError(f"{what}: bad event {truncate(repr(line))}") from err
+    if not isinstance(event, dict):
+        raise ApiError(f"{what}: bad event {truncate(repr(line))}")
+    etype = str(event.get("type", ""))
+    obj = event.get("object") or {}
+    if etype == "ERROR":
+        code = obj.get("code")
+        message = f"{what}: {obj.get('message', 'watch error')}"
+        if code == 410:
+            raise WatchExpiredError(message, status=410)
+        raise ApiError(message, status=code if isinstance(code, int) else None)
+    return etype, obj
 
 
 def _open_stream(
