@@ -48,6 +48,7 @@ Needs:   kubectl on PATH (the metrics), hack/bin/helm or helm on PATH (the chart
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -459,13 +460,13 @@ class Phase:
     image: str
     gpu_memory: int
     """Bytes of one shareable GPU (the lower bound's unit)."""
-    controller_pid: int
+    controller: Supervised
     timeout_s: float
 
 
 def phase(cluster: Cluster, spec: Phase) -> JsonObj:
     path, pods, image, gpu_memory = spec.path, spec.pods, spec.image, spec.gpu_memory
-    controller_pid, timeout_s, label = spec.controller_pid, spec.timeout_s, spec.label
+    controller, timeout_s, label = spec.controller, spec.timeout_s, spec.label
     namespace = f"bench-{path}-{label}"
     cluster.add_namespace(namespace, path)
     watcher = Watcher(cluster, namespace)
@@ -474,7 +475,8 @@ def phase(cluster: Cluster, spec: Phase) -> JsonObj:
     created: dict[str, float] = {}
     time.sleep(1)  # the watches are open
     before = cluster.metrics()
-    ticks = proc_ticks(controller_pid)
+    ticks = controller.ticks()
+    restarts = controller.restarts
 
     def create(i: int) -> None:
         cluster.core.create_namespaced_pod(namespace, pod_object(names[i], mix[i], image))
@@ -484,12 +486,14 @@ def phase(cluster: Cluster, spec: Phase) -> JsonObj:
         list(pool.map(create, range(pods)))
     deadline = time.monotonic() + timeout_s
     while len(watcher.bound) < pods and time.monotonic() < deadline:
+        controller.check()
         time.sleep(0.1)
     time.sleep(SETTLE_S)
     after = cluster.metrics()
     hz = os.sysconf("SC_CLK_TCK")
-    cpu_s = (proc_ticks(controller_pid) - ticks) / hz
-    status = proc_status(controller_pid)
+    cpu_s = (controller.ticks() - ticks) / hz
+    controller.check()
+    status = controller.status()
     watcher.stop()
     bound = {n: t for n, t in watcher.bound.items() if n in created}
     allocated = {n: t for n, t in watcher.allocated.items() if n in created}
@@ -517,6 +521,7 @@ def phase(cluster: Cluster, spec: Phase) -> JsonObj:
         "gpus_lower_bound": fake_bench.lower_bound(shares, gpu_memory),
         "gpus_pairing_bound": fake_bench.pairing_bound(shares, gpu_memory),
         "controller_cpu_s": cpu_s,
+        "controller_restarts": controller.restarts - restarts,
         "controller_rss_mb": fake_bench.status_kib(status, "VmRSS") / 1024,
         "controller_peak_rss_mb": fake_bench.status_kib(status, "VmHWM") / 1024,
         "load": os.getloadavg()[0],
@@ -539,12 +544,46 @@ def report(run: Mapping[str, Any]) -> str:
             f"    GPUs used          {run['gpus_used']} (lower bound {run['gpus_lower_bound']},"
             f" {run['gpus_pairing_bound']} counting the shares over half a GPU)",
             f"    controller         {run['controller_cpu_s']:.1f} s CPU, RSS"
-            f" {run['controller_rss_mb']:.0f} MB (peak {run['controller_peak_rss_mb']:.0f} MB)",
+            f" {run['controller_rss_mb']:.0f} MB (peak {run['controller_peak_rss_mb']:.0f} MB)"
+            f"; restarted {run['controller_restarts']} times",
         ]
     )
 
 
 # -- the benchmark ------------------------------------------------------------------------
+
+
+class Supervised:
+    """The controller process, started again when it exits, as its Deployment's pod is
+    (a leader that cannot renew its Lease in time exits on purpose: on a machine short
+    of CPU that happens). Counts its restarts and the CPU of the processes it ran."""
+
+    def __init__(self, kubeconfig: str, log_path: str) -> None:
+        self._kubeconfig, self._log = kubeconfig, log_path
+        self.proc = start_controller(kubeconfig, log_path)
+        self.restarts = 0
+        self._spent_ticks = 0
+        """CPU ticks of the processes that exited."""
+        self._last_ticks = 0
+        """The running process's CPU ticks when last read."""
+
+    def check(self) -> None:
+        """Start it again if it exited (its CPU until then is kept)."""
+        if self.proc.poll() is None:
+            return
+        print(f"  (the controller exited with {self.proc.returncode}; started again)", flush=True)
+        self._spent_ticks += self._last_ticks
+        self.proc = start_controller(self._kubeconfig, self._log)
+        self.restarts += 1
+
+    def ticks(self) -> int:
+        """CPU ticks of every process it ran so far."""
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+            self._last_ticks = proc_ticks(self.proc.pid)  # exited: its last reading stands
+        return self._spent_ticks + self._last_ticks
+
+    def status(self) -> str:
+        return proc_status(self.proc.pid)
 
 
 def start_controller(kubeconfig: str, log_path: str) -> subprocess.Popen[bytes]:
@@ -602,7 +641,7 @@ def main() -> int:
         parser.error("kubectl not found on PATH (it reads the API server's /metrics)")
     cluster = Cluster(args.kubeconfig)
     runs: list[JsonObj] = []
-    controller: subprocess.Popen[bytes] | None = None
+    controller: Supervised | None = None
     try:
         cluster.ensure_classes()
         started = time.monotonic()
@@ -612,15 +651,15 @@ def main() -> int:
                 memory = max(memory, cluster.add_node(f"bench-{path}-{i:04d}", allocator))
         print(f"{2 * args.nodes} nodes and their slices in {time.monotonic() - started:.1f} s"
               f" (1.{cluster.minor}; one GPU {memory / 1024**3:.1f} GiB)", flush=True)  # fmt: skip
-        controller = start_controller(args.kubeconfig, args.log)
-        wait_leading(cluster, controller)
+        controller = Supervised(args.kubeconfig, args.log)
+        wait_leading(cluster, controller.proc)
         time.sleep(2)  # its informers listed everything
         for r in range(args.first_run - 1, args.first_run - 1 + args.runs):
             order = PATHS if r % 2 == 0 else tuple(reversed(PATHS))
             print(f"run {r + 1}: {args.nodes} nodes per path x 8 GPUs, {args.pods} pods"
                   f" per path", flush=True)  # fmt: skip
             for path in order:
-                spec = Phase(path, str(r + 1), args.pods, args.image, memory, controller.pid,
+                spec = Phase(path, str(r + 1), args.pods, args.image, memory, controller,
                              args.timeout)  # fmt: skip
                 run = phase(cluster, spec)
                 run["run"] = r + 1
@@ -628,7 +667,7 @@ def main() -> int:
                 runs.append(run)
                 cluster.drop_namespace(run["namespace"])
     finally:
-        stop_process(controller, 30)
+        stop_process(controller.proc if controller is not None else None, 30)
         cluster.clean()
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
