@@ -28,7 +28,12 @@ from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.events import ClaimEventRecorder
 from dra_driver.controller.informer import resource_version_of, uid_of
-from dra_driver.controller.reconcile import FINALIZER, allocation_patch, finalizer_patch
+from dra_driver.controller.reconcile import (
+    FINALIZER,
+    PodConsumer,
+    allocation_patch,
+    finalizer_patch,
+)
 from dra_driver.controller.worker import ClaimSlot
 from dra_driver.core import claim_shape
 from dra_driver.k8s.event_queue import WriteLane
@@ -106,16 +111,24 @@ class ClaimWriter:
         return written
 
     async def allocate(
-        self, claim: JsonObj, allocation: Allocation, slot: ClaimSlot | None = None
+        self,
+        claim: JsonObj,
+        allocation: Allocation,
+        slot: ClaimSlot | None = None,
+        *,
+        reserve_for: PodConsumer | None = None,
     ) -> JsonObj:
-        """The finalizer (unless there), then ``status.allocation`` once the claim's turn
-        came (``slot``: every larger claim started before it answered); both at once
+        """The finalizer (unless there), then ``status.allocation`` (and ``reservedFor``
+        = ``reserve_for``, in the same write) once the claim's turn came (``slot``:
+        every larger claim started before it answered); both at once
         (:meth:`protect_and_allocate`) when the turn already came. The allocation's
         answer."""
         protect, what = finalizer_patch(claim), "the finalizer " + FINALIZER
 
         def status(base: JsonObj) -> JsonObj:
-            return allocation_patch(base, allocation, now_rfc3339(), keep_shares=True)
+            return allocation_patch(
+                base, allocation, now_rfc3339(), keep_shares=True, reserve_for=reserve_for
+            )
 
         if protect is not None and (slot is None or slot.turn_passed()):
             return await self.protect_and_allocate(claim, protect, what, status)

@@ -26,6 +26,12 @@ class ControllerConfig:
     retry_unfit_s: float = 30.0
     """A claim that fits nowhere is tried again after this long (and on any change)."""
     error_backoff_s: float = 2.0
+    allocation_events: bool = False
+    """A Normal ``Allocated`` Event per claim allocated (where it went). Off by default:
+    it is one more API write per pod than the native path costs (the scheduler writes
+    one ``Scheduled`` Event per pod, which the controller path's pods get too).
+    Refusals and failures (``CannotAllocate``, ``AllocationRefused``, ...) always get
+    their Event."""
     event_interval_s: float = 60.0
     """An equal Event (same claim, reason and message) is written again, as a count on
     the one before, at most this often."""

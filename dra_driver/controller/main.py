@@ -458,13 +458,16 @@ class Controller:
             case Refuse(reason=reason):
                 self.events.post(claim, "AllocationRefused", reason, "Warning")
                 return None
-            case Allocate(allocation=allocation, node=node):
-                claim = await self.claim_writes.allocate(claim, allocation, slot)
+            case Allocate(allocation=allocation, node=node, reserve_for=reserve_for):
+                claim = await self.claim_writes.allocate(
+                    claim, allocation, slot, reserve_for=reserve_for
+                )
                 self.ledger.written(uid)
                 self.written[uid] = node or ""
                 if slot is not None:
                     slot.written()
-                self.events.post(claim, "Allocated", describe_allocation(allocation))
+                if self.config.allocation_events:
+                    self.events.post(claim, "Allocated", describe_allocation(allocation))
                 return None
             case RecordRejected(node=node):
                 claim = await self.claim_writes.patch_metadata(

@@ -13,6 +13,21 @@ resourceVersion it read (optimistic concurrency: a 409 surfaces as
 a PUT resends the spec, and the API server compares the spec's opaque
 parameters with the bytes the user sent.
 
+Two writes, not one: the API server's status strategy resets the metadata of a
+``/status`` write to the stored one (``ResetObjectMetaForStatus``: finalizers,
+labels, annotations, owners), and its main-resource strategy keeps the stored
+status, so no request carries both (kubernetes ``pkg/registry/resource/resourceclaim/
+strategy.go``); the scheduler's PreBind also sends two (an Update, then an
+UpdateStatus). A claim that its pod owns (made from the pod's ResourceClaimTemplate)
+is reserved for that pod in the allocation's write (:func:`owning_pod`): the
+scheduler's PreBind skips a claim already reserved for the pod it binds
+(``resourceclaim.IsReservedForPod``), so it writes nothing for it. A claim that
+several pods name (``resourceClaimName``) is left to the scheduler to reserve, pod
+by pod as it binds them, as on the native path: reserving it ahead for every
+pending pod would hold it for pods that may never be scheduled. Either way the
+scheduler's PostFilter still clears an allocation that no node can use, since it
+does so when ``reservedFor`` is empty or holds only the pod it schedules.
+
 The VRAM quota of the claim's namespace (its ``<driver name>/vram-quota``
 annotation, :mod:`dra_driver.allocator.quota`) is handed to the allocator; a
 malformed annotation fails that namespace's claims with an Event that names the
@@ -80,9 +95,26 @@ class Refuse:
 
 
 @dataclass(frozen=True)
+class PodConsumer:
+    """A pod as an entry of ``status.reservedFor`` (the API server requires resource,
+    name and uid; the core group is the empty ``apiGroup``, left out as the scheduler
+    leaves it out)."""
+
+    name: str
+    uid: str
+
+    def to_json(self) -> JsonObj:
+        return {"resource": "pods", "name": self.name, "uid": self.uid}
+
+
+@dataclass(frozen=True)
 class Allocate:
     allocation: Allocation
     node: str | None
+    reserve_for: PodConsumer | None = None
+    """The pod the allocation's write also reserves the claim for: the one pod that owns
+    it (:func:`owning_pod`); None for a claim other pods may share (the scheduler
+    reserves it for each pod it binds)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +185,30 @@ def pod_uses(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
         o.get("kind") == "Pod" and o.get("uid") == meta.get("uid")
         for o in claim_shape.owner_references(claim)
     )
+
+
+def owning_pod(claim: Mapping[str, Any], pods: Iterable[JsonObj]) -> PodConsumer | None:
+    """The pod among ``pods`` that controls ``claim``: the claim's ownerReference with
+    ``controller: true`` names it (kind Pod, its uid). The controller manager makes
+    such a claim from that pod's ResourceClaimTemplate, and the scheduler and the
+    kubelet let no other pod use it (``resourceclaim.IsForPod``), so reserving it for
+    that pod together with its allocation is what the scheduler's PreBind would write
+    next, one write earlier."""
+    owner = next(
+        (
+            o
+            for o in claim_shape.owner_references(claim)
+            if o.get("controller") is True and o.get("kind") == "Pod"
+        ),
+        None,
+    )
+    if owner is None:
+        return None
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") == owner.get("uid"):  # as metav1.IsControlledBy compares
+            return PodConsumer(str(meta["name"]), str(meta["uid"]))
+    return None
 
 
 def pod_is_live(pod: Mapping[str, Any]) -> bool:
@@ -290,7 +346,9 @@ def _decide(  # noqa: PLR0911 (one return per decision)
                 + ")"
             )
         return Wait(why, event=True, cause=outcome.failure or "unfit")
-    return Allocate(outcome.allocation, outcome.allocation.node_name)
+    return Allocate(
+        outcome.allocation, outcome.allocation.node_name, reserve_for=owning_pod(claim, pending)
+    )
 
 
 def _allocate(
@@ -343,11 +401,24 @@ def rejected_patch(claim: JsonObj, node: str) -> JsonObj:
 
 
 def allocation_patch(
-    claim: JsonObj, allocation: Allocation, timestamp: str, *, keep_shares: bool
+    claim: JsonObj,
+    allocation: Allocation,
+    timestamp: str,
+    *,
+    keep_shares: bool,
+    reserve_for: PodConsumer | None = None,
 ) -> JsonObj:
-    """A merge patch of ``/status`` writing ``status.allocation`` and nothing else."""
+    """A merge patch of ``/status`` writing ``status.allocation`` and, with
+    ``reserve_for``, ``status.reservedFor`` = that pod, in one request, as the
+    scheduler's PreBind writes its allocation and reservation together. The claim is
+    unallocated when this is built, so it has no reservation a merge patch's list
+    would replace (the API server refuses ``reservedFor`` without an allocation), and
+    the resourceVersion guard refuses the write if that changed meanwhile."""
     body = allocation.to_status(timestamp, keep_shares=keep_shares)
-    return {"metadata": _guarded(claim), "status": {"allocation": body}}
+    status: JsonObj = {"allocation": body}
+    if reserve_for is not None:
+        status["reservedFor"] = [reserve_for.to_json()]
+    return {"metadata": _guarded(claim), "status": status}
 
 
 def deallocation_patch(claim: JsonObj) -> JsonObj:

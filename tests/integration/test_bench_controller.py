@@ -52,7 +52,9 @@ def test_quick_mode_allocates_every_claim_and_prints_every_figure(tmp_path: Path
     for run in runs:
         assert run["allocated"] == run["claims"] == 30
         assert run["claims_per_s"] > 0
-        assert 0 < run["allocations_done_s"] <= run["events_done_s"]  # every Event landed
+        # The chart's default: no Allocated Event (refusals and failures only).
+        assert run["allocations_done_s"] > 0
+        assert run["events_written"] == 0 and run["events_done_s"] is None
         assert 0 < run["p50_s"] <= run["p99_s"]
         assert run["gpus_lower_bound"] <= run["gpus_pairing_bound"] <= run["gpus_used"]
         assert run["requests_per_claim"]["PATCH resourceclaims/status"] >= 1

@@ -92,7 +92,7 @@ def test_allocates_only_with_a_pod_and_writes_like_the_scheduler(fake_kube: Fake
     make_claim(fake_kube, "c1", config=[claim_config])
 
     async def scenario() -> None:
-        async with running(fake_kube) as controller:
+        async with running(fake_kube, allocation_events=True) as controller:
             await settled(controller)
             assert allocation_of(fake_kube, "c1") is None
             assert FINALIZER not in (claim_of(fake_kube, "c1")["metadata"].get("finalizers") or [])
@@ -113,6 +113,9 @@ def test_allocates_only_with_a_pod_and_writes_like_the_scheduler(fake_kube: Fake
         body = json.loads(write.body)
         assert "spec" not in body and body["metadata"]["resourceVersion"]
         assert write.body == json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    # A claim any pod may name by resourceClaimName: the scheduler reserves it, pod by
+    # pod, as it binds them.
+    assert "reservedFor" not in claim["status"]
     alloc = claim["status"]["allocation"]
     datetime.datetime.fromisoformat(alloc["allocationTimestamp"].replace("Z", "+00:00"))
     assert node_of(alloc) == "node-a"

@@ -36,7 +36,7 @@ def test_a_bursts_events_come_after_its_allocations() -> None:
             make_claim(api, f"c{i}", "10Gi")
 
         async def scenario() -> None:
-            async with running(api) as controller:
+            async with running(api, allocation_events=True) as controller:
                 await settled(controller)  # the claims were seen, without pods
                 for i in range(CLAIMS):
                     make_pod(api, f"p{i}", f"c{i}")

@@ -44,7 +44,7 @@ def _allocate_one(api: FakeKubeApi) -> tuple[bool, int]:
     seen: list[tuple[bool, int]] = []
 
     async def scenario() -> None:
-        async with running(api) as controller:
+        async with running(api, allocation_events=True) as controller:
             await settled(controller)
             make_pod(api, "p1", "c1")
             await eventually(lambda: allocation_of(api, "c1") is not None)

@@ -24,12 +24,12 @@ exact field list, and what is not emulated, is in
 :mod:`tests.support.fakekube_version`.
 
 Layout: ``fakekube_types`` (kinds, Status errors), ``fakekube_selectors``,
-``fakekube_patch``, ``fakekube_raw``, ``fakekube_schema`` (with its compiled check,
-``fakekube_schema_compiled``) and ``fakekube_version`` (pure), ``fakekube_store``
-(objects, resourceVersion, watch history under one lock; stored objects never change,
-so they are shared, not copied), ``fakekube_http`` (routing, verbs, watch streams)
-and this module (lifecycle, test-side API, fault injection). Each connection gets
-a thread; :meth:`FakeKubeApi.close` ends open watch streams and cuts idle
+``fakekube_patch``, ``fakekube_raw``, ``fakekube_claims``, ``fakekube_schema`` (with
+its compiled check, ``fakekube_schema_compiled``) and ``fakekube_version`` (pure),
+``fakekube_store`` (objects, resourceVersion, watch history under one lock; stored
+objects never change, so they are shared, not copied), ``fakekube_http`` (routing,
+verbs, watch streams) and this module (lifecycle, test-side API, fault injection).
+Each connection gets a thread; :meth:`FakeKubeApi.close` ends open watch streams and cuts idle
 keep-alive connections, so it returns promptly.
 
 Implemented, per kind, namespaced or cluster-scoped:
@@ -84,6 +84,11 @@ Implemented, per kind, namespaced or cluster-scoped:
 * errors as real ``Status`` objects (NotFound, AlreadyExists, Conflict,
   Expired, BadRequest, MethodNotAllowed, Invalid, UnsupportedMediaType).
 
+* a ResourceClaim's ``status.reservedFor`` checked as the API server checks it
+  (resource, name, uid required; uids unique; at most 256; only with an allocation;
+  none added while the claim is being deleted: :mod:`tests.support.fakekube_claims`),
+  and a ``/status`` write's metadata (finalizers, annotations) ignored, as the
+  status strategy resets it;
 * opaque ``parameters`` and ``status.devices[].data`` kept as the bytes sent,
   a ResourceClaim's spec and (once set) ``status.allocation`` immutable as the
   real server compares them (byte for byte), the re-encoding of patches and

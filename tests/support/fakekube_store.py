@@ -25,6 +25,7 @@ from typing import Any
 
 from tests.support import fakekube_namespaces as namespaces
 from tests.support.fakekube_apply import APPLY_MEDIA_TYPE, Owners, apply_claim_devices
+from tests.support.fakekube_claims import check_claim_status
 from tests.support.fakekube_patch import json_patch, merge_patch
 from tests.support.fakekube_raw import (
     as_answered,
@@ -659,6 +660,8 @@ class Store:
                 meta[attr] = cur_meta[attr]
             else:
                 meta.pop(attr, None)
+        if status_only:
+            check_claim_status(kind, name, current, obj)
         self._prepare(kind, obj)
         if checked:
             self._validate(kind, obj)

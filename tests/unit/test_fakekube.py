@@ -186,10 +186,11 @@ def test_main_resource_writes_keep_status_and_status_writes_keep_the_rest(
     assert updated["metadata"]["generation"] == 1  # status writes never bump generation
 
     pod = {"resource": "pods", "name": "p", "uid": "u-1"}
-    patch = {"status": {"allocation": None, "reservedFor": [pod]}}
+    allocation = created["status"]["allocation"]
+    patch = {"status": {"allocation": allocation, "reservedFor": [pod]}}
     code, patched = call(fake_kube, "PATCH", f"{CLAIMS}/c1/status", patch, MERGE)
     assert code == 200
-    assert patched["status"] == {"reservedFor": [pod]}
+    assert patched["status"] == {"allocation": allocation, "reservedFor": [pod]}
 
 
 @pytest.mark.parametrize(
@@ -551,9 +552,9 @@ def test_official_client_resource_claims(fake_kube: FakeKubeApi, api: client.Api
     assert created.status.allocation.devices.results[0].device == "gpu-0"
     listed = resource.list_resource_claim_for_all_namespaces(field_selector="metadata.name=c1")
     assert [c.metadata.name for c in listed.items] == ["c1"]
-    status = resource.patch_namespaced_resource_claim_status(
-        "c1", "default", [{"op": "remove", "path": "/status/allocation"}]
-    )
+    # The reservation goes with the allocation: none may stay without one.
+    cleared = [{"op": "remove", "path": f"/status/{f}"} for f in ("reservedFor", "allocation")]
+    status = resource.patch_namespaced_resource_claim_status("c1", "default", cleared)
     assert status.status.allocation is None
     with pytest.raises(client.ApiException) as err:
         resource.create_namespaced_resource_claim("default", resource_claim("default", "c1"))

@@ -89,7 +89,9 @@ def test_an_event_shows_its_write_after_later_writes_and_patches() -> None:
         for i in range(3):
             patch = {"metadata": {"labels": {"n": str(i)}}}
             assert send_json(api, "PATCH", f"{CLAIMS}/c1", patch, content_type=MERGE)[0] == 200
-        status = {"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]}}
+        allocation = resource_claim("default", "c1")["status"]["allocation"]
+        pod = {"resource": "pods", "name": "p", "uid": "u"}
+        status = {"status": {"allocation": allocation, "reservedFor": [pod]}}
         assert send_json(api, "PATCH", f"{CLAIMS}/c1/status", status, content_type=MERGE)[0] == 200
         assert send_json(api, "DELETE", f"{CLAIMS}/c1")[0] == 200
         lines = _watch(api, 5)

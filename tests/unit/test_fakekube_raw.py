@@ -149,7 +149,7 @@ def test_an_allocation_may_be_cleared_but_not_changed(fake_kube: FakeKubeApi) ->
     changed["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-1"
     code, status = send(fake_kube, "PUT", f"{CLAIMS}/c1/status", compact(changed))
     assert (code, status["reason"]) == (422, "Invalid")
-    cleared = {"status": {"allocation": None}}
+    cleared = {"status": {"allocation": None, "reservedFor": None}}  # none without the other
     code, answer = send(fake_kube, "PATCH", f"{CLAIMS}/c1/status", compact(cleared), MERGE)
     assert code == 200, answer
     assert "allocation" not in answer["status"]
