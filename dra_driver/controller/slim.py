@@ -77,6 +77,8 @@ _NAMESPACE_META = (*_IDENTITY, "annotations")
 _UNIQUE = frozenset({"uid", "resourceVersion", "shareID"})
 """Keys whose values no other object shares: a table entry for each would only push
 out the strings that do repeat."""
+_UNIQUE_MARKERS = tuple(f"{k!r}:" for k in sorted(_UNIQUE))
+"""How such a key shows in the ``repr`` of a subtree holding it."""
 
 
 class Strings:
@@ -135,7 +137,12 @@ class Subtrees:
         self._by_digest: dict[bytes, Any] = {}
 
     def one(self, node: Any) -> Any:
-        digest = hashlib.blake2b(repr(node).encode(), digest_size=16).digest()
+        text = repr(node)
+        if any(marker in text for marker in _UNIQUE_MARKERS):
+            # A value no other object has (a grant's shareID): never found again, so
+            # not entered (it would only push out the subtrees that do repeat).
+            return node
+        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
         found = self._by_digest.get(digest)
         if found is None:
             if len(self._by_digest) >= self._limit:

@@ -267,6 +267,8 @@ def test_claims_share_their_equal_subtrees_and_keep_their_own() -> None:
     assert alloc_one["devices"]["config"][0] is alloc_two["devices"]["config"][0]
     grant_one, grant_two = alloc_one["devices"]["config"][1], alloc_two["devices"]["config"][1]
     assert grant_one is not grant_two and grant_one != grant_two  # its own share ID
+    assert type(grant_one) is dict  # never shared, so not in the table, the claim's own
+    assert len(keep.subtrees) == 9  # by share size or node: 2 each of 4 paths; 1 finalizers
     results_one, results_two = alloc_one["devices"]["results"], alloc_two["devices"]["results"]
     assert results_one[0]["consumedCapacity"] is results_two[0]["consumedCapacity"]
     assert results_one[0] is not results_two[0]
