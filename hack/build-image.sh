@@ -14,7 +14,8 @@
 #   CONTAINER_TOOL  docker | podman (default: docker if found, else podman)
 #   IMAGE_NAME      image repository (default: fractional-gpu-dra)
 #   IMAGE_TAG       image tag (default: v<version in pyproject.toml>)
-#   PYTHON_VERSION  the python:<version>-slim base (default: the Dockerfile's, 3.12)
+#   PYTHON_VERSION  the python:<version>-slim base (default: the Dockerfile's, 3.11, the
+#                   Python CI tests on)
 set -o errexit -o nounset -o pipefail
 
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"

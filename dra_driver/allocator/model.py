@@ -8,13 +8,14 @@ Quantities are exact :data:`~dra_driver.base.quantity.Amount`\ s: ints where who
 (memory is bytes, counts and percentages are whole in every slice the driver
 publishes), Fractions where not. A large cluster's devices repeat a few shapes, so
 the state shares what repeats (:class:`_Shared`): one capacity mapping per distinct
-published capacity, one object per attribute name and short string value.
+published capacity, one object per attribute name and short string value. The tables
+that find what repeats live for one :func:`gather_pools` pass (not ``sys.intern``:
+what the state lets go of is freed).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,11 +126,21 @@ ones are seldom repeated."""
 
 class _Shared:
     """What one :func:`gather_pools` pass shares between devices: the parsed capacity
-    mappings (by their published JSON), attribute names, short strings and versions."""
+    mappings (by their published JSON), names, attribute names, short strings and
+    versions."""
 
     def __init__(self) -> None:
         self._capacities: dict[str, Mapping[str, Capacity]] = {}
         self._versions: dict[str, SemVer] = {}
+        self._strings: dict[str, str] = {}
+
+    def text(self, value: str) -> str:
+        """One object per distinct string of this pass."""
+        return self._strings.setdefault(value, value)
+
+    def name(self, value: Any) -> Any:
+        """A name shared with every other device's equal one (a string; else as it is)."""
+        return self.text(value) if type(value) is str else value
 
     def capacity(self, raw: Mapping[str, Any] | None) -> Mapping[str, Capacity]:
         """The device's capacities; one (never mutated) mapping per distinct JSON."""
@@ -139,26 +150,21 @@ class _Shared:
         found = self._capacities.get(key)
         if found is None:
             found = self._capacities[key] = {
-                sys.intern(k): Capacity(parse_amount(v["value"]), _policy(v.get("requestPolicy")))
+                self.text(k): Capacity(parse_amount(v["value"]), _policy(v.get("requestPolicy")))
                 for k, v in raw.items()
             }
         return found
 
     def attributes(self, raw: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
-        return {sys.intern(k): self._attribute(v) for k, v in (raw or {}).items()}
+        return {self.text(k): self._attribute(v) for k, v in (raw or {}).items()}
 
     def _attribute(self, raw: Mapping[str, Any]) -> AttributeValue:
         value = _attribute(raw)
         if isinstance(value, str):
-            return sys.intern(value) if len(value) <= SHORT else value
+            return self.text(value) if len(value) <= SHORT else value
         if isinstance(value, SemVer):  # one object per distinct version
             return self._versions.setdefault(value.text, value)
         return value
-
-
-def _interned(value: Any) -> Any:
-    """A name shared with every other device's equal one (a string; else as it is)."""
-    return sys.intern(value) if type(value) is str else value
 
 
 def _device(
@@ -167,11 +173,11 @@ def _device(
     body = raw.get("basic", raw)  # v1beta1 wrapped the fields in `basic`
     node = spec.get("nodeName") or body.get("nodeName")
     return Device(
-        driver=_interned(spec["driver"]),
-        pool=_interned(spec["pool"]["name"]),
+        driver=shared.name(spec["driver"]),
+        pool=shared.name(spec["pool"]["name"]),
         generation=generation,
-        name=_interned(raw["name"]),
-        node_name=_interned(node),
+        name=shared.name(raw["name"]),
+        node_name=shared.name(node),
         attributes=shared.attributes(body.get("attributes")),
         capacity=shared.capacity(body.get("capacity")),
         allow_multiple_allocations=bool(body.get("allowMultipleAllocations")),

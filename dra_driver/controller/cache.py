@@ -7,7 +7,6 @@ import json
 from collections.abc import Iterator
 from typing import Protocol
 
-from dra_driver.controller.slim import shared
 from dra_driver.k8s.rest import JsonObj
 
 
@@ -57,9 +56,9 @@ class PlainCache:
 
 class PackedCache:
     """Each object as its compact JSON (UTF-8): a few times smaller than the decoded
-    dicts; every read decodes a fresh copy (so a reader may keep or change it), its keys
-    and short strings shared (:func:`~.slim.shared`): the allocator's state keeps the
-    slices' attribute names and values for its lifetime, the same few in every slice."""
+    dicts; every read decodes a fresh copy (so a reader may keep or change it; what the
+    allocator's state keeps of the slices shares its repeating strings itself,
+    :func:`~dra_driver.allocator.model.gather_pools`)."""
 
     def __init__(self) -> None:
         self._packed: dict[str, bytes] = {}
@@ -88,5 +87,5 @@ class PackedCache:
 
 
 def _unpacked(data: bytes) -> JsonObj:
-    obj: JsonObj = shared(json.loads(data))
+    obj: JsonObj = json.loads(data)
     return obj

@@ -68,20 +68,21 @@ class KindPath:
 
     name: str
     path: str
-    keep: Callable[[JsonObj], JsonObj] = slim.whole
-    """What the cache keeps of each object as decoded (:mod:`.slim`)."""
+    keeper: Callable[[], Callable[[JsonObj], JsonObj]] = slim.whole_keeper
+    """Makes what the cache keeps of each object as decoded (:mod:`.slim`): one per
+    informer, so what it shares between objects is that informer's own."""
     packed: bool = False
     """Kept as compact JSON, decoded when read: for a kind read whole and seldom (the
     ResourceSlices, read only when the allocator's state is built), whose decoded
     objects would be the largest part of the process's memory."""
 
 
-CLAIMS = KindPath("resourceclaims", "/apis/resource.k8s.io/v1/resourceclaims", slim.slim_claim)
+CLAIMS = KindPath("resourceclaims", "/apis/resource.k8s.io/v1/resourceclaims", slim.claim_keeper)
 SLICES = KindPath("resourceslices", "/apis/resource.k8s.io/v1/resourceslices", packed=True)
 CLASSES = KindPath("deviceclasses", "/apis/resource.k8s.io/v1/deviceclasses")
-NODES = KindPath("nodes", "/api/v1/nodes", slim.slim_node)
-PODS = KindPath("pods", "/api/v1/pods", slim.slim_pod)
-NAMESPACES = KindPath("namespaces", "/api/v1/namespaces", slim.slim_namespace)
+NODES = KindPath("nodes", "/api/v1/nodes", slim.node_keeper)
+PODS = KindPath("pods", "/api/v1/pods", slim.pod_keeper)
+NAMESPACES = KindPath("namespaces", "/api/v1/namespaces", slim.namespace_keeper)
 """Read for the VRAM quota annotation (:mod:`dra_driver.allocator.quota`)."""
 
 
@@ -114,6 +115,7 @@ class Informer:
         """``transport``: list and watch on the loop (None: in a thread, through
         ``api_client``'s own transport)."""
         self.kind = kind
+        self._keep = kind.keeper()
         self._api = api_client
         self._transport = transport
         self._on_change = on_change
@@ -212,7 +214,7 @@ class Informer:
     def _list(self) -> tuple[ObjectCache, str]:
         """The list, kept as the cache keeps it (in the informer's thread, off the loop),
         :data:`LIST_CHUNK` objects at a time."""
-        objects, keep = self._new_cache(), self.kind.keep
+        objects, keep = self._new_cache(), self._keep
 
         def add(obj: JsonObj) -> None:
             objects.put(uid_of(obj), keep(obj))
@@ -265,7 +267,7 @@ class Informer:
             self._version = str(version)
         if etype not in ("ADDED", "MODIFIED", "DELETED"):
             return
-        self._arrived.append((etype, self.kind.keep(obj)))
+        self._arrived.append((etype, self._keep(obj)))
         if self._drain_due:
             return  # the loop has a drain to run: it takes this one too
         self._drain_due = True

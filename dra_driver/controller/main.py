@@ -169,6 +169,11 @@ class Controller:
             self._selectors,
         )
         self.index = ClaimPodIndex()
+        self._unallocated_ours: set[str] = set()
+        """UIDs of the claims of ours the informer shows unallocated: with the assumed
+        ones, every claim a change of capacity may let through (:meth:`_enqueue_ours`
+        with ``pending_only`` looks at these, not at every claim cached: a claim
+        deleted or freed would otherwise cost a pass over all of them on the loop)."""
         self.sizes = ClaimSizes(config.driver_name)
         self._nodes_index: dict[str, JsonObj] | None = None
         self._namespaces_index: dict[str, JsonObj] | None = None
@@ -225,13 +230,19 @@ class Controller:
     def _claim_changed(self, etype: str, new: JsonObj, old: JsonObj) -> None:
         self._cluster_changed = True
         if etype == "SYNCED":
-            self.index.reset_claims(self.claims.values())
+            claims = self.claims.values()
+            self.index.reset_claims(claims)
+            self._unallocated_ours = {uid_of(c) for c in claims if is_ours(c) and not allocated(c)}
             self.sizes.retain(self.claims.uids())
             self.ledger.invalidate()  # a relist may have dropped or changed anything
             self._enqueue_ours()
             return
         uid = uid_of(new)
         known = self.assume.seen(new)
+        if etype == "DELETED" or not is_ours(new) or allocated(new):
+            self._unallocated_ours.discard(uid)
+        else:
+            self._unallocated_ours.add(uid)
         if etype == "DELETED":
             self.assume.forget(uid)
             self.written.pop(uid, None)
@@ -288,7 +299,7 @@ class Controller:
         )
 
     def _enqueue_ours(self, pending_only: bool = False, namespace: str | None = None) -> None:
-        for claim in self.all_claims():
+        for claim in self._pending_claims() if pending_only else self.all_claims():
             if not is_ours(claim):
                 continue
             if pending_only and allocated(claim):
@@ -296,6 +307,12 @@ class Controller:
             if namespace is not None and claim_namespace(claim) != namespace:
                 continue
             self.queue.add(uid_of(claim))
+
+    def _pending_claims(self) -> list[JsonObj]:
+        """A superset of the claims of ours unallocated as we know them: those the
+        informer shows so, and those we wrote (their current copy may be ours)."""
+        uids = self._unallocated_ours | set(self.assume.assumed)
+        return [c for c in (self.current_claim(u) for u in uids) if c is not None]
 
     # --- running -------------------------------------------------------------------
 

@@ -1,22 +1,30 @@
-"""What the informers keep of each object: the fields the controller reads, with the
-strings that repeat from object to object shared.
+"""What the informers keep of each object: the fields the controller reads, with what
+repeats from object to object shared within one informer.
 
 The caches hold every claim, pod, Node and Namespace of the cluster for the process's
 life, and their decoded JSON is most of the controller's memory (about 17 KB a claim
 and its pod at 500 nodes, ``hack/bench/controller.py``). A real pod carries its
 containers, volumes and conditions, a Node its images and conditions, any object its
 ``managedFields``: none of which the controller reads. So each object is cut to what
-it reads as it is decoded, and its keys and short strings (``apiVersion``, the
-namespace, the class and driver names, quantities...) are interned: the JSON decoder
-shares a key only within one document, here they are shared across all of them.
+it reads as it is decoded (:class:`Keeper`, one per informer).
 
-Whole subtrees that repeat from object to object are shared too (:class:`Subtrees`):
-a claim's ``spec`` (every claim of one template, or of one share size, has the same),
-the configs and the node selector of its allocation, the capacity each result
-consumes; a pod's tolerations, affinity and node selector. Half of a decoded claim's
-memory was such copies (500 nodes, 5,000 claims: ``hack/bench/controller.py``). So
-an object read from a cache is read-only, as it always was (the cache hands out the
-object it holds): a change to a shared subtree would change every object holding it.
+What repeats is shared, by tables the informer's :class:`Keeper` owns, each bounded
+(at its limit it starts afresh), so objects that come and go never make them grow,
+and two controllers in one process share nothing:
+
+* strings (:class:`Strings`): the keys (the JSON decoder shares a key only within one
+  document) and short values that repeat (``apiVersion``, the namespace, the class and
+  driver names, quantities). Not ``sys.intern``: an interned string lives as long as
+  the interpreter wants (never, on Python 3.12), so names and timestamps of pods long
+  deleted would pile up. Measured: see :data:`STRINGS_LIMIT`;
+* whole subtrees (:class:`Subtrees`): a claim's ``spec`` (every claim of one template,
+  or of one share size, has the same), the configs and the node selector of its
+  allocation, the capacity each result consumes; a pod's tolerations, affinity and
+  node selector. Half of a decoded claim's memory was such copies (500 nodes, 5,000
+  claims: ``hack/bench/controller.py``). A shared subtree is read-only
+  (:mod:`.readonly`): a change to it raises instead of changing every object holding it.
+  The rest of an object is the cache's own: an object read from a cache is read-only
+  by convention, as it always was (the cache hands out the object it holds).
 
 What is read, and so kept:
 
@@ -36,15 +44,26 @@ What is read, and so kept:
 from __future__ import annotations
 
 import hashlib
-import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from dra_driver.controller.readonly import read_only
 from dra_driver.k8s.rest import JsonObj
 
 SHORT = 64
-"""Strings up to this long are interned (names, kinds, quantities, selectors' values);
-longer ones (messages, CEL expressions) are seldom shared."""
+"""Strings up to this long are shared (names, kinds, quantities, selectors' values);
+longer ones (messages, CEL expressions) are seldom repeated."""
+
+STRINGS_LIMIT = 4_096
+"""Distinct strings one informer's table holds before it starts afresh (at most about
+0.5 MB: the table and the strings it alone keeps alive).
+
+Measured (tracemalloc, Python 3.11, 5,000 allocated claims and their 5,000 running
+pods of the shapes the API server sends, kept by :func:`claim_keeper` and
+:func:`pod_keeper`): 39.5 MB with no string shared, 30.5 MB sharing the keys only,
+23.2 MB sharing keys and short values through this table (24.4 MB at a limit of 256,
+23.5 MB at 65,536), 24.7 MB with ``sys.intern`` as before. So the table keeps what
+interning saved, about 40 % of the caches, and lets go of what is deleted."""
 
 _IDENTITY = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
 _POD_META = (*_IDENTITY, "deletionTimestamp", "ownerReferences")
@@ -56,23 +75,48 @@ _NAMESPACE_META = (*_IDENTITY, "annotations")
 
 
 _UNIQUE = frozenset({"uid", "resourceVersion", "shareID"})
-"""Keys whose values no other object shares: interning them would only grow the
-interpreter's table of interned strings (by 2 MB at 5,000 claims and pods)."""
+"""Keys whose values no other object shares: a table entry for each would only push
+out the strings that do repeat."""
+_UNIQUE_MARKERS = tuple(f"{k!r}:" for k in sorted(_UNIQUE))
+"""How such a key shows in the ``repr`` of a subtree holding it."""
 
 
-def shared(node: Any) -> Any:
-    """A copy of a decoded JSON tree with its keys and short strings interned."""
-    kind = type(node)
-    if kind is dict:
-        return {
-            sys.intern(k): v if k in _UNIQUE and type(v) is str else shared(v)
-            for k, v in node.items()
-        }
-    if kind is list:
-        return [shared(v) for v in node]
-    if kind is str and len(node) <= SHORT:
-        return sys.intern(node)
-    return node
+class Strings:
+    """One object per distinct string seen lately: a string equal to one seen before is
+    replaced by that one. At ``limit`` entries it starts afresh (what the caches hold
+    stays shared; later objects share with what is seen from then on), so strings that
+    never repeat (names, timestamps) cannot make it grow without bound, and a string is
+    freed once no cached object and no table holds it."""
+
+    def __init__(self, limit: int = STRINGS_LIMIT) -> None:
+        self._limit = limit
+        self._table: dict[str, str] = {}
+
+    def one(self, text: str) -> str:
+        found = self._table.get(text)
+        if found is None:
+            if len(self._table) >= self._limit:
+                self._table.clear()
+            found = self._table[text] = text
+        return found
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def shared(self, node: Any) -> Any:
+        """A copy of a decoded JSON tree with its keys and short strings shared."""
+        kind = type(node)
+        if kind is dict:
+            one = self.one
+            return {
+                one(k): v if k in _UNIQUE and type(v) is str else self.shared(v)
+                for k, v in node.items()
+            }
+        if kind is list:
+            return [self.shared(v) for v in node]
+        if kind is str and len(node) <= SHORT:
+            return self.one(node)
+        return node
 
 
 class Subtrees:
@@ -85,19 +129,25 @@ class Subtrees:
     life of the universe), not the text itself, so the table is small; at ``limit``
     entries it starts afresh (what the caches hold stays shared; later objects share
     with what is seen from then on), so subtrees that never repeat cannot make it grow
-    without bound."""
+    without bound. What it hands out is a read-only copy (:func:`~.readonly.read_only`),
+    made when the subtree is first seen."""
 
     def __init__(self, limit: int = 16_384) -> None:
         self._limit = limit
         self._by_digest: dict[bytes, Any] = {}
 
     def one(self, node: Any) -> Any:
-        digest = hashlib.blake2b(repr(node).encode(), digest_size=16).digest()
+        text = repr(node)
+        if any(marker in text for marker in _UNIQUE_MARKERS):
+            # A value no other object has (a grant's shareID): never found again, so
+            # not entered (it would only push out the subtrees that do repeat).
+            return node
+        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
         found = self._by_digest.get(digest)
         if found is None:
             if len(self._by_digest) >= self._limit:
                 self._by_digest.clear()
-            found = self._by_digest[digest] = node
+            found = self._by_digest[digest] = read_only(node)
         return found
 
     def __len__(self) -> int:
@@ -105,7 +155,7 @@ class Subtrees:
 
     def at(self, node: Any, path: Sequence[str]) -> None:
         """Share the subtrees of ``node`` at ``path`` (``*``: every item of a list),
-        in place: ``node`` is a fresh copy of ours (:func:`shared`)."""
+        in place: ``node`` is a fresh copy of ours (:meth:`Strings.shared`)."""
         head, rest = path[0], path[1:]
         if head == "*":
             if type(node) is list:
@@ -135,9 +185,6 @@ _POD_SUBTREES = (
     ("spec", "affinity"),
     ("spec", "nodeSelector"),
 )
-_claim_subtrees = Subtrees()
-_pod_subtrees = Subtrees()
-"""One table per kind: each informer decodes in a thread of its own."""
 
 
 def _kept(obj: JsonObj, part: str, fields: Iterable[str]) -> JsonObj | None:
@@ -153,25 +200,22 @@ def _cut(obj: JsonObj, parts: dict[str, tuple[str, ...]]) -> JsonObj:
         kept = _kept(obj, part, fields)
         if kept is not None:
             out[part] = kept
-    return shared(out)  # type: ignore[no-any-return]
-
-
-def slim_pod(pod: JsonObj) -> JsonObj:
-    out = _cut(pod, {"metadata": _POD_META, "spec": _POD_SPEC, "status": _POD_STATUS})
-    for path in _POD_SUBTREES:
-        _pod_subtrees.at(out, path)
     return out
 
 
-def slim_node(node: JsonObj) -> JsonObj:
+def _cut_pod(pod: JsonObj) -> JsonObj:
+    return _cut(pod, {"metadata": _POD_META, "spec": _POD_SPEC, "status": _POD_STATUS})
+
+
+def _cut_node(node: JsonObj) -> JsonObj:
     return _cut(node, {"metadata": _NODE_META, "spec": _NODE_SPEC})
 
 
-def slim_namespace(namespace: JsonObj) -> JsonObj:
+def _cut_namespace(namespace: JsonObj) -> JsonObj:
     return _cut(namespace, {"metadata": _NAMESPACE_META})
 
 
-def slim_claim(claim: JsonObj) -> JsonObj:
+def _cut_claim(claim: JsonObj) -> JsonObj:
     out = dict(claim)
     meta = out.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
@@ -179,12 +223,49 @@ def slim_claim(claim: JsonObj) -> JsonObj:
     status = out.get("status")
     if isinstance(status, dict) and "devices" in status:
         out["status"] = {k: v for k, v in status.items() if k != "devices"}
-    kept: JsonObj = shared(out)
-    for path in _CLAIM_SUBTREES:
-        _claim_subtrees.at(kept, path)
-    return kept
+    return out
 
 
-def whole(obj: JsonObj) -> JsonObj:
+class Keeper:
+    """What one informer keeps of each object of its kind (called with each decoded
+    object, in the informer's thread): cut to what the controller reads, its strings
+    and its repeating subtrees shared through tables of this keeper's own."""
+
+    def __init__(
+        self, cut: Callable[[JsonObj], JsonObj], subtree_paths: Sequence[Sequence[str]] = ()
+    ) -> None:
+        self._cut = cut
+        self._subtree_paths = subtree_paths
+        self.strings = Strings()
+        self.subtrees = Subtrees()
+
+    def __call__(self, obj: JsonObj) -> JsonObj:
+        kept: JsonObj = self.strings.shared(self._cut(obj))
+        for path in self._subtree_paths:
+            self.subtrees.at(kept, path)
+        return kept
+
+
+def pod_keeper() -> Keeper:
+    return Keeper(_cut_pod, _POD_SUBTREES)
+
+
+def node_keeper() -> Keeper:
+    return Keeper(_cut_node)
+
+
+def namespace_keeper() -> Keeper:
+    return Keeper(_cut_namespace)
+
+
+def claim_keeper() -> Keeper:
+    return Keeper(_cut_claim, _CLAIM_SUBTREES)
+
+
+def whole_keeper() -> Callable[[JsonObj], JsonObj]:
     """Kept as decoded (ResourceSlices, DeviceClasses: the allocator reads them whole)."""
+    return _whole
+
+
+def _whole(obj: JsonObj) -> JsonObj:
     return obj

@@ -19,25 +19,31 @@ Liveness is not this: the chart's liveness probe dials the plugin's own sockets
 (cheap, no API call), so an API outage makes the plugin unready, never
 restarted.
 
-The endpoint is a minimal HTTP/1.1 responder on the event loop, which is all
-the kubelet's ``httpGet`` probe needs: a plugin whose loop is stuck does not
-answer, and is unready too.
+The endpoint is served by the standard library's WSGI server in daemon threads
+(:mod:`dra_driver.observability.http_server`, the server the metrics use). Each
+request asks the event loop for the verdict (the check runs on the loop, where the
+state it reads is written) and waits at most :data:`LOOP_ANSWER_S`: a plugin whose
+loop is stuck (or too busy to answer in that time) is unready, with that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.observability.http_server import HttpEndpoint, serve_http
 
 log = logging.getLogger(__name__)
 
 PATH = "/readyz"
-REQUEST_TIMEOUT_S = 5.0
-"""How long a connection may take to send its request head."""
-MAX_REQUEST_BYTES = 8192
+LOOP_ANSWER_S = 2.0
+"""How long a probe waits for the event loop to give the verdict; the chart's probe
+waits 5 s (``kubeletPlugin.readinessProbe.timeoutSeconds``), so a stuck loop is
+answered as such, not as a probe timeout."""
 
 
 @dataclass(frozen=True)
@@ -86,69 +92,75 @@ def check_readiness(
 
 
 class ReadinessServer:
-    """Serves ``check()`` at ``GET /readyz``: 200 when ready, else 503; the reason as text."""
+    """Serves ``check()`` at ``GET /readyz``: 200 when ready, else 503; the reason as
+    text. ``check`` runs on the event loop that called :meth:`start`."""
 
     def __init__(self, check: Callable[[], Readiness]) -> None:
         self.check = check
-        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._endpoint: HttpEndpoint | None = None
 
     async def start(self, port: int, address: str = "0.0.0.0") -> None:
         """Listen on ``address:port`` (0: any free port, see :attr:`port`)."""
-        self._server = await asyncio.start_server(
-            self._serve, address, port, limit=MAX_REQUEST_BYTES
-        )
+        self._loop = asyncio.get_running_loop()
+        self._endpoint = serve_http(self._respond, port, address, "readiness")
         log.info("readiness at http://%s:%d%s", address, self.port, PATH)
 
     @property
     def port(self) -> int:
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._endpoint is not None
+        return self._endpoint.port
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        if self._endpoint is not None:
+            endpoint, self._endpoint = self._endpoint, None
+            await asyncio.to_thread(endpoint.stop)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
+    def _respond(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        """The WSGI application (in a request's thread)."""
+        method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
+        headers = [("Content-Type", "text/plain; charset=utf-8")]
+        if path != PATH:
+            status, body = "404 Not Found", f"only {PATH} is served here\n"
+        elif method not in ("GET", "HEAD"):
+            status, body = "405 Method Not Allowed", "GET or HEAD\n"
+            headers.append(("Allow", "GET, HEAD"))
+        else:
+            state = self._verdict()
+            status = "200 OK" if state.ready else "503 Service Unavailable"
+            body = ("ok: " if state.ready else "not ready: ") + state.reason + "\n"
+        payload = body.encode()
+        start_response(status, [*headers, ("Content-Length", str(len(payload)))])
+        return [b""] if method == "HEAD" else [payload]
+
+    def _verdict(self) -> Readiness:
+        """``check()`` run on the loop, waited for at most :data:`LOOP_ANSWER_S`."""
+        loop = self._loop
+        assert loop is not None
+        answer: concurrent.futures.Future[Readiness] = concurrent.futures.Future()
+
+        def on_loop() -> None:
+            if not answer.set_running_or_notify_cancel():
+                return  # the probe gave up waiting
             try:
-                head = await asyncio.wait_for(
-                    reader.readuntil(b"\r\n\r\n"), timeout=REQUEST_TIMEOUT_S
-                )
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-                return
-            method, path = _request_line(head)
-            if path is None:
-                status, body = "400 Bad Request", "bad request\n"
-            elif path != PATH:
-                status, body = "404 Not Found", f"only {PATH} is served here\n"
-            elif method not in ("GET", "HEAD"):
-                status, body = "405 Method Not Allowed", "GET or HEAD\n"
-            else:
-                state = self.check()
-                status = "200 OK" if state.ready else "503 Service Unavailable"
-                body = ("ok: " if state.ready else "not ready: ") + state.reason + "\n"
-            payload = body.encode()
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+                answer.set_result(self.check())
+            except Exception as err:  # the probe says so; the loop goes on
+                answer.set_exception(err)
+
+        try:
+            loop.call_soon_threadsafe(on_loop)
+        except RuntimeError:
+            return Readiness(False, "shutting down: the event loop is closed")
+        try:
+            return answer.result(timeout=LOOP_ANSWER_S)
+        except TimeoutError:
+            answer.cancel()
+            log.warning("readiness: the event loop did not answer in %.1fs", LOOP_ANSWER_S)
+            return Readiness(
+                False, f"the event loop did not answer in {LOOP_ANSWER_S:g}s (stuck or overloaded)"
             )
-            if method != "HEAD":
-                writer.write(payload)
-            await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-
-def _request_line(head: bytes) -> tuple[str, str | None]:
-    """(method, path without the query) of an HTTP request head; path None: malformed."""
-    line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        return "", None
-    return parts[0], parts[1].split("?", 1)[0]
+        except Exception as err:
+            log.error("readiness check failed: %s", err, exc_info=err)
+            return Readiness(False, f"the readiness check failed: {err}")

@@ -4,6 +4,7 @@ ResourceSlices published; real HTTP, real sockets, the real process for the outa
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import http.client
@@ -24,7 +25,8 @@ from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.publisher import SlicePublisher
-from dra_driver.plugin.readiness import check_readiness
+from dra_driver.plugin import readiness
+from dra_driver.plugin.readiness import Readiness, ReadinessServer, check_readiness
 from tests.support.chart import chart_api, plugin_client
 from tests.support.eventually import eventually
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
@@ -169,6 +171,49 @@ def test_only_readyz_is_served(node_dirs: NodeDirs) -> None:
             await kubelet.close()
         finally:
             await runtime.stop()
+
+    run_checked(scenario())
+
+
+def _hold_the_loop(seconds: float) -> None:
+    """Block the calling thread (the event loop's, when called from a coroutine)."""
+    time.sleep(seconds)
+
+
+def test_a_stuck_event_loop_is_answered_not_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The responder's threads answer while the loop is stuck: 503, saying so; once the
+    loop runs again the verdict is the check's again. A check that raises is a 503."""
+    monkeypatch.setattr(readiness, "LOOP_ANSWER_S", 0.3)
+    verdicts = [Readiness(True, "fine")]
+
+    def check() -> Readiness:
+        if not verdicts:
+            raise RuntimeError("no verdict")
+        return verdicts[0]
+
+    async def scenario() -> None:
+        server = ReadinessServer(check)
+        await server.start(0, "127.0.0.1")
+        port = server.port
+        try:
+            assert await aready(port) == (200, "ok: fine\n")
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                probe = pool.submit(readyz, port)
+                _hold_the_loop(1.0)
+                status, body = probe.result()
+            assert status == 503, body
+            assert (
+                body == "not ready: the event loop did not answer in 0.3s (stuck or overloaded)\n"
+            )
+            assert await aready(port) == (200, "ok: fine\n")
+            verdicts.clear()
+            assert await aready(port) == (
+                503,
+                "not ready: the readiness check failed: no verdict\n",
+            )
+        finally:
+            await server.close()
+        assert (await aready(port))[0] == 0  # closed
 
     run_checked(scenario())
 

@@ -74,3 +74,23 @@ def test_removed_packages_are_not_our_own_dependencies() -> None:
         assert match, dependency
         ours.add(match.group().lower())
     assert not ours & set(unused_distributions())
+
+
+def _dockerfile_python() -> str:
+    match = re.search(r"^ARG PYTHON_VERSION=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert match, "no ARG PYTHON_VERSION in the Dockerfile"
+    return match.group(1)
+
+
+def test_the_image_runs_the_python_the_tests_run_on() -> None:
+    """The image's base (``python:<version>-slim``) is the version CI sets up and mypy
+    checks for, so no behaviour of another interpreter reaches the pods untested."""
+    image = _dockerfile_python()
+    workflows = [ROOT / ".github" / "workflows" / n for n in ("ci.yaml", "e2e.yaml")]
+    for workflow in workflows:
+        versions = re.findall(r'python-version:\s*"([^"]+)"', workflow.read_text())
+        assert versions, f"{workflow.name}: no python-version"
+        assert set(versions) == {image}, f"{workflow.name} tests on {versions}, image: {image}"
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy["python_version"] == image
+    assert "FROM python:${PYTHON_VERSION}-slim" in DOCKERFILE.read_text()
