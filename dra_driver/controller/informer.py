@@ -224,7 +224,7 @@ class Informer:
 
     async def _list_on_loop(self) -> tuple[ObjectCache, str]:
         assert self._transport is not None
-        objects, keep = self._new_cache(), self.kind.keep
+        objects, keep = self._new_cache(), self._keep
 
         def add(obj: JsonObj) -> None:
             objects.put(uid_of(obj), keep(obj))
@@ -248,7 +248,7 @@ class Informer:
         if version:
             self._version = str(version)
         if etype in ("ADDED", "MODIFIED", "DELETED"):
-            self._apply(etype, self.kind.keep(obj))
+            self._apply(etype, self._keep(obj))
 
     def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:
         watch_events(

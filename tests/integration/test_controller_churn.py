@@ -185,7 +185,7 @@ async def _churn(api: FakeKubeApi, cycles: int = CYCLES) -> list[tuple[int, int]
                 gc.collect()
                 samples.append((done, sys.getallocatedblocks()))
     finally:
-        controller.close()
+        await controller.close()
     return samples
 
 
