@@ -190,10 +190,22 @@ def _dirs() -> tuple[str, str]:
 
 
 def _record(logs: str, entry: dict[str, Any]) -> None:
-    os.makedirs(logs, exist_ok=True)
     entry = {"t": round(time.time(), 3), **entry}
-    with open(os.path.join(logs, RECORD_FILE), "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    _append(os.path.join(logs, RECORD_FILE), (json.dumps(entry) + "\n").encode())
+
+
+def _append(path: str, data: bytes) -> None:
+    """``data`` at the end of ``path`` in one write (its directory made if missing).
+    Plain descriptors: the daemon appends a line per command of every client."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -216,16 +228,15 @@ def _read_state(pipe: str) -> dict[str, Any] | None:
     return state
 
 
-def _write_state(pipe: str, state: dict[str, Any]) -> None:
-    # dumps, not dump: json.dump encodes in pure Python, dumps in C.
-    _write_state_text(pipe, json.dumps(state, separators=(",", ":")))
-
-
 def _write_state_text(pipe: str, text: str) -> None:
+    """The state file, replaced whole (a reader never sees half of it)."""
     path = os.path.join(pipe, STATE_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -241,6 +252,7 @@ class _DaemonState:
         self._save(state)
 
     def _save(self, state: dict[str, Any]) -> None:
+        # dumps, not dump: json.dump encodes in pure Python, dumps in C.
         text = json.dumps(state, separators=(",", ":"))
         if text != self._text:  # a query changes nothing: no write
             _write_state_text(self.pipe, text)

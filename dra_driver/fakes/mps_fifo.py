@@ -41,12 +41,10 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shutil
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import BinaryIO
+from typing import NamedTuple
 
 SLOTS_DIR = "fifo-control"
 """In the daemon's pipe directory: its FIFO slots (mode 0700)."""
@@ -60,8 +58,9 @@ REPLY_WRITE_TIMEOUT_S = 10.0
 """How long a reply waits for a client that stopped reading (killed mid-reply)."""
 
 
-@dataclass(frozen=True)
-class FifoRequest:
+# NamedTuples, not dataclasses: the Python client imports this module on every start,
+# and dataclasses (with inspect) would be most of its import time.
+class FifoRequest(NamedTuple):
     """One command from a FIFO client: its argv, or one line of its stdin shell."""
 
     control_pid: int
@@ -78,8 +77,7 @@ class FifoRequest:
     """The shell's line, with its newline if it had one; None for a command line."""
 
 
-@dataclass(frozen=True)
-class FifoAnswer:
+class FifoAnswer(NamedTuple):
     ok: bool
     reply: str
     to_stderr: bool
@@ -110,15 +108,33 @@ def encode_answer(answer: FifoAnswer, shell: bool) -> bytes:
     return "".join(out).encode("utf-8", "surrogateescape")
 
 
-def _text(raw: bytes) -> str:
-    """A request line without its newline (bytes kept as they came)."""
-    return raw.decode("utf-8", "surrogateescape").removesuffix("\n")
+class _Lines:
+    """Lines from a FIFO's descriptor, read with plain ``os.read`` (a request usually
+    comes in one read)."""
 
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
 
-def _complete(raw: bytes) -> bytes:
-    if not raw.endswith(b"\n"):
-        raise BadRequest("the request ended early")
-    return raw
+    def line(self) -> str:
+        """The next line, without its newline; :class:`BadRequest` at end of file
+        (the request ended early)."""
+        found = self.next_line()
+        if found is None:
+            raise BadRequest("the request ended early")
+        return found
+
+    def next_line(self) -> str | None:
+        """The next line, without its newline; None at end of file (the client is done)."""
+        while (end := self.buffer.find(b"\n")) < 0:
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                if self.buffer:
+                    raise BadRequest("the request ended in the middle of a line")
+                return None
+            self.buffer += chunk
+        raw, self.buffer = self.buffer[:end], self.buffer[end + 1 :]
+        return raw.decode("utf-8", "surrogateescape")
 
 
 class FifoSlots:
@@ -134,6 +150,8 @@ class FifoSlots:
     def open(cls, pipe: str, handler: Handler) -> FifoSlots:
         """Make the slots in ``pipe`` (replacing what a dead daemon left there: a
         daemon starts only where no other answers) and serve them."""
+        import shutil  # noqa: PLC0415 (the daemon's start only; every client imports this)
+
         slots = cls(os.path.join(pipe, SLOTS_DIR), handler)
         shutil.rmtree(slots.root, ignore_errors=True)
         os.mkdir(slots.root, 0o700)
@@ -166,6 +184,8 @@ class FifoSlots:
         """Take the slots away: clients that have not found them yet use the socket
         (and find no daemon); a client in the middle of a command reads end of file
         when this process exits."""
+        import shutil  # noqa: PLC0415 (the daemon's exit only)
+
         gone = f"{self.root}.gone.{os.getpid()}"
         with contextlib.suppress(OSError):
             os.rename(self.root, gone)  # at once: no client opens a FIFO in it after this
@@ -182,42 +202,42 @@ class FifoSlots:
                 fd = os.open(request_path, os.O_RDONLY)
             except OSError:
                 return  # the slots were taken away: the daemon is going
-            with open(fd, "rb") as requests:
-                self._serve_client(n, requests, lock_path)
+            try:
+                self._serve_client(n, _Lines(fd), lock_path)
                 # The slot stays the client's until its end closes (it exits): else
                 # the next open would find it still holding the FIFO.
-                while requests.read(65536):
+                while os.read(fd, 65536):
                     pass
+            finally:
+                os.close(fd)
             self._drain(n)
             # Last: the slot is free only once nothing of this client is left in it.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock_path)
 
-    def _serve_client(self, n: int, requests: BinaryIO, lock_path: str) -> None:
+    def _serve_client(self, n: int, requests: _Lines, lock_path: str) -> None:
         """The requests of one client until its end closes."""
         try:
             uid = os.stat(lock_path).st_uid
         except FileNotFoundError:
             return  # opened without claiming the slot: not our client; nothing answered
         try:
-            header = [_text(_complete(requests.readline())) for _ in range(5)]
-            if header[0] != MAGIC or not header[1].isdigit():
-                raise BadRequest(f"not a request of this fake's client: {header[0]!r}")
-            pid, logs, delay, mode = int(header[1]), header[2], header[3], header[4]
+            magic, pid, logs, delay, mode = (requests.line() for _ in range(5))
+            if magic != MAGIC or not pid.isdigit():
+                raise BadRequest(f"not a request of this fake's client: {magic!r}")
             if mode.startswith("argv "):
-                count = int(mode.removeprefix("argv "))
-                argv = tuple(_text(_complete(requests.readline())) for _ in range(count))
-                request = FifoRequest(pid, uid, logs, delay, argv, None)
+                argv = tuple(requests.line() for _ in range(int(mode.removeprefix("argv "))))
+                request = FifoRequest(int(pid), uid, logs, delay, argv, None)
                 self._answer(n, self.handler(request), shell=False)
                 return
             if mode != "shell":
                 raise BadRequest(f"unknown request mode {mode!r}")
-            for raw in requests:
-                kind, text = raw[:1], _text(raw[1:])
-                if kind not in (b"l", b"p"):
+            while (raw := requests.next_line()) is not None:
+                kind, text = raw[:1], raw[1:]
+                if kind not in ("l", "p"):
                     raise BadRequest(f"unknown shell line {raw!r}")
-                line = text + "\n" if kind == b"l" else text
-                answer = self.handler(FifoRequest(pid, uid, logs, delay, None, line))
+                line = text + "\n" if kind == "l" else text
+                answer = self.handler(FifoRequest(int(pid), uid, logs, delay, None, line))
                 self._answer(n, answer, shell=True)
                 if answer.stop:
                     return
