@@ -17,8 +17,9 @@ blocks:
 
 Each command is spawned and waited for as the agent does (one at a time here).
 Printed per variant: wall time per command (p50, p99), the command process's CPU
-(its rusage), the daemon's CPU over the variant's commands (/proc/<pid>/stat,
-every thread) per command, and their sum against ``/bin/true``'s CPU; the
+(its rusage), the daemon's CPU over the variant's commands (the scheduler's
+count for each of its threads, /proc/<pid>/task/*/schedstat) per command, and
+their sum against ``/bin/true``'s CPU; the
 target is the sh client's sum within 2x of ``/bin/true``'s.
 
 The daemon's directories are on a tmpfs (``--dir``), as the chart keeps the
@@ -45,7 +46,6 @@ sys.path.insert(0, REPO)
 
 from dra_driver.fakes.mps_control import fake_control_path  # noqa: E402
 
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 BLOCK = 50
 """Commands per block; the variants take turns block by block, so a change in the
 host's speed during the run touches them alike."""
@@ -65,9 +65,13 @@ class Variant:
 
 
 def daemon_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime: all threads
+    """The daemon's CPU so far, every thread, in ns as the scheduler counts it
+    (``/proc/<pid>/stat`` counts in 10 ms ticks, too coarse for a command)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
 
 
 def children_cpu_s() -> float:
