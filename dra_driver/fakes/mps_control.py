@@ -1,7 +1,11 @@
 """A fake ``nvidia-cuda-mps-control`` for tests and ``--backend fake`` (stdlib only).
 
-Run as ``python -m dra_driver.fakes.mps_control`` (or through the shipped
-launcher ``dra_driver/fakes/bin/nvidia-cuda-mps-control``). It speaks both
+Run through the shipped ``dra_driver/fakes/bin/nvidia-cuda-mps-control``: a
+POSIX sh client that starts as a native binary does and reaches the daemon over
+the FIFO slots it serves (:mod:`.mps_fifo`), running this module (``python -m
+dra_driver.fakes.mps_control``, the Python client, over the control socket) for
+the daemon itself and whatever it cannot frame. Both clients end in the same
+code in the daemon (:func:`_one`), so they answer and record alike. It speaks both
 protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
 615/620: "Legacy MPS v2 Interface", "MPS v3 Interface", "MPS v3 Namespaces"):
 
@@ -17,11 +21,14 @@ protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
   (tests read it). A daemon that starts finds no state from a dead predecessor:
   like the real one, what it held dies with it.
 
-The control socket is the daemon's whole interface, as for the real one: a
+The control socket is the daemon's interface, as for the real one: a
 command connects to ``$CUDA_MPS_PIPE_DIRECTORY/control`` (the pipe directory
 *it* was given), sends its command line (or shell line) over that socket, and
 the daemon runs it against its own state in its own pipe directory and
-answers. So whoever reaches that socket, by any path (a link, a bind mount),
+answers. (The FIFO slots beside it, ``fifo-control/``, mode 0700, are the same
+power by another door, for the shell client: the caller's UID comes from the
+kernel there too, as the owner of the slot's lock file it created.) So whoever
+reaches that socket, by any path (a link, a bind mount),
 commands the daemon: quit, set limits, terminate clients, list every server
 (dra-facts 10.1 "Isolation": "a user with sufficient permissions", and
 multiuser mode disregards isolation between users); a copy of the pipe
@@ -92,8 +99,8 @@ must clear what a dead daemon left).
   seconds, standing in for a slow daemon in tests; refusals stay instant.
 
 Every invocation is recorded as a JSON line in ``fake-mps-commands.jsonl`` in the
-log directory (``CUDA_MPS_LOG_DIRECTORY``), with the pid of the control process
-that ran it (``control_pid``). Error texts and exit statuses are
+log directory (``CUDA_MPS_LOG_DIRECTORY`` of the command), with the pid of the
+control process that ran it (``control_pid``). Error texts and exit statuses are
 this fake's own choice: the real tool's are not documented.
 
 Like the real daemon it writes ``control.log`` in the log directory, in the

@@ -152,17 +152,20 @@ class DaemonControl:
 
     async def run_process(self, call: ControlCall) -> str:
         """Run the control binary with ``call`` in the daemon's environment."""
+        # A command without input reads /dev/null (end of file at once, as an empty pipe
+        # gives): no pipe and transport to make and close for it (three per v3 share).
+        takes_input = call.stdin is not None
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv(call.args),
                 env=self.env,
-                stdin=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.PIPE if takes_input else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
         except OSError as err:
             raise DaemonError(f"cannot run {self.control_binary!r}: {err}") from err
-        data = (call.stdin or "").encode()
+        data = (call.stdin or "").encode() if takes_input else None
         try:
             out, err_out = await asyncio.wait_for(proc.communicate(data), self.command_timeout)
         except TimeoutError as err:

@@ -529,12 +529,15 @@ def installed_env() -> dict[str, str]:
     return env
 
 
-def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_agent(root: str, profile: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     socket = os.path.join(root, "plugin", "mps-agent.sock")
+    # With ``profile``: its main thread (the event loop) under cProfile, written at exit.
+    profiler = ("-m", "cProfile", "-o", profile) if profile else ()
     with component_log(root, "mps-agent") as log:
         agent = subprocess.Popen(
             [
-                *(sys.executable, "-m", "dra_driver", "mps-agent", "--mps-control", "fake"),
+                *(sys.executable, *profiler, "-m", "dra_driver", "mps-agent"),
+                *("--mps-control", "fake"),
                 *("--mps-protocol", "v3", "--socket", socket),
                 # A tmpfs, as on a node (the chart's /run/fractional-gpu-dra/mps).
                 # The chart's log level (INFO), its lines in a file as a container's are.
@@ -694,7 +697,7 @@ def run_kubelet_mode(
         resident = [ClaimRef(ns, name, ClaimUID(uid)) for ns, name, uid in made["resident"]]
         socket = ""
         if mode.startswith("mps"):
-            agent, socket = start_agent(root)
+            agent, socket = start_agent(root, f"{profile}.{mode}.agent" if profile else None)
         plugin = start_plugin(root, mode, made, socket, profile=profile, client=client)
         wait_for_socket(
             os.path.join(root, "reg", f"{DRIVER}-reg.sock"),
@@ -1007,7 +1010,11 @@ def main() -> int:
         help="how the plugin reaches the API server: in-cluster (the chart's pod, the "
         "default) or kubeconfig (host-process mode); HTTPS either way",
     )
-    parser.add_argument("--profile", help="write the plugin's cProfile stats to PROFILE.<mode>")
+    parser.add_argument(
+        "--profile",
+        help="write the plugin's cProfile stats to PROFILE.<mode> (the agent's to "
+        "PROFILE.<mode>.agent)",
+    )
     parser.add_argument(
         "--real-command-ms",
         type=float,
