@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dra_driver.fakes.mps_control import fake_control_path
-from dra_driver.fakes.mps_fifo import SLOT_COUNT, SLOTS_DIR, FifoAnswer, encode_answer
+from dra_driver.fakes.mps_fifo import (
+    DAEMON_FILE,
+    SLOT_COUNT,
+    SLOTS_DIR,
+    FifoAnswer,
+    encode_answer,
+)
 from tests.integration.test_fake_mps_control import Fake, _daemon
 
 NO_PYTHON = {"PYTHON": "/bin/false"}
@@ -26,12 +32,20 @@ NO_PYTHON = {"PYTHON": "/bin/false"}
 @pytest.fixture
 def v3() -> Iterator[Fake]:
     with _daemon("-p", "3", "-m") as fake:
+        _wait_for_slots(fake)
         fake.ok("server", "create", "shares")
         yield fake
 
 
 def _slots(fake: Fake) -> str:
     return os.path.join(fake.env["CUDA_MPS_PIPE_DIRECTORY"], SLOTS_DIR)
+
+
+def _wait_for_slots(fake: Fake) -> None:
+    """Until the daemon serves its FIFO slots: it answers on its control socket a
+    moment before (the start's probe may have gone there), and a test that forbids
+    the Python client must not race that."""
+    _wait_for(lambda: os.path.exists(os.path.join(_slots(fake), DAEMON_FILE)))
 
 
 def _fifo_only(fake: Fake) -> Fake:
@@ -99,6 +113,7 @@ def test_the_shell_client_answers_as_the_python_client() -> None:
     seen = []
     for client in ("fifo", "python"):
         with _daemon("-p", "3", "-m") as fake:
+            _wait_for_slots(fake)
             fake.ok("server", "create", "shares")
             answers = []
             for args in commands:
@@ -114,7 +129,7 @@ def test_the_shell_client_answers_as_the_python_client() -> None:
             ours = ours[[r["argv"] for r in ours].index(list(commands[0])) :]
             recorded = [{k: r.get(k) for k in kept} for r in ours]
             seen.append(json.loads(json.dumps((answers, recorded)).replace(fake.root, "<root>")))
-            assert _locks(fake) == []
+            _wait_for(lambda: not _locks(fake))  # every slot freed (just after each reply)
     assert seen[0] == seen[1]
     assert [code for code, _, _ in seen[0][0]] == [0, 0, 0, 0, 1, 1, 1, 0]
 
@@ -153,6 +168,7 @@ def test_a_daemon_killed_mid_command_ends_the_command_with_no_daemon(v3: Fake) -
 
 
 def test_with_every_slot_taken_the_python_client_serves(v3: Fake) -> None:
+    _wait_for(lambda: not _locks(v3))  # the daemon frees the fixture's slot just after
     for n in range(SLOT_COUNT):
         with open(os.path.join(_slots(v3), f"{n}.lock"), "x"):
             pass
@@ -170,6 +186,7 @@ def test_after_quit_the_shell_client_finds_no_daemon(v3: Fake) -> None:
 
 def test_the_legacy_shell_over_fifos_answers_line_by_line() -> None:
     with _daemon(probe=()) as legacy:
+        _wait_for_slots(legacy)
         done = _fifo_only(legacy).run(
             stdin="set_default_active_thread_percentage 10\n\nbogus\n"
             "get_default_active_thread_percentage"  # a last line without its newline
