@@ -41,6 +41,14 @@ def _slots(fake: Fake) -> str:
     return os.path.join(fake.env["CUDA_MPS_PIPE_DIRECTORY"], SLOTS_DIR)
 
 
+def _holds_request_fifo(pid: int) -> bool:
+    """Has the shell client ``pid`` opened its slot's request FIFO (its fd 3)?"""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/3").endswith(".req")
+    except OSError:
+        return False
+
+
 def _wait_for_slots(fake: Fake) -> None:
     """Until the daemon serves its FIFO slots: it answers on its control socket a
     moment before (the start's probe may have gone there), and a test that forbids
@@ -142,7 +150,9 @@ def test_a_client_killed_mid_command_frees_its_slot_and_leaves_no_reply_behind(
         [fake_control_path(), "server", "list"], env=slow.env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    _wait_for(lambda: _locks(v3))
+    # Killed once it holds the request FIFO: killed between its lock and that open, a
+    # client leaves the slot taken until the daemon restarts (said in the script).
+    _wait_for(lambda: _holds_request_fifo(proc.pid))
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     _wait_for(lambda: not _locks(v3))  # freed once the daemon saw the client's end close
@@ -159,7 +169,9 @@ def test_a_daemon_killed_mid_command_ends_the_command_with_no_daemon(v3: Fake) -
         [fake_control_path(), "server", "list"], env=slow.env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    _wait_for(lambda: _locks(v3))
+    # Once its FIFOs are open (before that, a daemon that dies can leave the client's
+    # open of the reply FIFO waiting: the window the script names).
+    _wait_for(lambda: _holds_request_fifo(proc.pid))
     assert v3.daemon is not None
     v3.daemon.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=10)  # not the 30 s of the delay: no hang
