@@ -1,7 +1,11 @@
 """A fake ``nvidia-cuda-mps-control`` for tests and ``--backend fake`` (stdlib only).
 
-Run as ``python -m dra_driver.fakes.mps_control`` (or through the shipped
-launcher ``dra_driver/fakes/bin/nvidia-cuda-mps-control``). It speaks both
+Run through the shipped ``dra_driver/fakes/bin/nvidia-cuda-mps-control``: a
+POSIX sh client that starts as a native binary does and reaches the daemon over
+the FIFO slots it serves (:mod:`.mps_fifo`), running this module (``python -m
+dra_driver.fakes.mps_control``, the Python client, over the control socket) for
+the daemon itself and whatever it cannot frame. Both clients end in the same
+code in the daemon (:func:`_one`), so they answer and record alike. It speaks both
 protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
 615/620: "Legacy MPS v2 Interface", "MPS v3 Interface", "MPS v3 Namespaces"):
 
@@ -17,11 +21,14 @@ protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
   (tests read it). A daemon that starts finds no state from a dead predecessor:
   like the real one, what it held dies with it.
 
-The control socket is the daemon's whole interface, as for the real one: a
+The control socket is the daemon's interface, as for the real one: a
 command connects to ``$CUDA_MPS_PIPE_DIRECTORY/control`` (the pipe directory
 *it* was given), sends its command line (or shell line) over that socket, and
 the daemon runs it against its own state in its own pipe directory and
-answers. So whoever reaches that socket, by any path (a link, a bind mount),
+answers. (The FIFO slots beside it, ``fifo-control/``, mode 0700, are the same
+power by another door, for the shell client: the caller's UID comes from the
+kernel there too, as the owner of the slot's lock file it created.) So whoever
+reaches that socket, by any path (a link, a bind mount),
 commands the daemon: quit, set limits, terminate clients, list every server
 (dra-facts 10.1 "Isolation": "a user with sufficient permissions", and
 multiuser mode disregards isolation between users); a copy of the pipe
@@ -92,8 +99,8 @@ must clear what a dead daemon left).
   seconds, standing in for a slow daemon in tests; refusals stay instant.
 
 Every invocation is recorded as a JSON line in ``fake-mps-commands.jsonl`` in the
-log directory (``CUDA_MPS_LOG_DIRECTORY``), with the pid of the control process
-that ran it (``control_pid``). Error texts and exit statuses are
+log directory (``CUDA_MPS_LOG_DIRECTORY`` of the command), with the pid of the
+control process that ran it (``control_pid``). Error texts and exit statuses are
 this fake's own choice: the real tool's are not documented.
 
 Like the real daemon it writes ``control.log`` in the log directory, in the
@@ -124,6 +131,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
@@ -133,9 +141,10 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from dra_driver.fakes.mps_fifo import FifoAnswer, FifoRequest, FifoSlots
 from dra_driver.mpsagent.sockets import answers, is_socket
 
 
@@ -177,17 +186,33 @@ class CommandError(Exception):
     pass
 
 
+DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+DEFAULT_LOG_DIRECTORY = "/var/log/nvidia-mps"
+
+
 def _dirs() -> tuple[str, str]:
-    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
-    logs = os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps"
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIRECTORY
+    logs = os.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG_DIRECTORY
     return pipe, logs
 
 
 def _record(logs: str, entry: dict[str, Any]) -> None:
-    os.makedirs(logs, exist_ok=True)
     entry = {"t": round(time.time(), 3), **entry}
-    with open(os.path.join(logs, RECORD_FILE), "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    _append(os.path.join(logs, RECORD_FILE), (json.dumps(entry) + "\n").encode())
+
+
+def _append(path: str, data: bytes) -> None:
+    """``data`` at the end of ``path`` in one write (its directory made if missing).
+    Plain descriptors: the daemon appends a line per command of every client."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -210,13 +235,62 @@ def _read_state(pipe: str) -> dict[str, Any] | None:
     return state
 
 
-def _write_state(pipe: str, state: dict[str, Any]) -> None:
+def _write_state_text(pipe: str, text: str) -> None:
+    """The state file, replaced whole (a reader never sees half of it)."""
     path = os.path.join(pipe, STATE_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        # dumps, not dump: json.dump encodes in pure Python, dumps in C.
-        f.write(json.dumps(state, separators=(",", ":")))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+
+
+class _DaemonState:
+    """The daemon's state: in its memory, and mirrored into :data:`STATE_FILE` after
+    every change (tests read the file). Commands run one at a time, each on a fresh
+    copy, so a refused command changes nothing."""
+
+    def __init__(self, pipe: str, state: dict[str, Any]) -> None:
+        self.pipe = pipe
+        self.lock = threading.Lock()
+        self._text = ""
+        self._save(state)
+
+    def _save(self, state: dict[str, Any]) -> None:
+        # dumps, not dump: json.dump encodes in pure Python, dumps in C.
+        text = json.dumps(state, separators=(",", ":"))
+        if text != self._text:  # a query changes nothing: no write
+            _write_state_text(self.pipe, text)
+            self._text = text
+
+    def command(self, request: dict[str, Any], uid: int) -> dict[str, Any]:
+        """Run one request; the answer's ``quit``: the daemon ends once the answer is
+        sent."""
+        argv = [str(a) for a in request.get("argv") or []]
+        line = request.get("line")
+        with self.lock:
+            state: dict[str, Any] = json.loads(self._text)
+            answer: dict[str, Any] = {"daemon_pid": state.get("daemon_pid"),
+                                      "protocol": state.get("protocol")}  # fmt: skip
+            quitting = (line is None and argv in (["-q"], ["--quit"])) or (
+                line is not None and line.split() == ["quit"] and state.get("protocol") != 3
+            )
+            try:
+                reply = "" if quitting else _execute(state, self.pipe, argv, line, uid)
+                self._save(state)
+                answer.update(ok=True, reply=reply, quit=quitting)
+            except CommandError as err:
+                answer.update(ok=False, reply=f"{err}\n")
+        return answer
+
+    def stop(self) -> None:
+        """The daemon is going: its state says so."""
+        with self.lock:
+            state: dict[str, Any] = json.loads(self._text)
+            state["stopped"] = True
+            self._save(state)
 
 
 def _control_log(logs: str, pid: int, text: str) -> None:
@@ -265,7 +339,7 @@ def _peer_uid(conn: socket.socket) -> int:
     return int(uid)
 
 
-def _serve_control(listener: socket.socket, pipe: str) -> None:
+def _serve_control(listener: socket.socket, store: _DaemonState) -> None:
     """The daemon's control socket: each connection (a probe, a command) on its own
     thread; a probe sends nothing and closes."""
     while True:
@@ -273,7 +347,7 @@ def _serve_control(listener: socket.socket, pipe: str) -> None:
             conn, _ = listener.accept()
         except OSError:
             return  # closed: the daemon is exiting
-        threading.Thread(target=_serve_connection, args=(conn, pipe), daemon=True).start()
+        threading.Thread(target=_serve_connection, args=(conn, store), daemon=True).start()
 
 
 def _read_line(conn: socket.socket, limit: int | None = None) -> bytes:
@@ -287,7 +361,7 @@ def _read_line(conn: socket.socket, limit: int | None = None) -> bytes:
     return data
 
 
-def _serve_connection(conn: socket.socket, pipe: str) -> None:
+def _serve_connection(conn: socket.socket, store: _DaemonState) -> None:
     """One request: a JSON line ``{"argv": [...]}`` (a command line) or ``{"line": "..."}``
     (a line of the legacy shell), answered with one JSON line; a bare ``quit`` line is
     taken too. The daemon runs the command against its own state in its own pipe
@@ -307,7 +381,7 @@ def _serve_connection(conn: socket.socket, pipe: str) -> None:
             return
         try:
             request = json.loads(data)
-            answer = _daemon_command(pipe, request, uid)
+            answer = store.command(request, uid)
         except Exception as err:  # a fake's bug must still answer
             answer = {"ok": False, "reply": f"Error: the fake daemon failed: {err!r}\n"}
         quitting = answer.pop("quit", False)
@@ -315,27 +389,6 @@ def _serve_connection(conn: socket.socket, pipe: str) -> None:
             conn.sendall(json.dumps(answer).encode() + b"\n")
         if quitting:
             os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _daemon_command(pipe: str, request: dict[str, Any], uid: int) -> dict[str, Any]:
-    """Run one request under the state lock, in the daemon; the answer's ``quit``: the
-    daemon ends once the answer is sent."""
-    argv = [str(a) for a in request.get("argv") or []]
-    line = request.get("line")
-    with _locked(pipe):
-        state = _read_state(pipe) or {}
-        answer: dict[str, Any] = {"daemon_pid": state.get("daemon_pid"),
-                                  "protocol": state.get("protocol")}  # fmt: skip
-        quitting = (line is None and argv in (["-q"], ["--quit"])) or (
-            line is not None and line.split() == ["quit"] and state.get("protocol") != 3
-        )
-        try:
-            reply = "" if quitting else _execute(state, pipe, argv, line, uid)
-            _write_state(pipe, state)
-            answer.update(ok=True, reply=reply, quit=quitting)
-        except CommandError as err:
-            answer.update(ok=False, reply=f"{err}\n")
-    return answer
 
 
 # -- the daemon -----------------------------------------------------------------------
@@ -365,8 +418,6 @@ def run_daemon(protocol: int, multiuser: bool, static: bool = False) -> int:
             print(f"Error: cannot create the control socket {control}: {err}", file=sys.stderr)
             return 1
         listener.listen(64)
-        # Blocked signals are inherited: SIGTERM still reaches sigwait below.
-        threading.Thread(target=_serve_control, args=(listener, pipe), daemon=True).start()
         state: dict[str, Any] = {
             "daemon_pid": os.getpid(),
             "protocol": protocol,
@@ -389,9 +440,13 @@ def run_daemon(protocol: int, multiuser: bool, static: bool = False) -> int:
             },
             "shm": _shm_identity(),
         }
-        _write_state(pipe, state)
+        store = _DaemonState(pipe, state)
+        # Blocked signals are inherited: SIGTERM still reaches sigwait below.
+        threading.Thread(target=_serve_control, args=(listener, store), daemon=True).start()
         with open(os.path.join(pipe, PID_FILE), "w") as f:
             f.write(f"{os.getpid()}\n")
+        # The way in for the shell client (fakes/bin/nvidia-cuda-mps-control).
+        slots = FifoSlots.open(pipe, functools.partial(_fifo_command, store))
     _record(logs, {"event": "start", "daemon_pid": os.getpid(), "protocol": protocol,
                    "multiuser": multiuser,
                    "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})  # fmt: skip
@@ -410,13 +465,13 @@ def run_daemon(protocol: int, multiuser: bool, static: bool = False) -> int:
     signal.sigwait(stop_signals)
     listener.close()
     with _locked(pipe):
-        state = _read_state(pipe) or {}
-        if state.get("daemon_pid") == os.getpid():
+        on_disk = _read_state(pipe) or {}
+        if on_disk.get("daemon_pid") == os.getpid():  # not taken over by another daemon
+            slots.close()
             for name in (PID_FILE, "control"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(pipe, name))
-            state["stopped"] = True
-            _write_state(pipe, state)
+            store.stop()
     _record(logs, {"event": "exit", "daemon_pid": os.getpid()})
     return 0
 
@@ -1182,10 +1237,17 @@ def _execute(
     return _legacy(state, line)
 
 
-def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) -> tuple[bool, str]:
-    """Send one command to the daemon, record it; (worked, reply)."""
+Send = Callable[[dict[str, Any]], dict[str, Any]]
+"""A request to the daemon and its answer: over the socket (:func:`_send`), or, in the
+daemon serving a FIFO client, :meth:`_DaemonState.command` itself."""
+
+
+def _one(
+    logs: str, argv: list[str], line: str | None, delay: float, *, send: Send, control_pid: int
+) -> tuple[bool, str, bool]:
+    """Send one command to the daemon, record it; (worked, reply, the daemon quits)."""
     entry: dict[str, Any] = {"argv": argv} if line is None else {"stdin": line}
-    entry["control_pid"] = os.getpid()  # which control process ran it (a shell runs many)
+    entry["control_pid"] = control_pid  # which control process ran it (a shell runs many)
     word = line.split()[0] if line is not None else ""
     if line is not None and word not in LEGACY_COMMANDS and word != "quit":
         # The shell itself refuses it: no daemon state involved.
@@ -1195,12 +1257,14 @@ def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) 
         )
         entry.update(ok=False, reply=reply)
         _record(logs, entry)
-        return False, reply
+        return False, reply, False
+    quitting = False
     try:
-        answer = _send(pipe, {"argv": argv} if line is None else {"line": line})
+        answer = send({"argv": argv} if line is None else {"line": line})
         entry["daemon_pid"] = answer.get("daemon_pid")
         entry["protocol"] = answer.get("protocol")
         ok, reply = bool(answer.get("ok")), str(answer.get("reply", ""))
+        quitting = bool(answer.get("quit"))
     except CommandError as err:
         ok, reply = False, f"{err}\n"
     if ok and delay > 0:
@@ -1208,7 +1272,24 @@ def _one(pipe: str, logs: str, argv: list[str], line: str | None, delay: float) 
         time.sleep(delay)  # a daemon that takes its time (tests); refusals stay instant
     entry.update(ok=ok, reply=reply)
     _record(logs, entry)
-    return ok, reply
+    return ok, reply, quitting
+
+
+def _fifo_command(store: _DaemonState, request: FifoRequest) -> FifoAnswer:
+    """In the daemon: one command of a shell client (:mod:`.mps_fifo`), run as the
+    Python client runs it over the socket (:func:`_run_command`), its output framed for
+    the client to print."""
+    line = request.line
+    if line is not None and not line.strip():
+        return FifoAnswer(True, "", False)  # the shell skips blank lines
+    logs = request.logs or DEFAULT_LOG_DIRECTORY
+    argv = list(request.argv or ())
+    ok, reply, quitting = _one(
+        logs, argv, line, float(request.delay or 0),
+        send=lambda sent: store.command(sent, request.uid), control_pid=request.control_pid,
+    )  # fmt: skip
+    stop = line is not None and line.split() == ["quit"]
+    return FifoAnswer(ok, reply, to_stderr=line is None and not ok, stop=stop, quit=quitting)
 
 
 def _run_command(argv: list[str]) -> int:
@@ -1224,15 +1305,16 @@ def _run_command(argv: list[str]) -> int:
     """
     pipe, logs = _dirs()
     delay = float(os.environ.get(DELAY_ENV) or 0)
+    send = functools.partial(_send, pipe)
     if argv:
-        ok, reply = _one(pipe, logs, argv, None, delay)
+        ok, reply, _ = _one(logs, argv, None, delay, send=send, control_pid=os.getpid())
         (sys.stdout if ok else sys.stderr).write(reply)
         return 0 if ok else 1
     all_ok = True
     for line in sys.stdin:
         if not line.strip():
             continue
-        ok, reply = _one(pipe, logs, [], line, delay)
+        ok, reply, _ = _one(logs, [], line, delay, send=send, control_pid=os.getpid())
         all_ok = all_ok and ok
         sys.stdout.write(reply)
         sys.stdout.flush()

@@ -5,7 +5,8 @@ Each command is one run of the control binary (v3: ``<module> <verb>`` on its
 command line, docs:mpsv3-interface; legacy: the command on its stdin,
 docs:mpsv2-interface), the form of every NVIDIA example, in the daemon's
 environment (its GPU, pipe and log directories) and, with ``shm_namespace``, in
-its private shm mount namespace (:func:`.commands.in_private_shm`).
+its private shm mount namespace (:func:`.commands.in_private_shm`). A command's
+process runs on the event loop with no thread of its own (:mod:`.command_process`).
 
 Legacy daemons can opt in to a persistent control channel (:mod:`.channel`,
 ``control_channel``): one control shell per daemon fed many commands, framed by
@@ -18,13 +19,12 @@ a v3 daemon reads commands on stdin at all.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent.channel import ChannelError, ControlChannel
+from dra_driver.mpsagent.command_process import encode_env, run_command
 from dra_driver.mpsagent.commands import ControlCall
 from dra_driver.mpsagent.daemon_files import DaemonError
 from dra_driver.mpsagent.protocol import MpsProtocol
@@ -55,6 +55,8 @@ class DaemonControl:
         self.gpu_uuid = gpu_uuid
         self.control_binary = control_binary
         self.env = env
+        self._env_bytes = encode_env(env)
+        """``env`` encoded once for every command's spawn."""
         self.protocol: MpsProtocol = protocol
         self.shm_dir = shm_dir
         self.shm_namespace = shm_namespace
@@ -152,28 +154,22 @@ class DaemonControl:
 
     async def run_process(self, call: ControlCall) -> str:
         """Run the control binary with ``call`` in the daemon's environment."""
+        # A command without input reads /dev/null (end of file at once, as an empty pipe
+        # gives): no pipe to make and close for it (three per v3 share).
+        data = call.stdin.encode() if call.stdin is not None else None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv(call.args),
-                env=self.env,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            done = await run_command(
+                self.argv(call.args), self._env_bytes, data, self.command_timeout
             )
-        except OSError as err:
-            raise DaemonError(f"cannot run {self.control_binary!r}: {err}") from err
-        data = (call.stdin or "").encode()
-        try:
-            out, err_out = await asyncio.wait_for(proc.communicate(data), self.command_timeout)
-        except TimeoutError as err:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        except TimeoutError as err:  # before OSError: TimeoutError is one
             raise DaemonError(
                 f"GPU {self.gpu_uuid}: `{call}` timed out after {self.command_timeout:g}s"
             ) from err
-        stdout, stderr = out.decode(errors="replace"), err_out.decode(errors="replace")
-        problem = cmd.reply_error(proc.returncode or 0, stdout, stderr)
+        except OSError as err:
+            raise DaemonError(f"cannot run {self.control_binary!r}: {err}") from err
+        stdout = done.stdout.decode(errors="replace")
+        stderr = done.stderr.decode(errors="replace")
+        problem = cmd.reply_error(done.returncode, stdout, stderr)
         if problem is not None:
             raise DaemonError(f"GPU {self.gpu_uuid}: `{call}` failed: {problem}")
         return stdout

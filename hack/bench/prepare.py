@@ -24,6 +24,9 @@ Modes (``--modes``, default all):
 * ``mps-cold``: the same without resident shares: the first share on a GPU
   starts its daemon (a fake daemon process, a control shell), the last release
   stops it.
+* ``whole``: the same path with a whole GPU per claim (``--sharing exclusive``,
+  no agent), the yardstick of the MPS modes: 16 fake H200s, so no two claims
+  of a wave hold one GPU.
 * ``timesliced``: the same path with time-sliced shares (no agent).
 * ``engine``: the earlier benchmark: in-memory claims, time-sliced shares,
   C callers each preparing and unpreparing one claim after another
@@ -38,7 +41,16 @@ plugin and the agent after start and after the run; the CPU time the
 hypervisor stole during the run (on a shared host the same code runs slower at
 times; the plugin's CPU per claim, the same work in every run, shows it too:
 compare runs at similar values). ``--repeat N`` runs each mode N times with
-fresh processes and counts the runs that met each target.
+fresh processes (the modes taking turns, run by run) and counts the runs that met
+each target; with ``whole`` and ``mps`` both run, each mps run is held against the
+whole-GPU run beside it: its prepare and unprepare p50 and p99 within 1.5x.
+
+The CPU per claim is split by process: the plugin, the agent, and the fake
+``nvidia-cuda-mps-control``'s command processes (the agent's reaped children)
+apart from its daemons (the agent's live children). The real binary's start is
+not measured here (no GPU): each MPS row also prints the commands per share and
+what they would cost at an assumed start per command (``--real-command-ms``;
+by default ``/bin/true``'s CPU as measured at the start of the run).
 
 Usage:   .venv/bin/python hack/bench/prepare.py [--rounds 100] [--burst 10] [--modes mps,...]
          [--client in-cluster|kubeconfig] [--repeat 1]
@@ -75,7 +87,11 @@ NODE = "bench-node"
 GPUS = 8
 FAKE_GPUS = f"h200-141gb:{GPUS}"
 SHARE = "4Gi"
-MODES = ("mps", "mps-cold", "timesliced", "engine")
+MODES = ("mps", "mps-cold", "whole", "timesliced", "engine")
+WHOLE_GPUS = 16
+"""The whole mode's node: more GPUs than a wave's claims, one GPU each."""
+WITHIN_WHOLE = 1.5
+"""Target: an MPS share's prepare and unprepare p50 and p99 within this of a whole GPU's."""
 TARGETS = {"prepare_p99": 50.0, "unprepare_p99": 30.0, "plugin_rss": 60.0, "agent_rss": 35.0}
 NOISY_STEAL = 0.02
 """Steal above this share of the machine's CPU time marks a run as disturbed (the
@@ -119,6 +135,25 @@ def cpu_s(pid: int, children: bool = False) -> float:
     return total
 
 
+def reaped_cpu_s(pid: int) -> float:
+    """CPU seconds of the children ``pid`` has waited for (cutime + cstime)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / tick
+
+
+def live_children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(k) for k in f.read().split()]
+    except OSError:
+        return []
+
+
 def cpu_now(plugin: int, agent: int | None, api: int) -> dict[str, float]:
     """CPU seconds so far: the plugin, the agent, its fake daemons and shells, this
     process (the kubelet's client) and the fake API server's process."""
@@ -126,7 +161,11 @@ def cpu_now(plugin: int, agent: int | None, api: int) -> dict[str, float]:
     got = {"plugin": cpu_s(plugin), "kubelet": me.user + me.system}
     if agent is not None:
         got["agent"] = cpu_s(agent)
-        got["fake MPS"] = cpu_s(agent, children=True) - got["agent"]
+        # The agent's reaped children are the fake control's command processes (a
+        # daemon that stopped during the run, mps-cold, lands here too); its live
+        # children are the fake daemons.
+        got["fake commands"] = reaped_cpu_s(agent)
+        got["fake daemons"] = sum(cpu_s(kid, children=True) for kid in live_children(agent))
     got["API server*"] = cpu_s(api)
     return got
 
@@ -234,8 +273,8 @@ def serve_plugin(args: argparse.Namespace) -> int:
         ),
         # The chart's cdiRoot is /var/run/cdi, a tmpfs; the checkpoint stays on disk.
         *("--cdi-root", cdi_root(root), "--boot-id-file", os.path.join(root, "boot_id")),
-        *("--backend", "fake", "--fake-gpus", FAKE_GPUS),
-        *("--sharing", "timeslicing" if args.mode == "timesliced" else "mps"),
+        *("--backend", "fake", "--fake-gpus", fake_gpus(args.mode)),
+        *("--sharing", SHARING.get(args.mode, "mps")),
         # As the chart runs it: metrics and /readyz served, claim status and Events on.
         *("--metrics-port", str(free_port()), "--readiness-port", str(free_port())),
         # The chart's log level and format (INFO, text): one line per claim operation.
@@ -256,6 +295,14 @@ def serve_plugin(args: argparse.Namespace) -> int:
             profiler.dump_stats(args.profile)
         with open(args.timings, "w") as f:
             json.dump(TIMINGS, f)
+
+
+SHARING = {"timesliced": "timeslicing", "whole": "exclusive"}
+"""The node's ``--sharing`` per mode (the others: mps)."""
+
+
+def fake_gpus(mode: str) -> str:
+    return f"h200-141gb:{WHOLE_GPUS}" if mode == "whole" else FAKE_GPUS
 
 
 def client_flags(args: argparse.Namespace, root: str) -> list[str]:
@@ -347,7 +394,13 @@ def serve_api(args: argparse.Namespace) -> int:
     """The fake API server in a process of its own, as a real one is (not the kubelet's,
     not the plugin's): creates the Node and the claims, prints its URL and the claims'
     references as one JSON line, and serves until its standard input closes."""
-    from dra_driver.fakes.objects import claim_ref, node_object, resource_claim, share
+    from dra_driver.fakes.objects import (
+        Allocated,
+        claim_ref,
+        node_object,
+        resource_claim,
+        share,
+    )
     from tests.support.fakekube import FakeKubeApi
     from tests.support.tls import self_signed, server_context
 
@@ -359,16 +412,14 @@ def serve_api(args: argparse.Namespace) -> int:
     with FakeKubeApi(kube_minor=36, validate_schema=False, tls=server_context(pair)) as api:
         api.create(node_object(NODE))
 
+        def device(i: int) -> Allocated:
+            if spec["whole"]:
+                return Allocated(f"gpu-{i % WHOLE_GPUS}")
+            return share(f"gpu-{i % GPUS}", memory=SHARE)
+
         def claims(prefix: str, count: int) -> list[list[str]]:
             made = [
-                api.create(
-                    resource_claim(
-                        "bench",
-                        f"{prefix}-{i}",
-                        node=NODE,
-                        devices=[share(f"gpu-{i % GPUS}", memory=SHARE)],
-                    )
-                )
+                api.create(resource_claim("bench", f"{prefix}-{i}", node=NODE, devices=[device(i)]))
                 for i in range(count)
             ]
             return [[r.namespace, r.name, r.uid] for r in map(claim_ref, made)]
@@ -381,9 +432,14 @@ def serve_api(args: argparse.Namespace) -> int:
 
 
 def start_api(
-    root: str, claims: int, resident: int
+    root: str, claims: int, resident: int, *, whole: bool = False
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    spec = {"claims": claims, "resident": resident, "tls_dir": os.path.join(root, "api-tls")}
+    spec = {
+        "claims": claims,
+        "resident": resident,
+        "whole": whole,
+        "tls_dir": os.path.join(root, "api-tls"),
+    }
     proc = subprocess.Popen(
         [
             *(sys.executable, os.path.abspath(__file__)),
@@ -473,12 +529,15 @@ def installed_env() -> dict[str, str]:
     return env
 
 
-def start_agent(root: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_agent(root: str, profile: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     socket = os.path.join(root, "plugin", "mps-agent.sock")
+    # With ``profile``: its main thread (the event loop) under cProfile, written at exit.
+    profiler = ("-m", "cProfile", "-o", profile) if profile else ()
     with component_log(root, "mps-agent") as log:
         agent = subprocess.Popen(
             [
-                *(sys.executable, "-m", "dra_driver", "mps-agent", "--mps-control", "fake"),
+                *(sys.executable, *profiler, "-m", "dra_driver", "mps-agent"),
+                *("--mps-control", "fake"),
                 *("--mps-protocol", "v3", "--socket", socket),
                 # A tmpfs, as on a node (the chart's /run/fractional-gpu-dra/mps).
                 # The chart's log level (INFO), its lines in a file as a container's are.
@@ -587,6 +646,35 @@ async def kubelet_rounds(
     return prepare_ms, unprepare_ms, rounds_ms, in_waves
 
 
+def fake_commands_since(state_dir: str, since: float) -> int:
+    """How many commands the fake ``nvidia-cuda-mps-control`` ran since ``since`` (its
+    record of every command, in each GPU's log directory)."""
+    import glob
+
+    from dra_driver.fakes.mps_control import RECORD_FILE
+
+    count = 0
+    for path in glob.glob(os.path.join(state_dir, "**", RECORD_FILE), recursive=True):
+        with open(path) as f:
+            for line in f:
+                entry = json.loads(line)
+                count += "event" not in entry and entry["t"] >= since
+    return count
+
+
+def native_start_ms(count: int = 300) -> float:
+    """CPU per start of a native process here (``/bin/true``): the default stand-in
+    for the real control binary's start."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(count):
+        os.waitpid(os.posix_spawn("/bin/true", ["/bin/true"], os.environ), 0)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spent = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return spent * 1000 / count
+
+
 def run_kubelet_mode(
     mode: str,
     rounds: int,
@@ -602,12 +690,14 @@ def run_kubelet_mode(
     root = node_root()
     agent = plugin = api = None
     try:
-        api, made = start_api(root, (warmup + rounds) * burst, GPUS if mode == "mps" else 0)
+        api, made = start_api(
+            root, (warmup + rounds) * burst, GPUS if mode == "mps" else 0, whole=mode == "whole"
+        )
         refs = [ClaimRef(ns, name, ClaimUID(uid)) for ns, name, uid in made["claims"]]
         resident = [ClaimRef(ns, name, ClaimUID(uid)) for ns, name, uid in made["resident"]]
         socket = ""
         if mode.startswith("mps"):
-            agent, socket = start_agent(root)
+            agent, socket = start_agent(root, f"{profile}.{mode}.agent" if profile else None)
         plugin = start_plugin(root, mode, made, socket, profile=profile, client=client)
         wait_for_socket(
             os.path.join(root, "reg", f"{DRIVER}-reg.sock"),
@@ -623,6 +713,7 @@ def run_kubelet_mode(
         pids = (plugin.pid, agent.pid if agent else None, api.pid)
         cpu_before = cpu_now(*pids)
         ticks_before = machine_ticks()
+        measured_from = time.time()
         prepare_ms, unprepare_ms, rounds_ms, in_waves = asyncio.run(
             kubelet_rounds(
                 os.path.join(root, "reg"),
@@ -635,6 +726,7 @@ def run_kubelet_mode(
             )
         )
         time.sleep(0.5)  # the status writes after the last answers
+        commands = fake_commands_since(state_root(root), measured_from)
         cpu_after = cpu_now(*pids)
         steal_s, steal_share = stolen(ticks_before, machine_ticks())
         rss_end = (rss_mb(plugin.pid), rss_mb(agent.pid) if agent else None)
@@ -666,6 +758,7 @@ def run_kubelet_mode(
             kind: {k: v * 1000 / len(prepare_ms) for k, v in by_process.items()}
             for kind, by_process in in_waves.items()
         },
+        "commands_per_claim": commands / len(prepare_ms),
         "steal_ms": steal_s * 1000 / len(prepare_ms),
         "steal_share": steal_share,
         "rss_start": rss_start,
@@ -746,7 +839,7 @@ def mark(value: float | None, target: float) -> str:
     return f"{value:.1f}" + (" ok" if value <= target else " MISSED")
 
 
-def report(rows: list[dict[str, Any]], burst: int) -> None:
+def report(rows: list[dict[str, Any]], burst: int, real_command_ms: float) -> None:
     print(f"\n{burst} concurrent NodePrepareResources calls of one claim each, then {burst} "
           f"unprepares, {os.cpu_count()} CPUs (ms; * = after the answer; round: both "
           "waves, without the gaps)")  # fmt: skip
@@ -778,6 +871,7 @@ def report(rows: list[dict[str, Any]], burst: int) -> None:
             f"{r['label']:<10}  {line}  on the node {node:.1f}  stolen {r['steal_ms']:.1f} "
             f"({r['steal_share']:.1%} of the machine's time)"
         )
+    report_fake_mps(rows, real_command_ms)
     cores = os.cpu_count() or 1
     print(
         "\nCPU per claim inside the waves (from a call's start to the last answer), ms; "
@@ -814,6 +908,55 @@ def report(rows: list[dict[str, Any]], burst: int) -> None:
     runs = [r for r in rows if r["mode"] == "mps"]
     if len(runs) > 1:
         print(f"\nmps, {len(runs)} runs: " + met_counts(runs))
+    report_against_whole(rows)
+
+
+def report_fake_mps(rows: list[dict[str, Any]], real_command_ms: float) -> None:
+    """Per claim of the MPS rows: the fake control's commands, their cost, and the same
+    commands at the real binary's assumed start."""
+    mps_rows = [r for r in rows if r["commands_per_claim"]]
+    if mps_rows:
+        print(
+            "\nThe fake nvidia-cuda-mps-control per claim: its commands, their processes' "
+            "CPU and its daemons' (ms), and the same commands at the real binary's start, "
+            f"assumed {real_command_ms:.2f} ms each (--real-command-ms)"
+        )
+    for r in mps_rows:
+        n, cpu = r["commands_per_claim"], r["cpu_ms"]
+        real = n * real_command_ms
+        driver = cpu["plugin"] + cpu["agent"]
+        print(
+            f"{r['label']:<10}  commands {n:.2f}  processes {cpu['fake commands']:.2f}  "
+            f"daemons {cpu['fake daemons']:.2f}  assumed real {real:.2f}; plugin + agent "
+            f"{driver:.2f}, with the real binary {driver + real:.2f}"
+        )
+
+
+def report_against_whole(rows: list[dict[str, Any]]) -> None:
+    """Each mps run against the whole-GPU run of the same turn: p50 and p99 of prepare
+    and unprepare within :data:`WITHIN_WHOLE`."""
+    pairs = list(
+        zip(
+            [r for r in rows if r["mode"] == "whole"],
+            [r for r in rows if r["mode"] == "mps"],
+            strict=False,
+        )
+    )
+    if not pairs:
+        return
+    keys = ("prepare_p50", "prepare_p99", "unprepare_p50", "unprepare_p99")
+    print(f"\nmps against whole GPU, run by run (ratio; target <= {WITHIN_WHOLE:g}x)")
+    met = dict.fromkeys(("prepare", "unprepare"), 0)
+    for whole, mps in pairs:
+        ratios = {k: mps[k] / whole[k] for k in keys}
+        cells = "  ".join(f"{k} {ratios[k]:.2f}x" for k in keys)
+        print(f"{mps['label']:<10}  {cells}")
+        for kind in met:
+            met[kind] += all(ratios[f"{kind}_{p}"] <= WITHIN_WHOLE for p in ("p50", "p99"))
+    print(
+        f"met in: prepare {met['prepare']} of {len(pairs)} runs, "
+        f"unprepare {met['unprepare']} of {len(pairs)} runs"
+    )
 
 
 def met_counts(runs: list[dict[str, Any]]) -> str:
@@ -867,7 +1010,17 @@ def main() -> int:
         help="how the plugin reaches the API server: in-cluster (the chart's pod, the "
         "default) or kubeconfig (host-process mode); HTTPS either way",
     )
-    parser.add_argument("--profile", help="write the plugin's cProfile stats to PROFILE.<mode>")
+    parser.add_argument(
+        "--profile",
+        help="write the plugin's cProfile stats to PROFILE.<mode> (the agent's to "
+        "PROFILE.<mode>.agent)",
+    )
+    parser.add_argument(
+        "--real-command-ms",
+        type=float,
+        help="the real nvidia-cuda-mps-control's CPU per command, to set beside the fake's "
+        "(default: /bin/true's, measured at the start)",
+    )
     # The plugin process (internal).
     parser.add_argument("--serve-plugin", help=argparse.SUPPRESS)
     parser.add_argument("--serve-api", help=argparse.SUPPRESS)
@@ -885,6 +1038,9 @@ def main() -> int:
     unknown = set(modes) - set(MODES)
     if unknown:
         parser.error(f"unknown mode(s) {sorted(unknown)}")
+    real_command_ms = args.real_command_ms
+    if real_command_ms is None:
+        real_command_ms = native_start_ms()
     rows = [
         run_kubelet_mode(
             m,
@@ -896,12 +1052,13 @@ def main() -> int:
             client=args.client,
         )
         | {"label": m if args.repeat == 1 else f"{m} #{run + 1}"}
+        # The modes take turns, run by run: a change of the host's speed touches all.
+        for run in range(args.repeat)
         for m in modes
         if m != "engine"
-        for run in range(args.repeat)
     ]
     if rows:
-        report(rows, args.burst)
+        report(rows, args.burst, real_command_ms)
     if "engine" in modes:
         levels = [int(x) for x in args.concurrency.split(",")]
         print("\nengine: in-memory claims, time-sliced, one claim per call, callers in a loop")

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from dra_driver.fakes.mps_control import fake_control_path
+from dra_driver.fakes.mps_fifo import DAEMON_FILE, SLOTS_DIR
 from dra_driver.mpsagent import listing
 
 GPU = "GPU-00000000-1111-2222-3333-444444444444"
@@ -221,13 +223,26 @@ def test_whoever_reaches_the_legacy_control_socket_commands_the_daemon(legacy: F
     assert legacy.daemon is not None and legacy.daemon.wait(10) == 0
 
 
+def _copy_as_cp_a(src: str, dst: str) -> None:
+    """A file copied as ``cp -a`` copies it: a FIFO (the daemon's slots for the shell
+    client) becomes a new FIFO, which nobody serves."""
+    if stat.S_ISFIFO(os.lstat(src).st_mode):
+        os.mkfifo(dst, 0o666)
+    else:
+        shutil.copy2(src, dst)
+
+
 def test_without_the_control_socket_the_state_file_commands_nothing(v3: Fake) -> None:
-    """A copy of the daemon's files without its socket finds no daemon."""
+    """A copy of the daemon's files without its socket finds no daemon: not through
+    the copied state, nor through copies of the FIFO slots (the client checks that the
+    live daemon holds the directory it found)."""
     v3.ok("server", "create", "shares")
     other = os.path.join(v3.root, "copy")
     shutil.copytree(
-        v3.env["CUDA_MPS_PIPE_DIRECTORY"], other, ignore=shutil.ignore_patterns("control")
-    )
+        v3.env["CUDA_MPS_PIPE_DIRECTORY"], other, ignore=shutil.ignore_patterns("control"),
+        copy_function=_copy_as_cp_a,
+    )  # fmt: skip
+    assert os.path.exists(os.path.join(other, SLOTS_DIR, DAEMON_FILE))
     done = v3.elsewhere(other).run("server", "delete", "shares")
     assert done.returncode == 1 and "Cannot find MPS control daemon" in done.stderr
     assert "shares" in _server_rows(v3)
