@@ -441,12 +441,14 @@ def run_daemon(protocol: int, multiuser: bool, static: bool = False) -> int:
             "shm": _shm_identity(),
         }
         store = _DaemonState(pipe, state)
-        # Blocked signals are inherited: SIGTERM still reaches sigwait below.
-        threading.Thread(target=_serve_control, args=(listener, store), daemon=True).start()
+        # The way in for the shell client (fakes/bin/nvidia-cuda-mps-control), open
+        # before the control socket answers: a start probe that got its answer on the
+        # socket finds the slots there too (else the next commands took the slower
+        # Python client). Blocked signals are inherited: SIGTERM still reaches sigwait.
+        slots = FifoSlots.open(pipe, functools.partial(_fifo_command, store))
         with open(os.path.join(pipe, PID_FILE), "w") as f:
             f.write(f"{os.getpid()}\n")
-        # The way in for the shell client (fakes/bin/nvidia-cuda-mps-control).
-        slots = FifoSlots.open(pipe, functools.partial(_fifo_command, store))
+        threading.Thread(target=_serve_control, args=(listener, store), daemon=True).start()
     _record(logs, {"event": "start", "daemon_pid": os.getpid(), "protocol": protocol,
                    "multiuser": multiuser,
                    "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})  # fmt: skip
