@@ -135,7 +135,7 @@ def test_device_plugin_pod_runs_with_the_local_plugin(
     cluster: Cluster, whole_gpu_driver: LocalDriver
 ) -> None:
     require_extended_class(cluster)
-    require_whole_gpu(cluster, whole_gpu_driver.node)
+    require_whole_gpu(cluster, whole_gpu_driver.node, wait_s=30)
     with applied(
         cluster,
         EXAMPLE,

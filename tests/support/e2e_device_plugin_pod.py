@@ -56,9 +56,8 @@ def require_extended_class(cluster: Cluster) -> Obj:
     return ours[0]
 
 
-def require_whole_gpu(cluster: Cluster, node: str | None = None) -> None:
-    """A GPU of ours the class matches, on a node whose device plugin does not advertise
-    nvidia.com/gpu (there the scheduler would serve the pod from the device plugin)."""
+def whole_gpus_by_node(cluster: Cluster, node: str | None) -> dict[str, int]:
+    """Published GPUs of ours the whole-GPU class matches, counted per node."""
     nodes: dict[str, int] = {}
     for item in cluster.slices():
         spec = item["spec"]
@@ -68,6 +67,19 @@ def require_whole_gpu(cluster: Cluster, node: str | None = None) -> None:
         for device in spec.get("devices") or []:
             if is_whole_gpu(device):
                 nodes[str(where)] = nodes.get(str(where), 0) + 1
+    return nodes
+
+
+def require_whole_gpu(cluster: Cluster, node: str | None = None, wait_s: float = 0) -> None:
+    """A GPU of ours the class matches, on a node whose device plugin does not advertise
+    nvidia.com/gpu (there the scheduler would serve the pod from the device plugin).
+    ``wait_s``: a plugin just started publishes its slices one by one, so the first one
+    seen may not hold the whole GPUs yet; look again until then before skipping."""
+    deadline = time.monotonic() + wait_s
+    nodes = whole_gpus_by_node(cluster, node)
+    while not nodes and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        nodes = whole_gpus_by_node(cluster, node)
     if not nodes:
         pytest.skip(
             "no published GPU the whole-GPU class matches (type gpu): every GPU of this"
