@@ -9,14 +9,12 @@ one interpreter, and serves it over plain HTTP from a daemon thread
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, start_http_server
 
 from dra_driver import __version__
 from dra_driver.base.errors import ConfigError
+from dra_driver.observability.http_server import HttpEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +55,8 @@ def metrics_port(text: str) -> int:
     return port
 
 
-@dataclass
-class MetricsServer:
-    server: WSGIServer
-    thread: threading.Thread
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful when 0 asked for any free one)."""
-        return int(self.server.server_address[1])
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+MetricsServer = HttpEndpoint
+"""A served registry: the same server and thread as every other HTTP endpoint of ours."""
 
 
 def serve_metrics(
