@@ -43,7 +43,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -63,7 +62,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, ROOT)
 
-from tests.support.processes import stop_process  # noqa: E402  (ROOT first)
+from tests.support.processes import live_socket, stop_process  # noqa: E402  (ROOT first)
 
 DRIVER = "gpu.fractional.dev"
 EXAMPLE_DRIVER = "gpu.example.com"
@@ -353,23 +352,13 @@ def example_class() -> JsonObj:
     }
 
 
-def serving(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2)
-        try:
-            sock.connect(path)
-        except OSError:
-            return False
-    return True
-
-
 @contextlib.contextmanager
 def host_driver(args: argparse.Namespace, work: str) -> Iterator[None]:
     """The mps-agent and kubelet plugin here, as ``tests/e2e`` host-process mode runs
     them (admin credentials: the figures are about the node's path, not RBAC)."""
     registry = os.path.join(args.kubelet_root, "plugins_registry")
     plugin_dir = os.path.join(args.kubelet_root, "plugins", DRIVER)
-    if serving(os.path.join(registry, f"{DRIVER}-reg.sock")):
+    if live_socket(os.path.join(registry, f"{DRIVER}-reg.sock")):
         raise SystemExit(f"a plugin of {DRIVER} already serves this kubelet: uninstall it first")
     common = ["--driver-name", DRIVER, "--plugin-dir", plugin_dir]
     procs: list[subprocess.Popen[bytes]] = []

@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -57,6 +56,7 @@ from tests.support.e2e_local_modes import (
     wait_status_devices,
 )
 from tests.support.examples import Obj
+from tests.support.processes import live_socket
 
 pytestmark = pytest.mark.e2e
 E2E_MODE_OF = "host-process"
@@ -81,18 +81,6 @@ def node_name(cluster: Cluster) -> str:
             f" {len(nodes)} nodes: {nodes[:5]})"
         )
     return nodes[0]
-
-
-def live_socket(path: str) -> bool:
-    if not os.path.exists(path):
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2)
-        try:
-            sock.connect(path)
-        except OSError:
-            return False
-    return True
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,11 @@
-"""Stopping a child process the way the kubelet stops a pod: SIGTERM, then SIGKILL."""
+"""Stopping a child process the way the kubelet stops a pod: SIGTERM, then SIGKILL; and
+whether a process serves a unix socket."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 from typing import Any
 
@@ -20,3 +23,17 @@ def stop_process(proc: subprocess.Popen[Any] | None, grace_s: float) -> int | No
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def live_socket(path: str) -> bool:
+    """Whether a process accepts connections on the unix socket ``path`` now (a file
+    left behind by one that exited does not count)."""
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
