@@ -50,6 +50,7 @@ from urllib.parse import urlencode, urlsplit
 import aiohttp
 from yarl import URL
 
+from dra_driver.k8s.deadlines import Deadlines
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S, JsonObj, api_exception, json_object
 from dra_driver.k8s.wire import encode_body
@@ -61,6 +62,13 @@ KEEPALIVE_S = 30.0
 
 DEFAULT_MAX_CONNECTIONS = 100
 """Connections open at once (aiohttp's default); a request past them waits for one."""
+
+_ACCEPT = {"Accept": "application/json", "Accept-Encoding": "identity"}
+"""Every request's. No gzip (as the client's transport): a LIST is parsed at once, and a
+compressed answer costs the API server and us CPU per byte. Named here rather than
+left out through the session's ``skip_auto_headers``, which makes aiohttp build and
+merge a table of the skipped names on every request.
+"""
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,8 @@ class ApiTransport:
         self._max_connections = max(1, max_connections)
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._deadlines: Deadlines | None = None
+        """The bounds of the requests on the session's loop (made with the session)."""
 
     @classmethod
     def for_client(
@@ -145,14 +155,21 @@ class ApiTransport:
     ) -> JsonObj:
         """One request, its answer parsed as a JSON object; raises ``ApiError`` as
         :func:`~dra_driver.k8s.watch.send_json` does (``ApiConflictError`` on 409...)."""
-        what = what or f"{method} {path}"
         payload = None if body is None else encode_body(body)
-        with translate_api_errors(what):
-            async with asyncio.timeout(timeout_s):
-                answer = await self.request(method, path, payload, content_type, query=query)
+        try:
+            answer = await self.request(
+                method, path, payload, content_type, query=query, timeout_s=timeout_s
+            )
             if not 200 <= answer.status <= 299:
                 raise api_exception(answer.status, answer.reason, answer.body)
-        return json_object(what, answer.body)
+        except Exception:
+            # Translated here rather than inside a ``with``: entering a context manager
+            # on every request of the controller costs more than the request's own
+            # header merge, and only a failed request needs it.
+            with translate_api_errors(what or f"{method} {path}"):
+                raise
+            raise  # not reached: the context manager raised (translated or as it was)
+        return json_object(what or f"{method} {path}", answer.body)
 
     async def request(
         self,
@@ -162,41 +179,53 @@ class ApiTransport:
         content_type: str = "application/json",
         *,
         query: Iterable[tuple[str, str]] = (),
+        timeout_s: float | None = None,
     ) -> Answer:
         """One request and its whole answer, whatever its status; transport errors raise
-        ``OSError`` (``ConnectionError``, ``TimeoutError``), aiohttp's own included."""
-        headers = {**(await self._headers_now()), "Accept": "application/json"}
-        target = self._target
-        if target.proxy_headers and target.tls is None:
-            # Plain HTTP through a forward proxy: its headers go with the request, as
-            # urllib3's ProxyManager sends them (aiohttp sends them only on a CONNECT).
-            headers.update(target.proxy_headers)
-        if body is not None:
-            headers["Content-Type"] = content_type
-        url = self._url(path, query)
+        ``OSError`` (``ConnectionError``, ``TimeoutError``), aiohttp's own included.
+
+        ``timeout_s`` bounds the whole of it (the credentials, connecting, the answer
+        read to its end, a second try); None: no bound of its own.
+        """
         session = self._session_now()
-        resent = False
-        while True:  # ends: the second try raises what the first was forgiven
-            try:
-                async with session.request(
-                    method,
-                    url,
-                    data=body,
-                    headers=headers,
-                    allow_redirects=False,  # the API server does not redirect API calls
-                    proxy=target.proxy,
-                    proxy_headers=target.proxy_headers,
-                    server_hostname=target.server_hostname,
-                ) as response:
-                    data = await response.read()
-                    return Answer(response.status, response.reason or "", data)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
-                if resent or isinstance(err, aiohttp.ClientConnectorError):
+        assert self._deadlines is not None  # made with the session
+        # One timer for every request on the loop (dra_driver.k8s.deadlines), not one
+        # per request: asyncio.timeout here cost about 10 % of a claim write's CPU.
+        with self._deadlines.within(timeout_s):
+            headers = self._headers_at_once()
+            if headers is None:  # getting them may block the loop: in a thread
+                headers = await asyncio.to_thread(self._headers)
+            headers = {**headers, **_ACCEPT}
+            target = self._target
+            if target.proxy_headers and target.tls is None:
+                # Plain HTTP through a forward proxy: its headers go with the request, as
+                # urllib3's ProxyManager sends them (aiohttp sends them only on a CONNECT).
+                headers.update(target.proxy_headers)
+            if body is not None:
+                headers["Content-Type"] = content_type
+            url = self._url(path, query)
+            resent = False
+            while True:  # ends: the second try raises what the first was forgiven
+                try:
+                    async with session.request(
+                        method,
+                        url,
+                        data=body,
+                        headers=headers,
+                        allow_redirects=False,  # the API server does not redirect API calls
+                        proxy=target.proxy,
+                        proxy_headers=target.proxy_headers,
+                        server_hostname=target.server_hostname,
+                    ) as response:
+                        data = await response.read()
+                        return Answer(response.status, response.reason or "", data)
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+                    if resent or isinstance(err, aiohttp.ClientConnectorError):
+                        raise _transport_error(err) from err
+                    log.debug("%s %s: %s before an answer; sent once more", method, path, err)
+                    resent = True  # closed before an answer (kept while idle): once more
+                except aiohttp.ClientError as err:
                     raise _transport_error(err) from err
-                log.debug("%s %s: %s before an answer; sent once more", method, path, err)
-                resent = True  # closed before an answer (kept while idle): once more
-            except aiohttp.ClientError as err:
-                raise _transport_error(err) from err
 
     async def lines(
         self,
@@ -213,7 +242,7 @@ class ApiTransport:
         the connection is cut (the caller resumes from what it saw); a cancelled
         reader closes the connection.
         """
-        headers = {**(await self._headers_now()), "Accept": "application/json"}
+        headers = {**(await self._headers_now()), **_ACCEPT}
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
@@ -250,6 +279,8 @@ class ApiTransport:
         """Close the kept connections (of the session on the running loop)."""
         session, self._session = self._session, None
         if session is not None and self._session_loop is asyncio.get_running_loop():
+            if self._deadlines is not None:
+                self._deadlines.close()
             await session.close()
 
     # --- helpers --------------------------------------------------------------------
@@ -270,25 +301,25 @@ class ApiTransport:
             )
             session = aiohttp.ClientSession(
                 connector=connector,
-                # No gzip (as the client's transport): a LIST is parsed at once and a
-                # compressed answer costs the API server and us CPU per byte.
-                skip_auto_headers=("Accept-Encoding",),
                 timeout=aiohttp.ClientTimeout(total=None),  # each request has its own
                 # The API server sets no cookies: no jar to match every request against.
                 cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=False,
+                auto_decompress=False,  # nothing compressed is asked for (_ACCEPT)
             )
             self._session, self._session_loop = session, loop
+            self._deadlines = Deadlines(loop)  # a request on another loop keeps its own
         return session
 
     async def _headers_now(self) -> dict[str, str]:
         """The headers, in a thread when getting them may block the loop: refreshing
         the credentials may run a kubeconfig's exec plugin (a process) or read a file."""
+        headers = self._headers_at_once()
+        return headers if headers is not None else await asyncio.to_thread(self._headers)
+
+    def _headers_at_once(self) -> dict[str, str] | None:
+        """The headers if they can be had without blocking; None: ask in a thread."""
         if self._fresh_headers is not None:
-            fresh = self._fresh_headers()
-            if fresh is not None:
-                return fresh
-            return await asyncio.to_thread(self._headers)
+            return self._fresh_headers()
         return self._headers()
 
 

@@ -253,6 +253,60 @@ def test_no_answer_is_a_timeout_and_garbage_is_unavailable() -> None:
     asyncio.run(scenario())
 
 
+def test_requests_and_watches_ask_for_json_uncompressed() -> None:
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                heads.append(await _read_request(reader))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        async with _server(handler) as url:
+            http = _http(_client(url))
+            await http.send_json("PATCH", "/x", {"n": 1}, content_type=MERGE_PATCH)
+            async for _ in http.lines("/w", [("watch", "true")], read_timeout_s=5):
+                pass
+            await http.close()
+
+    asyncio.run(scenario())
+    assert len(heads) == 2
+    for head in heads:
+        fields: dict[bytes, bytes] = {}
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            fields[name.strip().lower()] = value.strip().lower()
+        assert fields[b"accept"] == b"application/json"
+        assert fields[b"accept-encoding"] == b"identity"  # never gzip: parsed at once
+    assert b"content-type: application/merge-patch+json" in heads[0].lower()
+
+
+def test_a_callers_cancellation_is_not_a_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await _read_request(reader)
+            await reader.read()
+        writer.close()
+
+    async def scenario() -> None:
+        async with _server(silent) as url:
+            http = _http(_client(url))
+            request = asyncio.create_task(http.send_json("GET", "/x", timeout_s=0.3))
+            await asyncio.sleep(0.1)
+            request.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await request
+            # The next request is bounded as before: its own bound, its own timeout.
+            with pytest.raises(ApiUnavailableError, match="TimeoutError"):
+                await http.send_json("GET", "/x", timeout_s=0.3)
+            await http.close()
+
+    asyncio.run(scenario())
+
+
 def test_credentials_are_refreshed_off_the_loop(https_kube: FakeKubeApi, pair: SelfSigned) -> None:
     client = _client(https_kube.url, pair.cert, token="the-token")
     refreshed_in: list[threading.Thread] = []
