@@ -7,7 +7,8 @@ read the claim as it was before the write (and its devices as free).
 
 from __future__ import annotations
 
-from dra_driver.controller.informer import Informer, resource_version_of, uid_of
+from dra_driver.controller.informer import Informer
+from dra_driver.core import claim_shape
 from dra_driver.k8s.rest import JsonObj
 
 
@@ -22,7 +23,7 @@ class AssumeCache:
         seen = self._claims.get(uid)
         mine = self.assumed.get(uid)
         if mine is not None and (
-            seen is None or resource_version_of(mine) > resource_version_of(seen)
+            seen is None or claim_shape.resource_version(mine) > claim_shape.resource_version(seen)
         ):
             return mine
         return seen
@@ -33,9 +34,9 @@ class AssumeCache:
 
     def assume(self, claim: JsonObj) -> None:
         """``claim`` as an answer of ours showed it."""
-        uid = uid_of(claim)
+        uid = claim_shape.key(claim)
         seen = self._claims.get(uid)
-        if seen is None or resource_version_of(claim) > resource_version_of(seen):
+        if seen is None or claim_shape.resource_version(claim) > claim_shape.resource_version(seen):
             self.assumed[uid] = claim
 
     def seen(self, claim: JsonObj) -> bool:
@@ -45,11 +46,11 @@ class AssumeCache:
         write's answer, or a claim read back after a conflict). Each of our writes is
         guarded by the resourceVersion it was based on, so every version up to it is
         one that we wrote, wrote upon or decided upon."""
-        uid = uid_of(claim)
+        uid = claim_shape.key(claim)
         mine = self.assumed.get(uid)
         if mine is None:
             return False
-        version, ours = resource_version_of(claim), resource_version_of(mine)
+        version, ours = claim_shape.resource_version(claim), claim_shape.resource_version(mine)
         if version >= ours:
             del self.assumed[uid]
         return version <= ours

@@ -20,14 +20,13 @@ import asyncio
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from dra_driver.allocator import Allocation
 from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.events import ClaimEventRecorder
-from dra_driver.controller.informer import resource_version_of, uid_of
 from dra_driver.controller.reconcile import (
     FINALIZER,
     PodConsumer,
@@ -36,6 +35,7 @@ from dra_driver.controller.reconcile import (
 )
 from dra_driver.controller.worker import ClaimSlot
 from dra_driver.core import claim_shape
+from dra_driver.k8s.claims import claim_path as claim_url
 from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
@@ -46,11 +46,10 @@ _T = TypeVar("_T")
 
 
 def claim_path(claim: JsonObj, status: bool = False) -> str:
+    """The claim's URL (:func:`dra_driver.k8s.claims.claim_path`, its names quoted), or
+    its ``/status``; a claim without a namespace (built by a test) is in ``default``."""
     ref = claim_shape.ref(claim)
-    path = (
-        f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace or 'default'}"
-        f"/resourceclaims/{ref.name}"
-    )
+    path = claim_url(replace(ref, namespace=ref.namespace or "default"))
     return path + "/status" if status else path
 
 
@@ -141,11 +140,11 @@ class ClaimWriter:
     def echo(self, claim: JsonObj) -> bool:
         """The watch shows ``claim`` while its writes are in flight: True (not to be
         queued), and its version is kept to compare with their answer."""
-        uid = uid_of(claim)
+        uid = claim_shape.key(claim)
         seen = self._writing.get(uid)
         if seen is None:
             return False
-        self._writing[uid] = max(seen, resource_version_of(claim))
+        self._writing[uid] = max(seen, claim_shape.resource_version(claim))
         return True
 
     async def protect_and_allocate(
@@ -159,7 +158,7 @@ class ClaimWriter:
         :meth:`patch_metadata` tells), then the ``/status`` patch ``allocation_of(the
         claim as the first answer shows it)``; both answers are assumed. Raises as
         :meth:`patch` does."""
-        uid = uid_of(claim)
+        uid = claim_shape.key(claim)
         self._writing[uid] = 0
         try:
             with self.lane.held():
@@ -176,7 +175,7 @@ class ClaimWriter:
             raise both.error
         self.writes += 1
         self._assumed.assume(both.allocated)
-        if echoed > resource_version_of(both.allocated):
+        if echoed > claim_shape.resource_version(both.allocated):
             self._missed(uid)
         return both.allocated
 

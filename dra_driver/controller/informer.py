@@ -36,6 +36,7 @@ from typing import Any
 from dra_driver.base.errors import ApiError
 from dra_driver.controller import slim
 from dra_driver.controller.cache import ObjectCache, PackedCache, PlainCache
+from dra_driver.core import claim_shape
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.transport import ApiTransport
@@ -84,18 +85,6 @@ NODES = KindPath("nodes", "/api/v1/nodes", slim.node_keeper)
 PODS = KindPath("pods", "/api/v1/pods", slim.pod_keeper)
 NAMESPACES = KindPath("namespaces", "/api/v1/namespaces", slim.namespace_keeper)
 """Read for the VRAM quota annotation (:mod:`dra_driver.allocator.quota`)."""
-
-
-def uid_of(obj: JsonObj) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-
-
-def resource_version_of(obj: JsonObj) -> int:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 class Informer:
@@ -217,7 +206,7 @@ class Informer:
         objects, keep = self._new_cache(), self._keep
 
         def add(obj: JsonObj) -> None:
-            objects.put(uid_of(obj), keep(obj))
+            objects.put(claim_shape.key(obj), keep(obj))
 
         version = list_in_chunks(self._api, self.kind.path, LIST_CHUNK, add)
         return objects, version
@@ -227,7 +216,7 @@ class Informer:
         objects, keep = self._new_cache(), self._keep
 
         def add(obj: JsonObj) -> None:
-            objects.put(uid_of(obj), keep(obj))
+            objects.put(claim_shape.key(obj), keep(obj))
 
         version = await list_on_loop(self._transport, self.kind.path, LIST_CHUNK, add)
         return objects, version
@@ -286,12 +275,12 @@ class Informer:
             self._apply(etype, obj)
 
     def _apply(self, etype: str, obj: JsonObj) -> None:
-        uid = uid_of(obj)
+        uid = claim_shape.key(obj)
         old = self.objects.get(uid) or {}
         if etype == "DELETED":
             self.objects.pop(uid)
         else:
-            if old and resource_version_of(old) > resource_version_of(obj):
+            if old and claim_shape.resource_version(old) > claim_shape.resource_version(obj):
                 return  # a relist already brought a newer copy
             self.objects.put(uid, obj)
         if self._on_change is not None:

@@ -45,7 +45,7 @@ from typing import Any
 from dra_driver.allocator import SelectorCache
 from dra_driver.base.errors import ApiConflictError, ApiError
 from dra_driver.controller.assume import AssumeCache
-from dra_driver.controller.claim_index import ClaimPodIndex
+from dra_driver.controller.claim_index import ClaimPodIndex, pod_uses
 from dra_driver.controller.claim_sizes import ClaimSizes
 from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.config import ControllerConfig
@@ -60,7 +60,6 @@ from dra_driver.controller.informer import (
     ChangeHandler,
     Informer,
     KindPath,
-    uid_of,
 )
 from dra_driver.controller.leader import LeaderElector
 from dra_driver.controller.ledger_cache import LedgerCache, Sources
@@ -83,7 +82,6 @@ from dra_driver.controller.reconcile import (
     finalizer_removal_patch,
     is_ours,
     placement_key,
-    pod_uses,
     rejected_patch,
     size_rank,
 )
@@ -232,12 +230,14 @@ class Controller:
         if etype == "SYNCED":
             claims = self.claims.values()
             self.index.reset_claims(claims)
-            self._unallocated_ours = {uid_of(c) for c in claims if is_ours(c) and not allocated(c)}
+            self._unallocated_ours = {
+                claim_shape.key(c) for c in claims if is_ours(c) and not allocated(c)
+            }
             self.sizes.retain(self.claims.uids())
             self.ledger.invalidate()  # a relist may have dropped or changed anything
             self._enqueue_ours()
             return
-        uid = uid_of(new)
+        uid = claim_shape.key(new)
         known = self.assume.seen(new)
         if etype == "DELETED" or not is_ours(new) or allocated(new):
             self._unallocated_ours.discard(uid)
@@ -269,7 +269,7 @@ class Controller:
             self._enqueue_ours()
             return
         if etype == "DELETED":
-            self.index.pod_gone(uid_of(new))
+            self.index.pod_gone(claim_shape.key(new))
         else:
             self.index.pod_changed(new)
         for uid in self.index.claims_of(new) | (self.index.claims_of(old) if old else set()):
@@ -306,7 +306,7 @@ class Controller:
                 continue
             if namespace is not None and claim_namespace(claim) != namespace:
                 continue
-            self.queue.add(uid_of(claim))
+            self.queue.add(claim_shape.key(claim))
 
     def _pending_claims(self) -> list[JsonObj]:
         """A superset of the claims of ours unallocated as we know them: those the
@@ -463,7 +463,7 @@ class Controller:
     ) -> JsonObj | None:
         """Carry out ``decision``; returns the claim when it needs another decision.
         ``slot``: the claim's place in its batch (its allocation waits its turn)."""
-        uid = uid_of(claim)
+        uid = claim_shape.key(claim)
         match decision:
             case Ignore():
                 return None

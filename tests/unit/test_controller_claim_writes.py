@@ -145,3 +145,15 @@ def test_another_failure_of_the_finalizer_writes_nothing_more(
     with pytest.raises(ApiError):
         asyncio.run(writes.protect_and_allocate(claim(5), {"m": 1}, "f", status))
     assert len(api.sent) == 1 and writes.writes == 0
+
+
+def test_the_claim_path_quotes_its_names_as_the_plugin_side_does() -> None:
+    """One builder of a claim's URL (:func:`dra_driver.k8s.claims.claim_path`): a name is
+    quoted, never spliced into the path as it is."""
+    odd = {"metadata": {"uid": "u", "name": "a/b c", "namespace": "ns"}}
+    base = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/a%2Fb%20c"
+    assert claim_writes.claim_path(odd) == base
+    assert claim_writes.claim_path(odd, status=True) == base + "/status"
+    assert claim_writes.claim_path({"metadata": {"name": "c"}}).startswith(
+        "/apis/resource.k8s.io/v1/namespaces/default/"
+    )
