@@ -1,10 +1,11 @@
-"""The controller process: informers, the assume cache, a work queue, a leader-only worker.
+"""The controller process: informers, the claims in flight, a work queue, a leader-only worker.
 
 Every replica keeps its caches warm; only the Lease holder processes the queue
 and writes. One worker decides claim after claim, so every decision sees the
-previous one: the allocator's state (:mod:`.ledger_cache`) records a decision
-before its writes are sent, and the assume cache holds our writes, laid over the
-informer's claims until the watch shows a resourceVersion at least as new. The
+previous one: each claim's in-flight record (:mod:`.inflight`) holds a decision in
+the allocator's state (:mod:`.ledger_cache`) before its writes are sent, and then
+our writes' answers, laid over the informer's claims until the watch shows a
+resourceVersion at least as new. The
 writes themselves are in flight side by side (up to ``write_concurrency`` claims),
 so one claim's round trips never wait behind another's; a claim's own steps stay
 in order (finalizer, then allocation), and a write that fails drops the decision
@@ -26,7 +27,7 @@ replica and served when ``metrics_port`` is set.
 
 Restart: nothing is persisted here. The ledger is rebuilt from every allocated
 claim in the informer; rejected nodes live on the claim (annotation). What is
-lost is the in-memory record of allocations we wrote (``written``), which turns
+lost is the in-memory record of allocations we wrote (:mod:`.inflight`'s written nodes), which turns
 a scheduler's clearing into a rejected node; after a restart a cleared claim is
 allocated again without excluding that node, and is recorded on the next clear.
 """
@@ -44,12 +45,12 @@ from typing import Any
 
 from dra_driver.allocator import SelectorCache
 from dra_driver.base.errors import ApiConflictError, ApiError
-from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.claim_index import ClaimPodIndex, pod_uses
 from dra_driver.controller.claim_sizes import ClaimSizes
 from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.config import ControllerConfig
 from dra_driver.controller.events import ClaimEventRecorder
+from dra_driver.controller.inflight import InFlight
 from dra_driver.controller.informer import (
     CLAIMS,
     CLASSES,
@@ -151,9 +152,6 @@ class Controller:
             self.namespaces,
         )
         self.queue = queue
-        self.assume = AssumeCache(self.claims)
-        self.written: dict[str, str] = {}
-        """Claim UID -> node of an allocation we wrote and did not take back."""
         self.events = events
         self.elector = elector
         self._selectors = SelectorCache()
@@ -163,9 +161,12 @@ class Controller:
                 slices=self.slices.each,
                 classes=self.classes.values,
                 allocated_claims=self.all_claims,
+                holds=lambda: self.inflight.holds,
             ),
             self._selectors,
         )
+        self.inflight = InFlight(self.claims, self.ledger)
+        """Each claim's life from its decision to the watch's echo of its write."""
         self.index = ClaimPodIndex()
         self._unallocated_ours: set[str] = set()
         """UIDs of the claims of ours the informer shows unallocated: with the assumed
@@ -180,7 +181,7 @@ class Controller:
         """The threads the claims' writes block in (shut down by :meth:`close`)."""
         self._http = http
         self.claim_writes = ClaimWriter(
-            api_client, writer, self.assume, events, lane=lane, missed=queue.add, http=http
+            api_client, writer, self.inflight, events, lane=lane, missed=queue.add, http=http
         )
         self.metrics = metrics
         self._cluster_changed = True
@@ -189,10 +190,10 @@ class Controller:
     # --- cache views ---------------------------------------------------------------
 
     def current_claim(self, uid: str) -> JsonObj | None:
-        return self.assume.current(uid)
+        return self.inflight.current(uid)
 
     def all_claims(self) -> list[JsonObj]:
-        return self.assume.all()
+        return self.inflight.all()
 
     def view(self) -> ClusterView:
         """What :func:`decide` reads: the allocator's state kept across claims (so no
@@ -200,7 +201,7 @@ class Controller:
         return ClusterView(
             driver_name=self.config.driver_name,
             state=self.ledger.state(),
-            written=self.written,
+            written=self.inflight.written_nodes,
             share_id=self._share_id,
             namespaces=self._namespaces_by_name(),
         )
@@ -234,18 +235,18 @@ class Controller:
                 claim_shape.key(c) for c in claims if is_ours(c) and not allocated(c)
             }
             self.sizes.retain(self.claims.uids())
+            self.inflight.retain(self.claims.uids())
             self.ledger.invalidate()  # a relist may have dropped or changed anything
             self._enqueue_ours()
             return
         uid = claim_shape.key(new)
-        known = self.assume.seen(new)
+        known = self.inflight.observed(new)
         if etype == "DELETED" or not is_ours(new) or allocated(new):
             self._unallocated_ours.discard(uid)
         else:
             self._unallocated_ours.add(uid)
         if etype == "DELETED":
-            self.assume.forget(uid)
-            self.written.pop(uid, None)
+            self.inflight.released(uid)
             self.index.claim_gone(uid)
             self.ledger.claim_gone(uid)
             self.sizes.forget(uid)
@@ -254,7 +255,7 @@ class Controller:
             current = self.current_claim(uid)
             if current is not None:
                 self.ledger.claim_seen(current)
-        echo = etype == "MODIFIED" and (known or self.claim_writes.echo(new))
+        echo = etype == "MODIFIED" and known
         if is_ours(new) and not echo:
             # The echo of our own write was decided upon when it was written (and the
             # worker goes on from its answer): deciding it again finds nothing to do.
@@ -311,7 +312,7 @@ class Controller:
     def _pending_claims(self) -> list[JsonObj]:
         """A superset of the claims of ours unallocated as we know them: those the
         informer shows so, and those we wrote (their current copy may be ours)."""
-        uids = self._unallocated_ours | set(self.assume.assumed)
+        uids = self._unallocated_ours | set(self.inflight.assumed_uids())
         return [c for c in (self.current_claim(u) for u in uids) if c is not None]
 
     # --- running -------------------------------------------------------------------
@@ -427,18 +428,18 @@ class Controller:
             if slot is not None and not isinstance(decision, Allocate | RecordRejected):
                 slot.pass_turn()  # no allocation to send: the next claim's may go
             if isinstance(decision, Allocate):
-                # Taken now, before the first write is sent: the next claim is decided
+                # Held now, before the first write is sent: the next claim is decided
                 # while these writes are in flight and must see it.
-                self.ledger.decided(uid, claim_shape.namespace(claim), decision.allocation)
+                self.inflight.decided(uid, claim_shape.namespace(claim), decision.allocation)
             try:
                 again = await self.apply(claim, decision, slot)
             except ApiConflictError as err:
-                self.ledger.failed(uid)
+                self.inflight.abandon(uid, err)
                 log.info("claim %s: %s; re-reading", uid, err)
                 claim = await self.claim_writes.get(claim)
                 continue
-            except BaseException:
-                self.ledger.failed(uid)
+            except BaseException as err:
+                self.inflight.abandon(uid, err)
                 raise
             self._count(decision, time.monotonic() - started)
             if again is None:
@@ -477,10 +478,8 @@ class Controller:
                 return None
             case Allocate(allocation=allocation, node=node, reserve_for=reserve_for):
                 claim = await self.claim_writes.allocate(
-                    claim, allocation, slot, reserve_for=reserve_for
+                    claim, allocation, slot, node=node or "", reserve_for=reserve_for
                 )
-                self.ledger.written(uid)
-                self.written[uid] = node or ""
                 if slot is not None:
                     slot.written()
                 if self.config.allocation_events:
@@ -490,7 +489,7 @@ class Controller:
                 claim = await self.claim_writes.patch_metadata(
                     claim, rejected_patch(claim, node), "the rejected-nodes annotation"
                 )
-                self.written.pop(uid, None)
+                self.inflight.took_back(uid)
                 self.events.post(
                     claim,
                     "NodeRejected",
@@ -504,7 +503,7 @@ class Controller:
                         claim, deallocation_patch(claim), status=True
                     )
                     self.ledger.claim_seen(claim)  # freed: the state is built anew
-                    self.written.pop(uid, None)
+                    self.inflight.took_back(uid)
                     self.events.post(
                         claim, "Deallocated", "allocated but never reserved and no pod uses it"
                     )

@@ -19,7 +19,7 @@ serves them (followers count nothing but keep the cluster gauges current)::
         server took them slower than they came; each drop is also logged)
     fractional_gpu_dra_controller_gpu_free_memory_bytes{node, device}
         free memory of each controller-managed device, from the ledger of every
-        allocated claim and the assume cache (0 while a device is held whole)
+        allocated claim and the decisions in flight (0 while a device is held whole)
     fractional_gpu_dra_controller_claims_pending
         controller-path claims without an allocation (not being deleted)
 

@@ -1,8 +1,8 @@
 """What to do with one claim (pure :func:`decide`) and doing it (I/O :func:`apply`).
 
 :func:`decide` sees the claim, the pods and nodes from the caches and the
-controller's :class:`ClusterView` (slices, classes, allocated claims with the
-assume cache laid over them) and returns one :class:`Decision`. Only claims
+controller's :class:`ClusterView` (slices, classes, allocated claims with our
+answers laid over them, :mod:`.inflight`) and returns one :class:`Decision`. Only claims
 whose requests use the controller-managed class are ours.
 
 :func:`apply` writes as the scheduler does: first the

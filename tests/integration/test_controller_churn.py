@@ -1,7 +1,7 @@
 """Pods and claims that come and go leave the controller's memory flat.
 
 A real controller (``build_controller``: its informers, caches, claim/pod index,
-assume cache, sizes and queue) is fed watch events the way its watch threads feed it
+in-flight records, sizes and queue) is fed watch events the way its watch threads feed it
 (``Informer._arrive`` in a thread of its own, each object freshly decoded JSON, the
 loop applying them): CYCLES claims with their pods created, allocated, run and
 deleted, ALIVE of them alive at a time, the claims the controller's own (so each goes

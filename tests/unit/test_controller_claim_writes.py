@@ -1,20 +1,22 @@
 """A claim's finalizer and allocation in one hand-off (dra_driver/controller/claim_writes.py):
-both answers assumed, the finalizer's echo not queued, a newer change queued, a refused
-finalizer or a failed allocation handled as the two-step writes handle them."""
+both answers laid over the informer's claims (:mod:`dra_driver.controller.inflight`), the
+finalizer's echo not queued, a newer change queued, a refused finalizer or a failed
+allocation handled as the two-step writes handle them."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
+from dra_driver.allocator import Allocation
 from dra_driver.base.errors import ApiConflictError, ApiError
 from dra_driver.controller import claim_writes
-from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.claim_writes import ClaimWriter
+from dra_driver.controller.inflight import InFlight, Phase
 from dra_driver.controller.informer import CLAIMS, Informer
 
 JsonObj = dict[str, Any]
@@ -49,25 +51,46 @@ def pool() -> Iterator[ThreadPoolExecutor]:
     threads.shutdown(wait=True)
 
 
-def writer(
-    pool: ThreadPoolExecutor, missed: list[str]
-) -> tuple[ClaimWriter, AssumeCache, list[str]]:
+class Ledger:
+    """Counts what the in-flight records do to the allocator's state."""
+
+    def __init__(self) -> None:
+        self.recorded = self.kept = self.dropped = 0
+
+    def record(self, namespace: str, allocation: Allocation) -> None:
+        self.recorded += 1
+
+    def hold_written(self, uid: str) -> None:
+        self.kept += 1
+
+    def invalidate(self) -> None:
+        self.dropped += 1
+
+
+def writer(pool: ThreadPoolExecutor, missed: list[str]) -> tuple[ClaimWriter, InFlight, list[str]]:
     posted: list[str] = []
 
     class Events:
         def post(self, claim: JsonObj, reason: str, message: str, kind: str = "") -> None:
             posted.append(reason)
 
-    assume = AssumeCache(Informer(None, CLAIMS))
+    inflight = InFlight(Informer(None, CLAIMS), Ledger())
     return (
-        ClaimWriter(None, pool, assume, Events(), missed=missed.append),  # type: ignore[arg-type]
-        assume,
+        ClaimWriter(None, pool, inflight, Events(), missed=missed.append),  # type: ignore[arg-type]
+        inflight,
         posted,
     )
 
 
-def status(base: JsonObj) -> JsonObj:
-    return {"metadata": {"resourceVersion": base["metadata"]["resourceVersion"]}, "status": {}}
+ALLOCATION = Allocation(node_name="node-a", results=(), configs=(), grants=())
+
+
+def allocate(
+    writes: ClaimWriter, inflight: InFlight, base: JsonObj
+) -> Coroutine[Any, Any, JsonObj]:
+    """A decided allocation written: the finalizer and the allocation in one hand-off."""
+    inflight.decided("u1", "ns", ALLOCATION)
+    return writes.allocate(base, ALLOCATION, node="node-a")
 
 
 def test_both_writes_in_one_hand_off_the_second_guarded_by_the_first(
@@ -76,12 +99,12 @@ def test_both_writes_in_one_hand_off_the_second_guarded_by_the_first(
     api = Api(claim(6), claim(7, status={"allocation": {}}))
     monkeypatch.setattr(claim_writes, "send_json", api)
     missed: list[str] = []
-    writes, assume, _ = writer(pool, missed)
+    writes, inflight, _ = writer(pool, missed)
 
     async def scenario() -> JsonObj:
-        task = asyncio.create_task(writes.protect_and_allocate(claim(5), {"m": 1}, "f", status))
+        task = asyncio.create_task(allocate(writes, inflight, claim(5)))
         await asyncio.sleep(0)
-        assert writes.echo(claim(6))  # the finalizer's echo while in flight: not queued
+        assert inflight.observed(claim(6))  # the finalizer's echo while in flight: not queued
         return await task
 
     answer = asyncio.run(scenario())
@@ -91,9 +114,11 @@ def test_both_writes_in_one_hand_off_the_second_guarded_by_the_first(
         "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c1/status",
     ]
     assert api.sent[1][1]["metadata"]["resourceVersion"] == "6"  # the first answer's
-    assert assume.current("u1") == answer and writes.writes == 2
+    assert inflight.current("u1") == answer and writes.writes == 2
+    assert inflight.phase("u1") is Phase.WRITTEN and inflight.written_nodes == {"u1": "node-a"}
     assert not missed
-    assert not writes.echo(claim(8))  # none in flight now: news, queued as any
+    assert not inflight.observed(claim(8))  # none in flight now: news, queued as any
+    assert inflight.phase("u1") is Phase.ECHOED
 
 
 def test_a_change_newer_than_the_answer_seen_meanwhile_is_queued(
@@ -102,12 +127,12 @@ def test_a_change_newer_than_the_answer_seen_meanwhile_is_queued(
     api = Api(claim(6), claim(7))
     monkeypatch.setattr(claim_writes, "send_json", api)
     missed: list[str] = []
-    writes, _, _ = writer(pool, missed)
+    writes, inflight, _ = writer(pool, missed)
 
     async def scenario() -> None:
-        task = asyncio.create_task(writes.protect_and_allocate(claim(5), {"m": 1}, "f", status))
+        task = asyncio.create_task(allocate(writes, inflight, claim(5)))
         await asyncio.sleep(0)
-        writes.echo(claim(9))  # someone else's write after ours (it cannot come before)
+        inflight.observed(claim(9))  # someone else's write after ours (it cannot come before)
         await task
 
     asyncio.run(scenario())
@@ -119,8 +144,8 @@ def test_a_refused_finalizer_still_allocates_with_an_event(
 ) -> None:
     api = Api(ApiError("field is immutable", status=422), claim(6))
     monkeypatch.setattr(claim_writes, "send_json", api)
-    writes, _, posted = writer(pool, [])
-    assert asyncio.run(writes.protect_and_allocate(claim(5), {"m": 1}, "f", status)) == claim(6)
+    writes, inflight, posted = writer(pool, [])
+    assert asyncio.run(allocate(writes, inflight, claim(5))) == claim(6)
     assert api.sent[1][1]["metadata"]["resourceVersion"] == "5"  # on the claim as it was
     assert posted == ["MetadataWriteRefused"] and writes.writes == 1
 
@@ -130,10 +155,11 @@ def test_a_failed_allocation_raises_after_the_finalizer_is_assumed(
 ) -> None:
     api = Api(claim(6), ApiConflictError("conflict", status=409))
     monkeypatch.setattr(claim_writes, "send_json", api)
-    writes, assume, _ = writer(pool, [])
+    writes, inflight, _ = writer(pool, [])
     with pytest.raises(ApiConflictError):
-        asyncio.run(writes.protect_and_allocate(claim(5), {"m": 1}, "f", status))
-    assert assume.current("u1") == claim(6) and writes.writes == 1
+        asyncio.run(allocate(writes, inflight, claim(5)))
+    assert inflight.current("u1") == claim(6) and writes.writes == 1
+    assert inflight.phase("u1") is Phase.FAILED and not inflight.holds
 
 
 def test_another_failure_of_the_finalizer_writes_nothing_more(
@@ -141,9 +167,9 @@ def test_another_failure_of_the_finalizer_writes_nothing_more(
 ) -> None:
     api = Api(ApiError("unavailable", status=503))
     monkeypatch.setattr(claim_writes, "send_json", api)
-    writes, _, _ = writer(pool, [])
+    writes, inflight, _ = writer(pool, [])
     with pytest.raises(ApiError):
-        asyncio.run(writes.protect_and_allocate(claim(5), {"m": 1}, "f", status))
+        asyncio.run(allocate(writes, inflight, claim(5)))
     assert len(api.sent) == 1 and writes.writes == 0
 
 
