@@ -1,8 +1,10 @@
 """The allocation controller's composition root: its object graph and its tasks.
 
-:func:`build_controller` builds the graph by constructor injection (the API
-client, an informer per kind, the work queue, the Event recorder, the leader
-elector and the metrics, handed to the :class:`~dra_driver.controller.Controller`);
+:func:`build_controller` builds the graph by constructor injection: the caches (an
+informer per kind, each telling the change router), the change router (events ->
+caches and queue), the claim processor (decide, write) with the claim writer, the
+work queue, the Event recorder, the leader elector and the metrics, handed to the
+:class:`~dra_driver.controller.Controller` that runs them;
 :func:`serve` runs its background tasks in one :class:`asyncio.TaskGroup`
 (:func:`~dra_driver.app.tasks.supervise`): they must live as long as the
 controller, so one that fails or returns stops them all and the controller with
@@ -25,11 +27,24 @@ from typing import Any
 from dra_driver.app.heap import settle_heap
 from dra_driver.app.tasks import BackgroundTaskFailed, first_of, supervise
 from dra_driver.controller import Controller, ControllerConfig
+from dra_driver.controller.caches import ControllerCaches, Informers
+from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.events import ClaimEventRecorder
-from dra_driver.controller.informer import ChangeHandler, Informer, KindPath
+from dra_driver.controller.informer import (
+    CLAIMS,
+    CLASSES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SLICES,
+    Informer,
+    KindPath,
+)
 from dra_driver.controller.leader import LeaderElector, LoopLeaseApi
 from dra_driver.controller.metrics import ControllerMetrics
+from dra_driver.controller.processing import ClaimProcessor
 from dra_driver.controller.queue import WorkQueue
+from dra_driver.controller.routing import ChangeRouter
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.transport import ApiTransport
@@ -59,14 +74,21 @@ def build_controller(
         "on the event loop" if http is not None else "in threads (the client's transport)",
     )
 
-    def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
-        return Informer(
-            api_client,
-            kind,
-            on_change=on_change,
-            read_timeout_s=config.read_timeout_s,
-            transport=http,
-        )
+    def informer(kind: KindPath) -> Informer:
+        return Informer(api_client, kind, read_timeout_s=config.read_timeout_s, transport=http)
+
+    queue = WorkQueue()
+    informers = Informers(
+        claims=informer(CLAIMS),
+        pods=informer(PODS),
+        slices=informer(SLICES),
+        classes=informer(CLASSES),
+        nodes=informer(NODES),
+        namespaces=informer(NAMESPACES),
+    )
+    caches = ControllerCaches(config.driver_name, informers)
+    router = ChangeRouter(caches, queue)
+    router.listen(informers)
 
     # Threads for the claims' writes where the loop transport above is not used
     # (and a claim's GET after a conflict): as many as may be in flight
@@ -86,11 +108,25 @@ def build_controller(
         on_drop=metrics.event_dropped,
         http=http,
     )
+    writes = ClaimWriter(
+        api_client, writer, caches.inflight, events, lane=lane, missed=queue.add, http=http
+    )
+    processor = ClaimProcessor(
+        config,
+        caches,
+        writes,
+        events=events,
+        queue=queue,
+        metrics=metrics,
+        freed=lambda: router.enqueue_ours(pending_only=True),
+        share_id=share_id,
+    )
     return Controller(
         config,
-        api_client,
-        informer=informer,
-        queue=WorkQueue(),
+        caches,
+        router,
+        processor,
+        queue=queue,
         events=events,
         elector=LeaderElector(
             api_client,
@@ -109,8 +145,6 @@ def build_controller(
         ),
         metrics=metrics,
         writer=writer,
-        lane=lane,
-        share_id=share_id,
         http=http,
     )
 

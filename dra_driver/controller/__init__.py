@@ -10,7 +10,10 @@ class ``share.gpu.fractional.dev`` (see docs/architecture.md).
   laid over the informer's claims); :mod:`.claim_index`: pods and claims both ways;
 * :mod:`.worker` and :mod:`.turns`: claims worked largest first, writes side by side;
   :mod:`.claim_writes`: the claims' writes, each a move of its in-flight record;
-* :mod:`.main`: :class:`~.main.Controller` (built and run by :mod:`dra_driver.app.controller`).
+* :mod:`.caches`: what both halves read; :mod:`.routing`: the informers' events into
+  the caches and the queue; :mod:`.processing`: one claim decided and written;
+* :mod:`.main`: :class:`~.main.Controller`, the tasks that run them (built by
+  :mod:`dra_driver.app.controller`).
 """
 
 from dra_driver.controller.config import ControllerConfig

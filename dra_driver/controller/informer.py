@@ -107,7 +107,9 @@ class Informer:
         self._keep = kind.keeper()
         self._api = api_client
         self._transport = transport
-        self._on_change = on_change
+        self.on_change = on_change
+        """Told of each change (None: no one); set before :meth:`run` (the controller's
+        change router subscribes itself, :meth:`~.routing.ChangeRouter.listen`)."""
         self._read_timeout_s = read_timeout_s
         self._backoff = backoff
         self._sleep = sleep
@@ -194,8 +196,8 @@ class Informer:
         self._version = version
         self.relists += 1
         self.synced.set()
-        if self._on_change is not None:
-            self._on_change("SYNCED", {}, {})
+        if self.on_change is not None:
+            self.on_change("SYNCED", {}, {})
 
     def _new_cache(self) -> ObjectCache:
         return PackedCache() if self.kind.packed else PlainCache()
@@ -283,5 +285,5 @@ class Informer:
             if old and claim_shape.resource_version(old) > claim_shape.resource_version(obj):
                 return  # a relist already brought a newer copy
             self.objects.put(uid, obj)
-        if self._on_change is not None:
-            self._on_change(etype, obj, old)
+        if self.on_change is not None:
+            self.on_change(etype, obj, old)
