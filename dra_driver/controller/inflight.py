@@ -123,6 +123,10 @@ class InFlight:
         self.holds: dict[str, Hold] = {}
         """Claim UID -> its held allocation (``DECIDED`` or ``WRITING``): what the
         allocator's state lays over the allocated claims when it is built."""
+        self._assumed: set[str] = set()
+        """The claims whose record holds a copy of ours (:attr:`Flight.mine`): the
+        change router reads them on every freed allocation, a pass over every record
+        would cost as much as the claims we wrote."""
         self.written_nodes: Mapping[str, str] = _WrittenNodes(self._flights)
         """Claim UID -> node of an allocation we wrote and did not take back."""
         self.refused: Counter[tuple[Phase | None, Phase | None]] = Counter()
@@ -151,7 +155,7 @@ class InFlight:
 
     def assumed_uids(self) -> Iterator[str]:
         """The claims whose copy of ours the informer has not caught up with."""
-        return (uid for uid, f in self._flights.items() if f.mine is not None)
+        return iter(self._assumed)
 
     # --- moves -----------------------------------------------------------------------
 
@@ -234,7 +238,8 @@ class InFlight:
             return
         if flight.phase in HELD:
             self._move(uid, Phase.RELEASED)
-            flight.mine, flight.node = None, None
+            self._lay_over(uid, flight, None)
+            flight.node = None
             self._drop_hold(uid)
         else:
             self._move(uid, None)
@@ -265,7 +270,7 @@ class InFlight:
             return writing
         ours = claim_shape.resource_version(mine)
         if version >= ours:
-            flight.mine = None
+            self._lay_over(uid, flight, None)
             if flight.phase is Phase.WRITTEN:
                 self._move(uid, Phase.ECHOED)
         return writing or version <= ours
@@ -288,6 +293,7 @@ class InFlight:
             return None
         if to is None:
             self._flights.pop(uid, None)
+            self._assumed.discard(uid)
             self._drop_hold(uid)
             return None
         if flight is None:
@@ -296,9 +302,18 @@ class InFlight:
         return flight
 
     def _assume(self, flight: Flight, claim: JsonObj) -> None:
-        seen = self._claims.get(claim_shape.key(claim))
+        """``claim`` laid over the informer's copy, unless that is as new already."""
+        uid = claim_shape.key(claim)
+        seen = self._claims.get(uid)
         if seen is None or claim_shape.resource_version(claim) > claim_shape.resource_version(seen):
-            flight.mine = claim
+            self._lay_over(uid, flight, claim)
+
+    def _lay_over(self, uid: str, flight: Flight, mine: JsonObj | None) -> None:
+        flight.mine = mine
+        if mine is None:
+            self._assumed.discard(uid)
+        else:
+            self._assumed.add(uid)
 
     def _drop_hold(self, uid: str) -> None:
         if self.holds.pop(uid, None) is not None:

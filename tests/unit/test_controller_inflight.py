@@ -359,6 +359,9 @@ def test_every_move_in_the_table_is_driven() -> None:
             current = w.inflight.current("a")
             allocated = current is not None and is_allocated(current)
             assert w.held() == (SHARE if deciding or allocated else 0), (walk, step)
+            # Ours is listed as laid over exactly while it is what the claim reads as.
+            ours = current is not None and current is not w.informer.get("a")
+            assert ("a" in set(w.inflight.assumed_uids())) == ours, (walk, step)
         assert not w.inflight.refused, walk
     table = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
     assert moved == table, sorted(map(str, table - moved))
