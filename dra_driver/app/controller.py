@@ -86,7 +86,8 @@ def build_controller(
         nodes=informer(NODES),
         namespaces=informer(NAMESPACES),
     )
-    caches = ControllerCaches(config.driver_name, informers)
+    metrics = ControllerMetrics()
+    caches = ControllerCaches(config.driver_name, informers, on_refused=metrics.move_refused)
     router = ChangeRouter(caches, queue)
     router.listen(informers)
 
@@ -99,7 +100,6 @@ def build_controller(
 
     # The Events: one sender behind the claim writes (the lane).
     lane = WriteLane()
-    metrics = ControllerMetrics()
     events = ClaimEventRecorder(
         api_client,
         interval_s=config.event_interval_s,

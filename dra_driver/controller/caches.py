@@ -10,6 +10,7 @@ decisions in them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dra_driver.allocator import SelectorCache
@@ -37,7 +38,14 @@ class Informers:
 
 
 class ControllerCaches:
-    def __init__(self, driver_name: str, informers: Informers) -> None:
+    def __init__(
+        self,
+        driver_name: str,
+        informers: Informers,
+        *,
+        on_refused: Callable[[str, str], None] = lambda from_phase, to_phase: None,
+    ) -> None:
+        """``on_refused(from, to)``: an in-flight move was refused (:mod:`.inflight`)."""
         self.informers = informers
         self.claims = informers.claims
         self.pods = informers.pods
@@ -51,7 +59,7 @@ class ControllerCaches:
             ),
             SelectorCache(),
         )
-        self.inflight = InFlight(informers.claims, self.ledger)
+        self.inflight = InFlight(informers.claims, self.ledger, on_refused)
         """Each claim's life from its decision to the watch's echo of its write."""
         self.index = ClaimPodIndex()
         self.sizes = ClaimSizes(driver_name)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -116,9 +116,16 @@ class Ledger(Protocol):
 class InFlight:
     """Every claim's in-flight record, keyed by UID."""
 
-    def __init__(self, claims: ClaimsSeen, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        claims: ClaimsSeen,
+        ledger: Ledger,
+        on_refused: Callable[[str, str], None] = lambda from_phase, to_phase: None,
+    ) -> None:
+        """``on_refused(from, to)``: a move was refused (the metrics count it)."""
         self._claims = claims
         self._ledger = ledger
+        self._on_refused = on_refused
         self._flights: dict[str, Flight] = {}
         self.holds: dict[str, Hold] = {}
         """Claim UID -> its held allocation (``DECIDED`` or ``WRITING``): what the
@@ -283,6 +290,7 @@ class InFlight:
         now = flight.phase if flight is not None else None
         if to not in TRANSITIONS[now]:
             self.refused[(now, to)] += 1
+            self._on_refused(_name(now), _name(to))
             log.warning(
                 "claim %s: in-flight move %s -> %s refused (not in the table); left %s",
                 uid,

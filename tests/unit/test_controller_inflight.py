@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from dra_driver.allocator import Allocation, SelectorCache
 from dra_driver.base.errors import ApiConflictError, ApiNotFoundError
@@ -23,6 +24,7 @@ from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.inflight import HELD, TRANSITIONS, InFlight, Phase
 from dra_driver.controller.informer import CLAIMS, Informer
 from dra_driver.controller.ledger_cache import LedgerCache, Sources
+from dra_driver.controller.metrics import PREFIX, ControllerMetrics
 from dra_driver.core.claim_shape import is_allocated
 from tests.support.allocator import CLASSES, DRIVER, claim, request, slices
 
@@ -48,7 +50,8 @@ class World:
             ),
             SelectorCache(),
         )
-        self.inflight = InFlight(self.informer, self.ledger)
+        self.metrics = ControllerMetrics()
+        self.inflight = InFlight(self.informer, self.ledger, self.metrics.move_refused)
         self._ids = (f"00000000-0000-0000-0000-{n:012d}" for n in itertools.count())
         self.allocations: dict[str, Allocation] = {}
         self.base = self._free()
@@ -223,6 +226,8 @@ def test_a_move_not_in_the_table_is_refused_logged_and_counted(
         assert not world.inflight.written(world.claim("a", 3), allocated_on="n")
     assert world.inflight.refused == {(None, Phase.WRITTEN): 1}
     assert "in-flight move none -> written refused" in caplog.text
+    scraped = generate_latest(world.metrics.registry).decode()
+    assert f'{PREFIX}_inflight_moves_refused_total{{from="none",to="written"}} 1.0' in scraped
     assert world.inflight.phase("a") is None
     assert version(world.inflight.current("a")) == "1"
 
