@@ -27,11 +27,14 @@ echo of its write, as a state machine with one table of the moves it allows.
   flight: the hold is dropped at once, and the write's outcome, when it comes, only
   ends the record.
 
-A move not in :data:`TRANSITIONS` is refused: logged and counted (:attr:`InFlight.refused`),
-the record left as it was. Capacity is held exactly while a claim is ``DECIDED`` or
-``WRITING``; from ``WRITTEN`` on, the claim's allocated copy (ours, then the informer's)
-holds it, so no device is given twice and none is kept for a decision that failed.
-Nothing here is persisted: a new leader rebuilds from the informer's claims.
+The drawing shows a claim's first allocation; :data:`TRANSITIONS` holds every move (a
+claim at rest is decided or written again: a cleared allocation, a deallocation, a
+write that is not an allocation starts at ``WRITING``). A move not in it is refused:
+logged and counted (:attr:`InFlight.refused`, and the metrics), the record left as it
+was. A decision's capacity is held while the claim is ``DECIDED`` and then ``WRITING``;
+from ``WRITTEN`` on, the claim's allocated copy (ours, then the informer's) holds it,
+so no device is given twice and none is kept for a decision that failed. Nothing here
+is persisted: a new leader rebuilds from the informer's claims.
 """
 
 from __future__ import annotations
