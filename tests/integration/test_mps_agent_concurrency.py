@@ -177,7 +177,8 @@ def test_a_release_waits_for_the_ensure_of_its_share(slow_v3: Node) -> None:
             client = node.client()
             await ensure(client, "resident")
             creating = asyncio.create_task(ensure(client, "raced"))
-            await asyncio.sleep(COMMAND_S / 2)
+            # The daemon holds the namespace while its create's delay runs: mid-ensure.
+            await eventually(lambda: namespace_name("raced") in held(node, GPU0), "the create")
             assert not creating.done()
             released = await client.release_share(GPU0, "raced")
             assert (await creating).share_id == "raced"
@@ -200,7 +201,8 @@ def test_the_last_share_released_during_another_ensure_keeps_the_daemon(slow_v3:
             await ensure(client, "old")
             pid = await daemon_pid(client, GPU0)
             creating = asyncio.create_task(ensure(client, "new"))
-            await asyncio.sleep(COMMAND_S / 2)
+            await eventually(lambda: namespace_name("new") in held(node, GPU0), "the create")
+            assert not creating.done()
             assert await client.release_share(GPU0, "old") is True
             await creating
             assert await daemon_pid(client, GPU0) == pid
