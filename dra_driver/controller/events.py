@@ -60,12 +60,12 @@ class ClaimEventRecorder:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="controller-events")
             executor = self._thread
         self._events = k8s_events.EventRecorder(
-            api_client,
+            http,
             component=COMPONENT,
             interval_s=interval_s,
             clock=clock,
+            api_client=api_client,
             executor=executor,
-            http=http,
         )
         self.queue: EventQueue | None = None
         if queued:

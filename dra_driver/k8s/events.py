@@ -46,7 +46,7 @@ from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import JsonObj, request_json
 
-if TYPE_CHECKING:  # the plugin's Events go in threads: it need not import aiohttp
+if TYPE_CHECKING:
     from dra_driver.k8s.transport import ApiTransport
 
 log = logging.getLogger(__name__)
@@ -202,11 +202,11 @@ _Key = tuple[str, str, str]
 
 
 class EventRecorder:
-    """Writes Events through the client's transport; see the module docstring."""
+    """Writes Events on the event loop (``http``); see the module docstring."""
 
     def __init__(
         self,
-        api_client: KubeClient,
+        http: ApiTransport | None,
         *,
         component: str,
         instance: str = "",
@@ -214,12 +214,15 @@ class EventRecorder:
         aggregate: bool = False,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         clock: Callable[[], float] = time.monotonic,
+        api_client: KubeClient | None = None,
         executor: Executor | None = None,
-        http: ApiTransport | None = None,
     ) -> None:
-        """``executor``: the threads the writes block in (the caller's own pool for
-        its writes, so Events keep pace with them); None: ``asyncio.to_thread``'s.
-        ``http``: the writes go on the event loop instead (no thread)."""
+        """``http``: the writes go on the event loop (no thread). Without it (the
+        controller's client transport, for a configuration ``http`` does not speak) they
+        block in ``executor``'s threads (the caller's own pool for its writes, so Events
+        keep pace with them; None: ``asyncio.to_thread``'s) through ``api_client``."""
+        if http is None and api_client is None:
+            raise ValueError("EventRecorder needs http (or an api_client to write in threads)")
         self._api = api_client
         self._executor = executor
         self._http = http
@@ -380,6 +383,7 @@ class EventRecorder:
     def _send(
         self, method: str, path: str, body: JsonObj, content_type: str = "application/json"
     ) -> None:
+        assert self._api is not None  # checked in __init__: no http, an api_client
         with translate_api_errors(f"{method} {path}"):
             request_json(self._api, method, path, body=body, content_type=content_type)
 

@@ -50,6 +50,7 @@ from urllib.parse import urlencode, urlsplit
 import aiohttp
 from yarl import URL
 
+from dra_driver.base.errors import ConfigError
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S, JsonObj, api_exception, json_object
 from dra_driver.k8s.wire import encode_body
@@ -406,3 +407,49 @@ def _tls_context(configuration: Any) -> ssl.SSLContext:
     if cert_file:
         context.load_cert_chain(cert_file, getattr(configuration, "key_file", None) or None)
     return context
+
+
+def unsupported_setting(configuration: Any) -> str | None:
+    """What in the official client's ``Configuration`` this transport does not speak,
+    named with what to do instead (for a message that refuses to start); None: it
+    speaks all of it. None of these is set by the driver's own loaders from a
+    kubeconfig or a ServiceAccount, but a proxy may come from the environment."""
+    for setting, instead in (
+        ("socket_options", "leave it unset"),
+        ("assert_hostname", "name the server's certificate with tls_server_name instead"),
+        ("retries", "leave it unset (the driver retries its own requests)"),
+        ("proxy_ssl_context", "leave it unset"),
+    ):
+        if getattr(configuration, setting, None) is not None:
+            return f"Configuration.{setting} is set: {instead}"
+    host = str(getattr(configuration, "host", "") or "")
+    url = urlsplit(host)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return f"the API server's URL {host!r} is not http(s)://HOST[:PORT][/PATH]"
+    proxy = _proxy_for(configuration, url.netloc, url.hostname)
+    if proxy is not None and urlsplit(proxy).scheme not in ("http", "https"):
+        return (
+            f"the proxy {proxy!r} is not an HTTP(S) proxy (SOCKS is not spoken): set the "
+            "kubeconfig's proxy-url, or HTTPS_PROXY/HTTP_PROXY, to an http:// or https:// "
+            "proxy, or name the API server in NO_PROXY"
+        )
+    return None
+
+
+def api_transport(
+    api_client: Any, *, max_connections: int = DEFAULT_MAX_CONNECTIONS
+) -> ApiTransport:
+    """The loop transport for the official client's configuration: every API request
+    of a driver process goes through it. Raises :class:`ConfigError` naming the setting
+    it does not speak (there is no other transport to fall back to)."""
+    configuration = getattr(api_client, "configuration", None)
+    why = unsupported_setting(configuration) if configuration is not None else None
+    transport = (
+        None if why else ApiTransport.for_client(api_client, max_connections=max_connections)
+    )
+    if transport is None:
+        raise ConfigError(
+            "cannot reach the API server with this Kubernetes configuration: "
+            f"{why or 'it has no host or credentials'}"
+        )
+    return transport

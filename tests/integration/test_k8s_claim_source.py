@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,8 +28,9 @@ from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.errors import BODY_MAX_CHARS, translate_api_errors
 from dra_driver.k8s.official import ApiException, Configuration
-from tests.support.chart import plugin_client
+from tests.support.chart import plugin_transport
 from tests.support.fakekube import DEFAULT_KINDS, FakeKubeApi
+from tests.support.transport import transport_to
 
 DRIVER = "gpu.fractional.dev"
 
@@ -42,16 +42,8 @@ pytestmark = pytest.mark.chart(())
 
 
 @pytest.fixture
-def api_client(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with plugin_client(fake_kube) as api:
-        yield api
-
-
-@pytest.fixture
-def source(api_client: KubeClient) -> Iterator[KubernetesClaimSource]:
-    claims = KubernetesClaimSource(api_client, request_timeout_s=5)
-    yield claims
-    claims.close()
+def source(fake_kube: FakeKubeApi) -> KubernetesClaimSource:
+    return KubernetesClaimSource(plugin_transport(fake_kube), request_timeout_s=5)
 
 
 def ref(uid: str, name: str = "c1") -> ClaimRef:
@@ -195,20 +187,17 @@ def test_api_failures_are_translated(
 
 def test_unserved_api_is_not_a_missing_claim() -> None:
     nodes_only = tuple(k for k in DEFAULT_KINDS if k.plural == "nodes")
-    with FakeKubeApi(nodes_only) as fake, make_api_client(None, host=fake.url) as api:
-        claims = KubernetesClaimSource(api)
-        try:
-            with pytest.raises(ApiNotFoundError, match=r"resource\.k8s\.io/v1 served") as err:
-                get(claims, ref("uid-1"))
-        finally:
-            claims.close()
+    with FakeKubeApi(nodes_only) as fake:
+        claims = KubernetesClaimSource(transport_to(fake.url))
+        with pytest.raises(ApiNotFoundError, match=r"resource\.k8s\.io/v1 served") as err:
+            get(claims, ref("uid-1"))
     assert not isinstance(err.value, ClaimNotFoundError)
 
 
 def test_dropped_connections_are_unavailable(
     fake_kube: FakeKubeApi, source: KubernetesClaimSource
 ) -> None:
-    fake_kube.drop_next("GET", "/resourceclaims/c1", times=10)  # beyond urllib3's retries
+    fake_kube.drop_next("GET", "/resourceclaims/c1", times=10)  # beyond the one resend
     with pytest.raises(ApiUnavailableError, match="transport error") as err:
         get(source, ref("uid-1"))
     assert err.value.status is None
@@ -218,13 +207,9 @@ def test_unreachable_server_is_unavailable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again before the call: nothing listens
-    with make_api_client(None, host=f"http://127.0.0.1:{port}") as api:
-        claims = KubernetesClaimSource(api)
-        try:
-            with pytest.raises(ApiUnavailableError, match="GET resourceclaims default/c1"):
-                get(claims, ref("uid-1"))
-        finally:
-            claims.close()
+    claims = KubernetesClaimSource(transport_to(f"http://127.0.0.1:{port}"))
+    with pytest.raises(ApiUnavailableError, match="GET resourceclaims default/c1"):
+        get(claims, ref("uid-1"))
 
 
 # --- The error boundary (pure mapping) -------------------------------------------------

@@ -17,6 +17,7 @@ from dra_driver.k8s import client as client_module
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import USER_AGENT, KubeClient, make_api_client
 from dra_driver.k8s.official import Configuration
+from dra_driver.k8s.transport import api_transport
 from tests.support.fakekube import FakeKubeApi
 from tests.support.tls import SelfSigned, openssl_missing, self_signed
 
@@ -33,12 +34,17 @@ def trusting(url: str, ca_file: str, **kwargs: Any) -> KubeClient:
 
 
 def read_claim(client: KubeClient) -> str:
-    source = KubernetesClaimSource(client, request_timeout_s=5)
-    try:
-        claim = asyncio.run(source.get_claim(ClaimRef("default", "c1", ClaimUID("uid-1"))))
-    finally:
-        source.close()
-    return claim.ref.name
+    http = api_transport(client)
+
+    async def read() -> str:
+        source = KubernetesClaimSource(http, request_timeout_s=5)
+        try:
+            claim = await source.get_claim(ClaimRef("default", "c1", ClaimUID("uid-1")))
+        finally:
+            await http.close()
+        return claim.ref.name
+
+    return asyncio.run(read())
 
 
 def test_in_cluster_configuration_talks_https_with_the_token(
