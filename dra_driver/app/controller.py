@@ -32,7 +32,7 @@ from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.event_queue import WriteLane
-from dra_driver.k8s.transport import ApiTransport
+from dra_driver.k8s.transport import api_transport
 from dra_driver.observability.metrics_server import serve_metrics
 
 __all__ = ["BackgroundTaskFailed", "build_controller", "run", "run_controller", "serve"]
@@ -51,13 +51,10 @@ def build_controller(
 ) -> Controller:
     """The controller and its collaborators, against ``api_client``."""
 
-    # Every request on the loop where the configuration allows (no thread hand-off,
-    # a third of the CPU per write); else through the client's transport in threads.
-    http = ApiTransport.for_client(api_client)
-    log.info(
-        "API requests: %s",
-        "on the event loop" if http is not None else "in threads (the client's transport)",
-    )
+    # Every request on the loop (no thread hand-off, a third of the CPU per write); a
+    # configuration the loop transport does not speak is refused here, by name
+    # (ConfigError: ``dra-driver controller`` exits 2 before it serves).
+    http = api_transport(api_client)
 
     def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
         return Informer(
@@ -68,9 +65,8 @@ def build_controller(
             transport=http,
         )
 
-    # Threads for the claims' writes where the loop transport above is not used
-    # (and a claim's GET after a conflict): as many as may be in flight
-    # (``asyncio.to_thread``'s pool has CPUs + 4, shared with everything else).
+    # The Controller's threads for claim writes without a loop transport: with ``http``
+    # (always, here) none is ever started. They go with the controller's thread path.
     writer = ThreadPoolExecutor(
         max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
     )
@@ -101,11 +97,7 @@ def build_controller(
             renew_deadline_s=config.renew_deadline_s,
             renew_interval_s=config.renew_interval_s,
             retry_interval_s=config.retry_interval_s,
-            lease_api=(
-                LoopLeaseApi(http, config.lease_namespace, config.lease_name)
-                if http is not None
-                else None
-            ),
+            lease_api=LoopLeaseApi(http, config.lease_namespace, config.lease_name),
         ),
         metrics=metrics,
         writer=writer,

@@ -12,6 +12,7 @@ Order, as kubectl and client-go do it for a daemon:
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -41,12 +42,15 @@ USER_AGENT = f"fractional-gpu-dra/{__version__}"
 
 
 class KubeClient:
-    """The official client's ``Configuration`` and REST transport, without its API classes.
+    """The official client's ``Configuration``, without its API classes.
 
-    ``configuration`` holds the host, credentials (refreshed by the loader's
-    hooks), TLS and proxy settings; ``rest_client`` is the client's urllib3
-    pool built from them, the one its generated ``KubeClient`` would use. The
-    requests themselves are ours (:mod:`dra_driver.k8s.rest`).
+    ``configuration`` holds the host, credentials (refreshed by the loader's hooks),
+    TLS and proxy settings; every request of the driver's processes goes through
+    :func:`~dra_driver.k8s.transport.api_transport` made from it. ``rest_client`` is
+    the client's urllib3 pool, built on first use only by the controller's thread
+    path (:mod:`dra_driver.k8s.rest`), which no entry point takes: a configuration
+    the loop transport refuses (a SOCKS proxy, say) never gets as far as building a
+    pool that may not even import (urllib3's SOCKS needs PySocks).
     """
 
     def __init__(
@@ -54,7 +58,6 @@ class KubeClient:
     ) -> None:
         self.configuration = configuration
         self._clock = clock
-        self.rest_client = RESTClientObject(configuration)
         self.default_headers = {"User-Agent": USER_AGENT}
         host = urllib3.util.parse_url(configuration.host)
         self.path_prefix = (host.path or "").rstrip("/")
@@ -95,6 +98,11 @@ class KubeClient:
             return cached[1]
         return None
 
+    @functools.cached_property
+    def rest_client(self) -> RESTClientObject:
+        """The client's urllib3 pool manager (the controller's thread path only)."""
+        return RESTClientObject(self.configuration)
+
     def connection_pool(self) -> urllib3.HTTPConnectionPool | None:
         """The API server's connection pool, to send a request-URI to; None behind an
         HTTP proxy (the pool manager must write those requests itself).
@@ -114,7 +122,8 @@ class KubeClient:
             return pool
 
     def close(self) -> None:
-        self.rest_client.pool_manager.clear()
+        if "rest_client" in self.__dict__:  # built: its connections closed
+            self.rest_client.pool_manager.clear()
 
     def __enter__(self) -> KubeClient:
         return self
