@@ -19,7 +19,6 @@ import logging
 import signal
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dra_driver.app.heap import settle_heap
@@ -57,39 +56,26 @@ def build_controller(
     http = api_transport(api_client)
 
     def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
-        return Informer(
-            api_client,
-            kind,
-            on_change=on_change,
-            read_timeout_s=config.read_timeout_s,
-            transport=http,
-        )
-
-    # The Controller's threads for claim writes without a loop transport: with ``http``
-    # (always, here) none is ever started. They go with the controller's thread path.
-    writer = ThreadPoolExecutor(
-        max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
-    )
+        return Informer(http, kind, on_change=on_change, read_timeout_s=config.read_timeout_s)
 
     # The Events: one sender behind the claim writes (the lane).
     lane = WriteLane()
     metrics = ControllerMetrics()
     events = ClaimEventRecorder(
-        api_client,
+        http,
         interval_s=config.event_interval_s,
         queued=True,
         lane=lane,
         on_drop=metrics.event_dropped,
-        http=http,
     )
     return Controller(
         config,
-        api_client,
+        http,
         informer=informer,
         queue=WorkQueue(),
         events=events,
         elector=LeaderElector(
-            api_client,
+            LoopLeaseApi(http, config.lease_namespace, config.lease_name),
             name=config.lease_name,
             namespace=config.lease_namespace,
             identity=config.identity,
@@ -97,13 +83,10 @@ def build_controller(
             renew_deadline_s=config.renew_deadline_s,
             renew_interval_s=config.renew_interval_s,
             retry_interval_s=config.retry_interval_s,
-            lease_api=LoopLeaseApi(http, config.lease_namespace, config.lease_name),
         ),
         metrics=metrics,
-        writer=writer,
         lane=lane,
         share_id=share_id,
-        http=http,
     )
 
 
@@ -162,9 +145,7 @@ async def run_controller(
     walked by a collection again), and collect the youngest generation less often
     (:data:`YOUNG_GC_THRESHOLD`)."""
     if api_client is None:
-        # The writes in flight, a watch per informer, the Lease and the Events' counts.
-        pool = config.write_concurrency + 10
-        api_client = make_api_client(config.kubeconfig, config.host, pool_size=pool)
+        api_client = make_api_client(config.kubeconfig, config.host)
     api = api_client
     if stop is None:
         stop = asyncio.Event()

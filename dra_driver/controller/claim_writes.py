@@ -3,25 +3,19 @@
 :class:`~dra_driver.k8s.event_queue.WriteLane` from before it is sent to its answer:
 the Events give way to it.
 
-The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`) when the
-client's configuration allows it, else through the official client's transport in
-the write threads. A claim's finalizer and allocation go one after the other when
-nothing makes the allocation wait (:meth:`ClaimWriter.protect_and_allocate`). The
-watch shows the finalizer's write before the loop has its answer; such an echo of a
-claim with writes in flight is not queued (:meth:`ClaimWriter.echo`): a change by
-anyone else meanwhile makes the guarded allocation write fail (409, and the claim is
-read again), and one after it is newer than the allocation's answer, and the claim
-is queued then.
+The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`). A claim's
+finalizer and allocation go one after the other when nothing makes the allocation
+wait (:meth:`ClaimWriter.protect_and_allocate`). The watch shows the finalizer's
+write before the loop has its answer; such an echo of a claim with writes in flight
+is not queued (:meth:`ClaimWriter.echo`): a change by anyone else meanwhile makes
+the guarded allocation write fail (409, and the claim is read again), and one after
+it is newer than the allocation's answer, and the claim is queued then.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from dra_driver.allocator import Allocation
 from dra_driver.base.errors import ApiError, ApiNotFoundError
@@ -40,9 +34,7 @@ from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.transport import ApiTransport
-from dra_driver.k8s.watch import MERGE_PATCH, send_json
-
-_T = TypeVar("_T")
+from dra_driver.k8s.watch import MERGE_PATCH
 
 
 def claim_path(claim: JsonObj, status: bool = False) -> str:
@@ -57,22 +49,17 @@ def claim_path(claim: JsonObj, status: bool = False) -> str:
 class ClaimWriter:
     def __init__(
         self,
-        api_client: Any,
-        writer: ThreadPoolExecutor,
+        http: ApiTransport,
         assumed: AssumeCache,
         events: ClaimEventRecorder,
         *,
         lane: WriteLane | None = None,
         missed: Callable[[str], None] = lambda uid: None,
-        http: ApiTransport | None = None,
     ) -> None:
         """``missed(uid)``: a change of the claim came while its writes were in flight
-        and is newer than their answer (the caller queues the claim). ``http``: the
-        patches are sent on the loop (None: in the write threads)."""
-        self._api = api_client
+        and is newer than their answer (the caller queues the claim)."""
         self._http = http
         self.lane = lane if lane is not None else WriteLane()
-        self._writer = writer
         self._assumed = assumed
         self._events = events
         self._missed = missed
@@ -82,21 +69,11 @@ class ClaimWriter:
         """Claim UID -> the newest resourceVersion the watch showed while both its
         writes were in flight (0: none yet)."""
 
-    async def _call(self, call: Callable[[], _T]) -> _T:
-        """``call`` in one of the write threads."""
-        with self.lane.held():
-            return await asyncio.get_running_loop().run_in_executor(self._writer, call)
-
     async def get(self, claim: JsonObj) -> JsonObj | None:
         """The claim as the API server has it now (after a conflict); None once gone."""
         try:
-            if self._http is not None:
-                with self.lane.held():
-                    fresh = await self._http.send_json("GET", claim_path(claim))
-            else:
-                fresh = await self._call(
-                    functools.partial(send_json, self._api, "GET", claim_path(claim))
-                )
+            with self.lane.held():
+                fresh = await self._http.send_json("GET", claim_path(claim))
         except ApiNotFoundError:
             return None
         self._assumed.assume(fresh)
@@ -199,15 +176,9 @@ class ClaimWriter:
         return both
 
     async def _send_patch(self, claim: JsonObj, patch: JsonObj, status: bool) -> JsonObj:
-        """A JSON merge patch of the claim (or its ``/status``), on the loop or in a
-        write thread."""
+        """A JSON merge patch of the claim (or its ``/status``), on the loop."""
         path = claim_path(claim, status)
-        if self._http is not None:
-            return await self._http.send_json("PATCH", path, patch, content_type=MERGE_PATCH)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._writer,
-            functools.partial(send_json, self._api, "PATCH", path, patch, content_type=MERGE_PATCH),
-        )
+        return await self._http.send_json("PATCH", path, patch, content_type=MERGE_PATCH)
 
     async def patch_metadata(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj:
         """A metadata patch that the claim may refuse for good; then it goes on without.

@@ -39,7 +39,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dra_driver.allocator import SelectorCache
@@ -115,27 +114,27 @@ Work = Callable[[], Coroutine[Any, Any, object]]
 
 class Controller:
     """The controller's caches, queue and worker, given their collaborators: the API
-    client its writes go through, an informer per kind (made by ``informer``, each
+    transport its writes go through, an informer per kind (made by ``informer``, each
     telling one of this controller's change handlers), the work queue, the Event
-    recorder, the leader elector, the metrics and the write threads (built by
+    recorder, the leader elector and the metrics (built by
     :func:`dra_driver.app.controller.build_controller`)."""
 
     def __init__(
         self,
         config: ControllerConfig,
-        api_client: Any,
+        http: ApiTransport,
         *,
         informer: InformerFactory,
         queue: WorkQueue,
         events: ClaimEventRecorder,
         elector: LeaderElector,
         metrics: ControllerMetrics,
-        writer: ThreadPoolExecutor,
         lane: WriteLane | None = None,
         share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
-        http: ApiTransport | None = None,
     ) -> None:
-        """``http``: the claims' patches are sent on the loop (None: in ``writer``)."""
+        """``http``: every request of the controller's own (the claims' reads and
+        patches; the informers, the Lease and the Events have it too): closed by
+        :meth:`close`."""
         self.config = config
         self._share_id = share_id
         self.claims = informer(CLAIMS, self._claim_changed)
@@ -178,12 +177,8 @@ class Controller:
         self._nodes_index: dict[str, JsonObj] | None = None
         self._namespaces_index: dict[str, JsonObj] | None = None
         """Nodes and Namespaces by name, built when first asked after a change."""
-        self._writer = writer
-        """The threads the claims' writes block in (shut down by :meth:`close`)."""
         self._http = http
-        self.claim_writes = ClaimWriter(
-            api_client, writer, self.assume, events, lane=lane, missed=queue.add, http=http
-        )
+        self.claim_writes = ClaimWriter(http, self.assume, events, lane=lane, missed=queue.add)
         self.metrics = metrics
         self._cluster_changed = True
         """Something the metrics' gauges show changed since they were last computed."""
@@ -330,13 +325,10 @@ class Controller:
         return work
 
     async def close(self) -> None:
-        """After the background tasks: wake whoever waits on the queue; the write
-        threads end with the writes they have (each bounded by the client's timeout)."""
+        """After the background tasks: wake whoever waits on the queue; close the kept
+        connections to the API server."""
         self.queue.close()
-        self._writer.shutdown(wait=False)
-        if self._http is not None:
-            await self._http.close()
-        self.events.close()
+        await self._http.close()
 
     async def synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))

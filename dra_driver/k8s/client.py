@@ -1,4 +1,4 @@
-"""Connect to the API server with the official client's configuration and transport.
+"""The API server's address and credentials, from the official client's configuration loaders.
 
 Order, as kubectl and client-go do it for a daemon:
 
@@ -12,16 +12,13 @@ Order, as kubectl and client-go do it for a daemon:
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, cast
 
-import urllib3
 import yaml
 
 from dra_driver import __version__
@@ -29,7 +26,6 @@ from dra_driver.base.errors import ConfigError
 from dra_driver.k8s.official import (
     ConfigException,
     Configuration,
-    RESTClientObject,
     load_incluster_config,
     load_kube_config,
 )
@@ -46,11 +42,9 @@ class KubeClient:
 
     ``configuration`` holds the host, credentials (refreshed by the loader's hooks),
     TLS and proxy settings; every request of the driver's processes goes through
-    :func:`~dra_driver.k8s.transport.api_transport` made from it. ``rest_client`` is
-    the client's urllib3 pool, built on first use only by the controller's thread
-    path (:mod:`dra_driver.k8s.rest`), which no entry point takes: a configuration
-    the loop transport refuses (a SOCKS proxy, say) never gets as far as building a
-    pool that may not even import (urllib3's SOCKS needs PySocks).
+    the loop transport made from it (:func:`~dra_driver.k8s.transport.api_transport`).
+    The client's own REST transport (urllib3) is never built: a configuration the loop
+    transport refuses (a SOCKS proxy, say) is named before anything tries to speak it.
     """
 
     def __init__(
@@ -59,12 +53,7 @@ class KubeClient:
         self.configuration = configuration
         self._clock = clock
         self.default_headers = {"User-Agent": USER_AGENT}
-        host = urllib3.util.parse_url(configuration.host)
-        self.path_prefix = (host.path or "").rstrip("/")
-        """The host's own path (a proxy's ``https://rancher/k8s/clusters/c-1``), before
-        every API path."""
-        self._pool: urllib3.HTTPConnectionPool | None = None
-        self._pool_lock = threading.Lock()
+        self._auth_lock = threading.Lock()
         self._auth: tuple[float, dict[str, str]] | None = None
 
     def auth_headers(self) -> dict[str, str]:
@@ -84,7 +73,7 @@ class KubeClient:
         for setting in cast(Any, self.configuration).auth_settings().values():
             if setting.get("in") == "header" and setting.get("value"):
                 headers[setting["key"]] = setting["value"]
-        with self._pool_lock:
+        with self._auth_lock:
             self._auth = (now, headers)
         return headers
 
@@ -92,62 +81,16 @@ class KubeClient:
         """The credentials' headers if :meth:`auth_headers` would answer them without
         asking the configuration (whose refresh hook may run a kubeconfig's exec
         plugin, a process, or read a token file); None when it would ask."""
-        with self._pool_lock:
+        with self._auth_lock:
             cached = self._auth
         if cached is not None and self._clock() - cached[0] < AUTH_REUSE_S:
             return cached[1]
         return None
 
-    @functools.cached_property
-    def rest_client(self) -> RESTClientObject:
-        """The client's urllib3 pool manager (the controller's thread path only)."""
-        return RESTClientObject(self.configuration)
 
-    def connection_pool(self) -> urllib3.HTTPConnectionPool | None:
-        """The API server's connection pool, to send a request-URI to; None behind an
-        HTTP proxy (the pool manager must write those requests itself).
-
-        The pool manager's ``request`` parses and re-encodes the URL and looks its
-        pool up again on every call; taken once here, that is a third less CPU per
-        request (measured: 0.38 against 0.64 ms for a claim GET).
-        """
-        manager = self.rest_client.pool_manager
-        if isinstance(manager, urllib3.ProxyManager):
-            return None
-        with self._pool_lock:
-            pool = self._pool
-            if pool is None or pool.pool is None:  # none yet, or closed by clear()
-                pool = manager.connection_from_url(self.configuration.host)
-                self._pool = pool
-            return pool
-
-    def close(self) -> None:
-        if "rest_client" in self.__dict__:  # built: its connections closed
-            self.rest_client.pool_manager.clear()
-
-    def __enter__(self) -> KubeClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def make_api_client(
-    kubeconfig: str | None, host: str | None = None, *, pool_size: int | None = None
-) -> KubeClient:
-    """A :class:`KubeClient` for the cluster; :class:`ConfigError` when none is configured.
-
-    ``pool_size``: connections kept open to the API server (the client's default is
-    5 per CPU); a caller with more requests in flight than that would otherwise open,
-    and shake hands on, a new connection for each request past it."""
+def make_api_client(kubeconfig: str | None, host: str | None = None) -> KubeClient:
+    """A :class:`KubeClient` for the cluster; :class:`ConfigError` when none is configured."""
     configuration = Configuration()
-    if pool_size is not None:
-        configuration.connection_pool_maxsize = pool_size
     if host is not None:
         configuration.host = host.rstrip("/")
     elif kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):

@@ -36,18 +36,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.base.ids import ClaimRef
-from dra_driver.k8s.client import KubeClient
-from dra_driver.k8s.errors import translate_api_errors
-from dra_driver.k8s.rest import JsonObj, request_json
-
-if TYPE_CHECKING:
-    from dra_driver.k8s.transport import ApiTransport
+from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.transport import ApiTransport
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +200,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        http: ApiTransport | None,
+        http: ApiTransport,
         *,
         component: str,
         instance: str = "",
@@ -214,17 +208,7 @@ class EventRecorder:
         aggregate: bool = False,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         clock: Callable[[], float] = time.monotonic,
-        api_client: KubeClient | None = None,
-        executor: Executor | None = None,
     ) -> None:
-        """``http``: the writes go on the event loop (no thread). Without it (the
-        controller's client transport, for a configuration ``http`` does not speak) they
-        block in ``executor``'s threads (the caller's own pool for its writes, so Events
-        keep pace with them; None: ``asyncio.to_thread``'s) through ``api_client``."""
-        if http is None and api_client is None:
-            raise ValueError("EventRecorder needs http (or an api_client to write in threads)")
-        self._api = api_client
-        self._executor = executor
         self._http = http
         self.component = component
         self.instance = instance
@@ -370,22 +354,8 @@ class EventRecorder:
     async def _request(
         self, method: str, path: str, body: JsonObj, content_type: str = "application/json"
     ) -> None:
-        """On the loop (``http``), else in a thread; raises ``ApiError``."""
-        if self._http is not None:
-            await self._http.send_json(method, path, body, content_type=content_type)
-        elif self._executor is None:
-            await asyncio.to_thread(self._send, method, path, body, content_type)
-        else:
-            await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._send, method, path, body, content_type
-            )
-
-    def _send(
-        self, method: str, path: str, body: JsonObj, content_type: str = "application/json"
-    ) -> None:
-        assert self._api is not None  # checked in __init__: no http, an api_client
-        with translate_api_errors(f"{method} {path}"):
-            request_json(self._api, method, path, body=body, content_type=content_type)
+        """One write on the loop; raises ``ApiError``."""
+        await self._http.send_json(method, path, body, content_type=content_type)
 
     def _refused(self, err: ApiError) -> None:
         if self._forbidden:

@@ -25,7 +25,8 @@ refresh them, which may run a kubeconfig's exec plugin), the TLS settings
 ``tls_server_name``) and the proxy (``proxy``, ``no_proxy``, ``proxy_headers``).
 Configurations it does not speak (a SOCKS proxy, socket options, ``assert_hostname``,
 custom retries; none of them set by the driver's own loaders) get None from
-:meth:`ApiTransport.for_client`, and the caller keeps the client's own transport.
+:meth:`ApiTransport.for_client`, and :func:`api_transport`, which every driver process
+builds its transport with, refuses them at start by name: there is no other transport.
 
 Connections are kept open between requests (aiohttp's pool; an idle one is closed
 after :data:`KEEPALIVE_S`). A request whose connection the server closed before any
@@ -144,8 +145,8 @@ class ApiTransport:
         content_type: str = "application/json",
         timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     ) -> JsonObj:
-        """One request, its answer parsed as a JSON object; raises ``ApiError`` as
-        :func:`~dra_driver.k8s.watch.send_json` does (``ApiConflictError`` on 409...)."""
+        """One request, its answer parsed as a JSON object; raises ``ApiError``
+        (``ApiConflictError`` on 409...: :func:`~dra_driver.k8s.errors.translate_api_errors`)."""
         what = what or f"{method} {path}"
         payload = None if body is None else encode_body(body)
         with translate_api_errors(what):

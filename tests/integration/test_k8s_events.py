@@ -198,7 +198,7 @@ def test_controller_wrapper_keeps_its_api(fake_kube: FakeKubeApi, api: ApiTransp
     assert obj["involvedObject"]["resourceVersion"] == "7"
     assert obj["source"] == {"component": COMPONENT}
     clock = Clock()
-    ctl = ClaimEventRecorder(None, interval_s=60, clock=clock, http=api)
+    ctl = ClaimEventRecorder(api, interval_s=60, clock=clock)
     assert ctl.should_send(claim, "CannotAllocate", "x")
     assert not ctl.should_send(claim, "CannotAllocate", "x")
     run_checked(ctl.record(claim, "Allocated", "gpu-0"))

@@ -6,6 +6,7 @@ from typing import Any
 
 from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.informer import CLAIMS, Informer
+from tests.support.transport import UNUSED_HOST, transport_to
 
 JsonObj = dict[str, Any]
 
@@ -15,7 +16,7 @@ def claim(version: int, uid: str = "u1") -> JsonObj:
 
 
 def cache_over(*seen: JsonObj) -> tuple[AssumeCache, Informer]:
-    informer = Informer(None, CLAIMS)
+    informer = Informer(transport_to(UNUSED_HOST), CLAIMS)
     for obj in seen:
         informer.objects.put(obj["metadata"]["uid"], obj)
     return AssumeCache(informer), informer
