@@ -114,7 +114,7 @@ class ApiTransport:
         cls, api_client: Any, *, max_connections: int = DEFAULT_MAX_CONNECTIONS
     ) -> ApiTransport | None:
         """The loop transport for the official client's configuration; None where it
-        does not speak that configuration (the caller keeps the client's transport)."""
+        does not speak that configuration (:func:`api_transport` refuses it by name)."""
         configuration = getattr(api_client, "configuration", None)
         auth_headers = getattr(api_client, "auth_headers", None)
         if configuration is None or auth_headers is None:
