@@ -5,9 +5,7 @@ record (:mod:`.inflight`): ``WRITING`` before it is sent, ``WRITTEN`` with its a
 :class:`~dra_driver.k8s.event_queue.WriteLane` from before it is sent to its answer:
 the Events give way to it.
 
-The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`) when the
-client's configuration allows it, else through the official client's transport in
-the write threads. A claim's finalizer and allocation go one after the other when
+The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`). A claim's finalizer and allocation go one after the other when
 nothing makes the allocation wait (:meth:`ClaimWriter.allocate`), as one write of the
 in-flight record. The watch shows the finalizer's write before the loop has its
 answer; such an echo of a claim ``WRITING`` is not queued: a change by anyone else
@@ -21,12 +19,9 @@ turn comes as :class:`AllocationTurn`, and what it reads of the caches comes thr
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
 from dra_driver.allocator import Allocation
 from dra_driver.base.errors import ApiError, ApiNotFoundError
@@ -44,9 +39,7 @@ from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.transport import ApiTransport
-from dra_driver.k8s.watch import MERGE_PATCH, send_json
-
-_T = TypeVar("_T")
+from dra_driver.k8s.watch import MERGE_PATCH
 
 
 def claim_path(claim: JsonObj, status: bool = False) -> str:
@@ -69,43 +62,28 @@ class AllocationTurn(Protocol):
 class ClaimWriter:
     def __init__(
         self,
-        api_client: Any,
-        writer: ThreadPoolExecutor,
+        http: ApiTransport,
         inflight: InFlight,
         events: ClaimEventRecorder,
         *,
         lane: WriteLane | None = None,
         missed: Callable[[str], None] = lambda uid: None,
-        http: ApiTransport | None = None,
     ) -> None:
         """``missed(uid)``: a change of the claim came while its writes were in flight
-        and is newer than their answer (the caller queues the claim). ``http``: the
-        patches are sent on the loop (None: in the write threads)."""
-        self._api = api_client
+        and is newer than their answer (the caller queues the claim)."""
         self._http = http
         self.lane = lane if lane is not None else WriteLane()
-        self._writer = writer
         self._inflight = inflight
         self._events = events
         self._missed = missed
         self.writes = 0
         """Claim writes sent and answered (tests, the benchmark)."""
 
-    async def _call(self, call: Callable[[], _T]) -> _T:
-        """``call`` in one of the write threads."""
-        with self.lane.held():
-            return await asyncio.get_running_loop().run_in_executor(self._writer, call)
-
     async def get(self, claim: JsonObj) -> JsonObj | None:
         """The claim as the API server has it now (after a conflict); None once gone."""
         try:
-            if self._http is not None:
-                with self.lane.held():
-                    fresh = await self._http.send_json("GET", claim_path(claim))
-            else:
-                fresh = await self._call(
-                    functools.partial(send_json, self._api, "GET", claim_path(claim))
-                )
+            with self.lane.held():
+                fresh = await self._http.send_json("GET", claim_path(claim))
         except ApiNotFoundError:
             return None
         self._inflight.refreshed(fresh)
@@ -235,15 +213,9 @@ class ClaimWriter:
         return both
 
     async def _send_patch(self, claim: JsonObj, patch: JsonObj, status: bool) -> JsonObj:
-        """A JSON merge patch of the claim (or its ``/status``), on the loop or in a
-        write thread."""
+        """A JSON merge patch of the claim (or its ``/status``), on the loop."""
         path = claim_path(claim, status)
-        if self._http is not None:
-            return await self._http.send_json("PATCH", path, patch, content_type=MERGE_PATCH)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._writer,
-            functools.partial(send_json, self._api, "PATCH", path, patch, content_type=MERGE_PATCH),
-        )
+        return await self._http.send_json("PATCH", path, patch, content_type=MERGE_PATCH)
 
     async def _refusable(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj | None:
         """A metadata patch that the claim may refuse for good: its answer, or None.

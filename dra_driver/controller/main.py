@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dra_driver.base.errors import ApiError
@@ -80,7 +79,7 @@ Work = Callable[[], Coroutine[Any, Any, object]]
 class Controller:
     """The controller's tasks around its two halves, given their collaborators: the
     caches (their informers each telling ``router``), the claim processor, the work
-    queue, the Event recorder, the leader elector, the metrics and the write threads."""
+    queue, the Event recorder, the leader elector, the metrics and the API transport."""
 
     def __init__(
         self,
@@ -93,10 +92,11 @@ class Controller:
         events: ClaimEventRecorder,
         elector: LeaderElector,
         metrics: ControllerMetrics,
-        writer: ThreadPoolExecutor,
-        http: ApiTransport | None = None,
+        http: ApiTransport,
     ) -> None:
-        """``http``: the transport the requests go on (None: ``writer``'s threads)."""
+        """``http``: every request of the controller's own (the claims' reads and
+        patches; the informers, the Lease and the Events have it too): closed by
+        :meth:`close`."""
         self.config = config
         self.caches = caches
         self.router = router
@@ -108,8 +108,6 @@ class Controller:
         self.events = events
         self.elector = elector
         self.metrics = metrics
-        self._writer = writer
-        """The threads the claims' writes block in (shut down by :meth:`close`)."""
         self._http = http
 
     @property
@@ -131,13 +129,10 @@ class Controller:
         return work
 
     async def close(self) -> None:
-        """After the background tasks: wake whoever waits on the queue; the write
-        threads end with the writes they have (each bounded by the client's timeout)."""
+        """After the background tasks: wake whoever waits on the queue; close the kept
+        connections to the API server."""
         self.queue.close()
-        self._writer.shutdown(wait=False)
-        if self._http is not None:
-            await self._http.close()
-        self.events.close()
+        await self._http.close()
 
     async def synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))

@@ -6,8 +6,7 @@ allocation handled as the two-step writes handle them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from dra_driver.controller import claim_writes
 from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.inflight import InFlight, Phase
 from dra_driver.controller.informer import CLAIMS, Informer
+from tests.support.transport import UNUSED_HOST, transport_to
 
 JsonObj = dict[str, Any]
 
@@ -30,25 +30,20 @@ def claim(version: int, **extra: Any) -> JsonObj:
 
 
 class Api:
-    """Answers the PATCHes in order; an exception in ``answers`` is raised instead."""
+    """The transport's ``send_json``: answers the PATCHes in order, each a moment later
+    (in flight meanwhile); an exception in ``answers`` is raised instead."""
 
     def __init__(self, *answers: JsonObj | Exception) -> None:
         self.answers = list(answers)
         self.sent: list[tuple[str, JsonObj]] = []
 
-    def __call__(self, api: Any, method: str, path: str, body: JsonObj, **_: Any) -> JsonObj:
+    async def send_json(self, method: str, path: str, body: JsonObj, **_: Any) -> JsonObj:
         self.sent.append((path, body))
+        await asyncio.sleep(0.01)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
-
-
-@pytest.fixture
-def pool() -> Iterator[ThreadPoolExecutor]:
-    threads = ThreadPoolExecutor(max_workers=1)
-    yield threads
-    threads.shutdown(wait=True)
 
 
 class Ledger:
@@ -67,16 +62,16 @@ class Ledger:
         self.dropped += 1
 
 
-def writer(pool: ThreadPoolExecutor, missed: list[str]) -> tuple[ClaimWriter, InFlight, list[str]]:
+def writer(api: Api, missed: list[str]) -> tuple[ClaimWriter, InFlight, list[str]]:
     posted: list[str] = []
 
     class Events:
         def post(self, claim: JsonObj, reason: str, message: str, kind: str = "") -> None:
             posted.append(reason)
 
-    inflight = InFlight(Informer(None, CLAIMS), Ledger())
+    inflight = InFlight(Informer(transport_to(UNUSED_HOST), CLAIMS), Ledger())
     return (
-        ClaimWriter(None, pool, inflight, Events(), missed=missed.append),  # type: ignore[arg-type]
+        ClaimWriter(api, inflight, Events(), missed=missed.append),  # type: ignore[arg-type]
         inflight,
         posted,
     )
@@ -93,13 +88,10 @@ def allocate(
     return writes.allocate(base, ALLOCATION, node="node-a")
 
 
-def test_both_writes_in_one_hand_off_the_second_guarded_by_the_first(
-    monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
-) -> None:
+def test_both_writes_in_one_hand_off_the_second_guarded_by_the_first() -> None:
     api = Api(claim(6), claim(7, status={"allocation": {}}))
-    monkeypatch.setattr(claim_writes, "send_json", api)
     missed: list[str] = []
-    writes, inflight, _ = writer(pool, missed)
+    writes, inflight, _ = writer(api, missed)
 
     async def scenario() -> JsonObj:
         task = asyncio.create_task(allocate(writes, inflight, claim(5)))
@@ -121,13 +113,10 @@ def test_both_writes_in_one_hand_off_the_second_guarded_by_the_first(
     assert inflight.phase("u1") is Phase.ECHOED
 
 
-def test_a_change_newer_than_the_answer_seen_meanwhile_is_queued(
-    monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
-) -> None:
+def test_a_change_newer_than_the_answer_seen_meanwhile_is_queued() -> None:
     api = Api(claim(6), claim(7))
-    monkeypatch.setattr(claim_writes, "send_json", api)
     missed: list[str] = []
-    writes, inflight, _ = writer(pool, missed)
+    writes, inflight, _ = writer(api, missed)
 
     async def scenario() -> None:
         task = asyncio.create_task(allocate(writes, inflight, claim(5)))
@@ -139,35 +128,26 @@ def test_a_change_newer_than_the_answer_seen_meanwhile_is_queued(
     assert missed == ["u1"]
 
 
-def test_a_refused_finalizer_still_allocates_with_an_event(
-    monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
-) -> None:
+def test_a_refused_finalizer_still_allocates_with_an_event() -> None:
     api = Api(ApiError("field is immutable", status=422), claim(6))
-    monkeypatch.setattr(claim_writes, "send_json", api)
-    writes, inflight, posted = writer(pool, [])
+    writes, inflight, posted = writer(api, [])
     assert asyncio.run(allocate(writes, inflight, claim(5))) == claim(6)
     assert api.sent[1][1]["metadata"]["resourceVersion"] == "5"  # on the claim as it was
     assert posted == ["MetadataWriteRefused"] and writes.writes == 1
 
 
-def test_a_failed_allocation_raises_after_the_finalizer_is_assumed(
-    monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
-) -> None:
+def test_a_failed_allocation_raises_after_the_finalizer_is_assumed() -> None:
     api = Api(claim(6), ApiConflictError("conflict", status=409))
-    monkeypatch.setattr(claim_writes, "send_json", api)
-    writes, inflight, _ = writer(pool, [])
+    writes, inflight, _ = writer(api, [])
     with pytest.raises(ApiConflictError):
         asyncio.run(allocate(writes, inflight, claim(5)))
     assert inflight.current("u1") == claim(6) and writes.writes == 1
     assert inflight.phase("u1") is Phase.FAILED and not inflight.holds
 
 
-def test_another_failure_of_the_finalizer_writes_nothing_more(
-    monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
-) -> None:
+def test_another_failure_of_the_finalizer_writes_nothing_more() -> None:
     api = Api(ApiError("unavailable", status=503))
-    monkeypatch.setattr(claim_writes, "send_json", api)
-    writes, inflight, _ = writer(pool, [])
+    writes, inflight, _ = writer(api, [])
     with pytest.raises(ApiError):
         asyncio.run(allocate(writes, inflight, claim(5)))
     assert len(api.sent) == 1 and writes.writes == 0
