@@ -5,12 +5,13 @@ record (:mod:`.inflight`): ``WRITING`` before it is sent, ``WRITTEN`` with its a
 :class:`~dra_driver.k8s.event_queue.WriteLane` from before it is sent to its answer:
 the Events give way to it.
 
-The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`). A claim's finalizer and allocation go one after the other when
-nothing makes the allocation wait (:meth:`ClaimWriter.allocate`), as one write of the
-in-flight record. The watch shows the finalizer's write before the loop has its
-answer; such an echo of a claim ``WRITING`` is not queued: a change by anyone else
-meanwhile makes the guarded allocation write fail (409, and the claim is read again),
-and one after it is newer than the allocation's answer, and the claim is queued then.
+The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`). A claim's
+finalizer and allocation go one after the other when nothing makes the allocation
+wait (:meth:`ClaimWriter.allocate`), as one write of the in-flight record. The watch
+shows the finalizer's write before the loop has its answer; such an echo of a claim
+``WRITING`` is not queued: a change by anyone else meanwhile makes the guarded
+allocation write fail (409, and the claim is read again), and one after it is newer
+than the allocation's answer, and the claim is queued then.
 
 This module knows neither the worker nor the informer (an import contract): a claim's
 turn comes as :class:`AllocationTurn`, and what it reads of the caches comes through

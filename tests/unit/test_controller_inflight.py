@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,7 +17,6 @@ from prometheus_client import generate_latest
 
 from dra_driver.allocator import Allocation, SelectorCache
 from dra_driver.base.errors import ApiConflictError, ApiNotFoundError
-from dra_driver.controller import claim_writes
 from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.inflight import HELD, TRANSITIONS, InFlight, Phase
 from dra_driver.controller.informer import CLAIMS, Informer
@@ -27,6 +24,7 @@ from dra_driver.controller.ledger_cache import LedgerCache, Sources
 from dra_driver.controller.metrics import PREFIX, ControllerMetrics
 from dra_driver.core.claim_shape import is_allocated
 from tests.support.allocator import CLASSES, DRIVER, claim, request, slices
+from tests.support.transport import UNUSED_HOST, transport_to
 
 JsonObj = dict[str, Any]
 GI = 2**30
@@ -38,7 +36,7 @@ class World:
     """The informer's claims, the allocator's state kept across claims, the records."""
 
     def __init__(self) -> None:
-        self.informer = Informer(None, CLAIMS)
+        self.informer = Informer(transport_to(UNUSED_HOST), CLAIMS)
         self.slices = slices("h100-80gb:2")
         self.ledger = LedgerCache(
             DRIVER,
@@ -233,36 +231,27 @@ def test_a_move_not_in_the_table_is_refused_logged_and_counted(
 
 
 class BlockedApi:
-    """A PATCH that hangs until released (the API server slow to answer)."""
+    """The transport's ``send_json``: a PATCH that hangs until released (the API server
+    slow to answer)."""
 
     def __init__(self) -> None:
-        self.sent = threading.Event()
-        self.release = threading.Event()
+        self.sent = asyncio.Event()
+        self.release = asyncio.Event()
 
-    def __call__(self, api: Any, method: str, path: str, body: JsonObj, **_: Any) -> JsonObj:
+    async def send_json(self, method: str, path: str, body: JsonObj, **_: Any) -> JsonObj:
         self.sent.set()
-        self.release.wait(10)
+        await asyncio.wait_for(self.release.wait(), 10)
         raise ApiConflictError("too late", status=409)
 
 
-@pytest.fixture
-def pool() -> Iterator[ThreadPoolExecutor]:
-    threads = ThreadPoolExecutor(max_workers=1)
-    yield threads
-    threads.shutdown(wait=True)
-
-
-def test_leadership_lost_mid_write_gives_the_hold_back(
-    world: World, pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_leadership_lost_mid_write_gives_the_hold_back(world: World) -> None:
     api = BlockedApi()
-    monkeypatch.setattr(claim_writes, "send_json", api)
 
     class Events:
         def post(self, claim: JsonObj, reason: str, message: str, kind: str = "") -> None:
             pass
 
-    writer = ClaimWriter(None, pool, world.inflight, Events())  # type: ignore[arg-type]
+    writer = ClaimWriter(api, world.inflight, Events())  # type: ignore[arg-type]
     base = world.claim("a", 1)
     world.show(base)
     allocation = world.decide("a")
@@ -277,10 +266,7 @@ def test_leadership_lost_mid_write_gives_the_hold_back(
         with pytest.raises(asyncio.CancelledError):
             await write
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        api.release.set()
+    asyncio.run(scenario())
     assert world.inflight.phase("a") is Phase.FAILED and world.held() == 0
     assert not world.inflight.refused
 
