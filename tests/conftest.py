@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
 from tests.support.chart import chart_api
 from tests.support.fakekube import FakeKubeApi
 from tests.support.leaks import leaked_threads, watching_asyncio_run
+from tests.support.transport import close_made
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -29,6 +34,25 @@ def fake_kube(request: pytest.FixtureRequest) -> Iterator[FakeKubeApi]:
         api = chart_api(values, **marker.kwargs)
     with api:
         yield api
+
+
+@pytest.fixture(autouse=True)
+def _transports_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``asyncio.run`` of a test ends by closing the connections that the API
+    transports of ``tests/support/transport.py`` keep on its loop (a driver process
+    closes its own transport on its loop; a test may share one across runs)."""
+    real_run = asyncio.run
+
+    def run(main: Coroutine[Any, Any, T], **kwargs: Any) -> T:
+        async def closing() -> T:
+            try:
+                return await main
+            finally:
+                await close_made()
+
+        return real_run(closing(), **kwargs)
+
+    monkeypatch.setattr(asyncio, "run", run)
 
 
 @pytest.fixture(autouse=True)

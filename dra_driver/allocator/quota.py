@@ -10,7 +10,7 @@ namespace that the allocator is shown, result by result on the driver's
 controller-managed devices: a share its consumed memory, a whole device (a result
 without shareID) the device's memory, an ``adminAccess`` result nothing. The
 controller shows the allocator every allocated claim it knows: those on the watch,
-its own writes not yet seen there (the assume cache), and claims being deleted
+its own writes not yet seen there (its in-flight records), and claims being deleted
 until their allocation is gone. A claim is refused when its memory (as it would be
 consumed, after the request policy's rounding) added to what the namespace holds
 exceeds the quota; the reason names the namespace, the quota, the memory used and

@@ -1,8 +1,10 @@
 """The allocation controller's composition root: its object graph and its tasks.
 
-:func:`build_controller` builds the graph by constructor injection (the API
-client, an informer per kind, the work queue, the Event recorder, the leader
-elector and the metrics, handed to the :class:`~dra_driver.controller.Controller`);
+:func:`build_controller` builds the graph by constructor injection: the caches (an
+informer per kind, each telling the change router), the change router (events ->
+caches and queue), the claim processor (decide, write) with the claim writer, the
+work queue, the Event recorder, the leader elector and the metrics, handed to the
+:class:`~dra_driver.controller.Controller` that runs them;
 :func:`serve` runs its background tasks in one :class:`asyncio.TaskGroup`
 (:func:`~dra_driver.app.tasks.supervise`): they must live as long as the
 controller, so one that fails or returns stops them all and the controller with
@@ -19,20 +21,32 @@ import logging
 import signal
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dra_driver.app.heap import settle_heap
 from dra_driver.app.tasks import BackgroundTaskFailed, first_of, supervise
 from dra_driver.controller import Controller, ControllerConfig
+from dra_driver.controller.caches import ControllerCaches, Informers
+from dra_driver.controller.claim_writes import ClaimWriter
 from dra_driver.controller.events import ClaimEventRecorder
-from dra_driver.controller.informer import ChangeHandler, Informer, KindPath
+from dra_driver.controller.informer import (
+    CLAIMS,
+    CLASSES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SLICES,
+    Informer,
+    KindPath,
+)
 from dra_driver.controller.leader import LeaderElector, LoopLeaseApi
 from dra_driver.controller.metrics import ControllerMetrics
+from dra_driver.controller.processing import ClaimProcessor
 from dra_driver.controller.queue import WorkQueue
+from dra_driver.controller.routing import ChangeRouter
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.event_queue import WriteLane
-from dra_driver.k8s.transport import ApiTransport
+from dra_driver.k8s.transport import api_transport
 from dra_driver.observability.metrics_server import serve_metrics
 
 __all__ = ["BackgroundTaskFailed", "build_controller", "run", "run_controller", "serve"]
@@ -51,49 +65,57 @@ def build_controller(
 ) -> Controller:
     """The controller and its collaborators, against ``api_client``."""
 
-    # Every request on the loop where the configuration allows (no thread hand-off,
-    # a third of the CPU per write); else through the client's transport in threads.
-    http = ApiTransport.for_client(api_client)
-    log.info(
-        "API requests: %s",
-        "on the event loop" if http is not None else "in threads (the client's transport)",
-    )
+    # Every request on the loop (no thread hand-off, a third of the CPU per write); a
+    # configuration the loop transport does not speak is refused here, by name
+    # (ConfigError: ``dra-driver controller`` exits 2 before it serves).
+    http = api_transport(api_client)
 
-    def informer(kind: KindPath, on_change: ChangeHandler) -> Informer:
-        return Informer(
-            api_client,
-            kind,
-            on_change=on_change,
-            read_timeout_s=config.read_timeout_s,
-            transport=http,
-        )
+    def informer(kind: KindPath) -> Informer:
+        return Informer(http, kind, read_timeout_s=config.read_timeout_s)
 
-    # Threads for the claims' writes where the loop transport above is not used
-    # (and a claim's GET after a conflict): as many as may be in flight
-    # (``asyncio.to_thread``'s pool has CPUs + 4, shared with everything else).
-    writer = ThreadPoolExecutor(
-        max_workers=max(1, config.write_concurrency), thread_name_prefix="controller-write"
+    queue = WorkQueue()
+    informers = Informers(
+        claims=informer(CLAIMS),
+        pods=informer(PODS),
+        slices=informer(SLICES),
+        classes=informer(CLASSES),
+        nodes=informer(NODES),
+        namespaces=informer(NAMESPACES),
     )
+    metrics = ControllerMetrics()
+    caches = ControllerCaches(config.driver_name, informers, on_refused=metrics.move_refused)
+    router = ChangeRouter(caches, queue)
+    router.listen(informers)
 
     # The Events: one sender behind the claim writes (the lane).
     lane = WriteLane()
-    metrics = ControllerMetrics()
     events = ClaimEventRecorder(
-        api_client,
+        http,
         interval_s=config.event_interval_s,
         queued=True,
         lane=lane,
         on_drop=metrics.event_dropped,
-        http=http,
+    )
+    writes = ClaimWriter(http, caches.inflight, events, lane=lane, missed=queue.add)
+    processor = ClaimProcessor(
+        config,
+        caches,
+        writes,
+        events=events,
+        queue=queue,
+        metrics=metrics,
+        freed=lambda: router.enqueue_ours(pending_only=True),
+        share_id=share_id,
     )
     return Controller(
         config,
-        api_client,
-        informer=informer,
-        queue=WorkQueue(),
+        caches,
+        router,
+        processor,
+        queue=queue,
         events=events,
         elector=LeaderElector(
-            api_client,
+            LoopLeaseApi(http, config.lease_namespace, config.lease_name),
             name=config.lease_name,
             namespace=config.lease_namespace,
             identity=config.identity,
@@ -101,16 +123,8 @@ def build_controller(
             renew_deadline_s=config.renew_deadline_s,
             renew_interval_s=config.renew_interval_s,
             retry_interval_s=config.retry_interval_s,
-            lease_api=(
-                LoopLeaseApi(http, config.lease_namespace, config.lease_name)
-                if http is not None
-                else None
-            ),
         ),
         metrics=metrics,
-        writer=writer,
-        lane=lane,
-        share_id=share_id,
         http=http,
     )
 
@@ -170,9 +184,7 @@ async def run_controller(
     walked by a collection again), and collect the youngest generation less often
     (:data:`YOUNG_GC_THRESHOLD`)."""
     if api_client is None:
-        # The writes in flight, a watch per informer, the Lease and the Events' counts.
-        pool = config.write_concurrency + 10
-        api_client = make_api_client(config.kubeconfig, config.host, pool_size=pool)
+        api_client = make_api_client(config.kubeconfig, config.host)
     api = api_client
     if stop is None:
         stop = asyncio.Event()

@@ -1,8 +1,9 @@
 """``dra-driver kubelet-plugin``: the kubelet plugin against the API server, until a signal.
 
-:func:`run_plugin` makes what reaches the cluster (the API client, the claim
-source, the slice publisher, claim status and Events, the pod annotator of the
-disruption guard, the metrics endpoint), hands them to
+:func:`run_plugin` makes what reaches the cluster (the API transport, with every
+request on the event loop and none in a thread; the claim source, the slice
+publisher, claim status and Events, the pod annotator of the disruption guard, the
+metrics endpoint), hands them to
 :func:`~dra_driver.app.plugin.start_plugin` as :class:`~dra_driver.app.plugin.PluginParts`
 and serves until a signal, with the start-up checks beside it.
 """
@@ -36,6 +37,7 @@ from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.nodes import read_node
 from dra_driver.k8s.pods import PodApi
 from dra_driver.k8s.publisher import SlicePublisher
+from dra_driver.k8s.transport import ApiTransport, api_transport
 from dra_driver.observability.metrics_server import MetricsServer, new_registry, serve_metrics
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
@@ -45,6 +47,7 @@ __all__ = [
     "ClusterOptions",
     "GuardSettings",
     "claim_reporter",
+    "closing",
     "guard_options",
     "run_plugin",
     "run_with_startup_checks",
@@ -74,8 +77,8 @@ class GuardSettings:
     interval_s: float
 
 
-ReporterFactory = Callable[[Any, str, str, CallActivity], ClaimReporter]
-"""(API client, driver name, node name, calls in flight) → claim status and Events."""
+ReporterFactory = Callable[[ApiTransport, str, str, CallActivity], ClaimReporter]
+"""(API transport, driver name, node name, calls in flight) → claim status and Events."""
 
 
 def run_plugin(
@@ -91,25 +94,22 @@ def run_plugin(
     background task dies). ``disruption_guard`` None: off."""
 
     registry = new_registry("kubelet-plugin") if options.metrics_port else None
-    api_client = make_api_client(options.kubeconfig)
-    claims = KubernetesClaimSource(api_client)
-    publisher = SlicePublisher(
-        api_client, driver_name=config.driver_name, node_name=config.node_name
-    )
+    # Refuses (ConfigError) a configuration the loop transport does not speak.
+    http = api_transport(make_api_client(options.kubeconfig))
+    claims = KubernetesClaimSource(http)
+    publisher = SlicePublisher(http, driver_name=config.driver_name, node_name=config.node_name)
     slices = SliceOptions(
         publisher=publisher,
-        probe=functools.partial(
-            probe_capabilities, api_client, config.driver_name, config.node_name
-        ),
+        probe=functools.partial(probe_capabilities, http, config.driver_name, config.node_name),
     )
     server: MetricsServer | None = None
     try:
         if registry is not None:
             server = serve_metrics(options.metrics_port, registry, options.metrics_address)
         activity = CallActivity()
-        reporter = reporting(api_client, config.driver_name, config.node_name, activity)
+        reporter = reporting(http, config.driver_name, config.node_name, activity)
         guard = (
-            guard_options(api_client, config.node_name, disruption_guard, reporter)
+            guard_options(http, config.node_name, disruption_guard, reporter)
             if disruption_guard is not None
             else None
         )
@@ -125,17 +125,25 @@ def run_plugin(
         )
         check = functools.partial(
             check_extended_resources,
-            functools.partial(read_node, api_client, config.node_name),
+            functools.partial(read_node, http, config.node_name),
             node_name=config.node_name,
             names=options.extended_resource_names,
             events=reporter.events,
         )
-        asyncio.run(run_with_startup_checks(functools.partial(start_plugin, parts), check))
+        asyncio.run(
+            closing(http, run_with_startup_checks(functools.partial(start_plugin, parts), check))
+        )
     finally:
         if server is not None:
             server.stop()
-        claims.close()
-        publisher.close()
+
+
+async def closing(http: ApiTransport, main: Awaitable[None]) -> None:
+    """``main``, then the transport's kept connections closed (on the loop they are of)."""
+    try:
+        await main
+    finally:
+        await http.close()
 
 
 async def run_with_startup_checks(
@@ -154,12 +162,12 @@ async def run_with_startup_checks(
 
 
 def guard_options(
-    api_client: Any, node_name: str, settings: GuardSettings, reporting: ClaimReporter
+    http: ApiTransport, node_name: str, settings: GuardSettings, reporting: ClaimReporter
 ) -> GuardOptions:
     """The disruption guard of ``settings``: it annotates this node's pods through
-    ``api_client``, its warnings are Events through ``reporting``."""
+    ``http``, its warnings are Events through ``reporting``."""
     return GuardOptions(
-        PodApi(api_client, node_name),
+        PodApi(http, node_name),
         mode=settings.mode,
         interval_s=settings.interval_s,
         events=reporting.events,
@@ -167,7 +175,7 @@ def guard_options(
 
 
 def claim_reporter(
-    api_client: Any,
+    http: ApiTransport,
     driver_name: str,
     node_name: str,
     *,
@@ -179,14 +187,14 @@ def claim_reporter(
     recorder; ``activity``: the plugin's calls in flight (status writes wait for a lull)."""
 
     events = EventRecorder(
-        api_client,
+        http,
         component=COMPONENT,
         instance=node_name,
         interval_s=event_interval_s,
         aggregate=True,
     )
     status = (
-        ClaimStatusWriter(api_client, driver_name=driver_name, node_name=node_name)
+        ClaimStatusWriter(http, driver_name=driver_name, node_name=node_name)
         if claim_status
         else None
     )

@@ -25,6 +25,7 @@ from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DE
 
 if TYPE_CHECKING:  # the plugin's own modules load when it runs, not for every subcommand
     from dra_driver.app.plugin_daemon import GuardSettings
+    from dra_driver.k8s.transport import ApiTransport
     from dra_driver.plugin.activity import CallActivity
     from dra_driver.plugin.claim_reporting import ClaimReporter
 
@@ -277,7 +278,7 @@ def _plugin_backend(args: argparse.Namespace, node_name: str, plugin_dir: str) -
 
 def claim_reporting(
     args: argparse.Namespace,
-    api_client: Any,
+    http: ApiTransport,
     driver_name: str,
     node_name: str,
     activity: CallActivity | None = None,
@@ -287,7 +288,7 @@ def claim_reporting(
     from dra_driver.app.plugin_daemon import claim_reporter
 
     return claim_reporter(
-        api_client,
+        http,
         driver_name,
         node_name,
         event_interval_s=parse_seconds(args.event_interval, "--event-interval"),

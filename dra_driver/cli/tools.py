@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.base.errors import ConfigError
 from dra_driver.cli.flags import (
@@ -20,6 +20,10 @@ from dra_driver.cli.flags import (
     parse_non_negative,
 )
 from dra_driver.plugin.defaults import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR
+
+if TYPE_CHECKING:
+    from dra_driver.k8s.publisher import SlicePublisher
+    from dra_driver.k8s.transport import ApiTransport
 
 
 def render_parser(sub: Any) -> None:
@@ -197,29 +201,36 @@ def cleanup_parser(sub: Any) -> None:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from dra_driver.core.cdi import cdi_kind_for_driver
     from dra_driver.plugin.cdi_store import CdiStore
-    from dra_driver.plugin.cleanup import cleanup_node
+    from dra_driver.plugin.cleanup import CleanupReport, cleanup_node
 
     plugin_dir = args.plugin_dir or os.path.join(DEFAULT_PLUGINS_DIR, args.driver_name)
     node_name = args.node_name or ""
-    publisher = None
+    publisher: SlicePublisher | None = None
+    http: ApiTransport | None = None
     if args.kubeconfig != "none":
         if not node_name:
             raise ConfigError("--node-name (NODE_NAME) is required to delete the node's slices")
         from dra_driver.k8s.client import make_api_client
         from dra_driver.k8s.publisher import SlicePublisher
+        from dra_driver.k8s.transport import api_transport
 
-        publisher = SlicePublisher(
-            make_api_client(args.kubeconfig), driver_name=args.driver_name, node_name=node_name
-        )
-    report = asyncio.run(
-        cleanup_node(
-            checkpoint_path=os.path.join(plugin_dir, "checkpoint.json"),
-            cdi=CdiStore(args.cdi_root, cdi_kind_for_driver(args.driver_name)),
-            backend=make_backend(args, node_name or "node"),
-            mps_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
-            publisher=publisher,
-        )
-    )
+        http = api_transport(make_api_client(args.kubeconfig))
+        publisher = SlicePublisher(http, driver_name=args.driver_name, node_name=node_name)
+
+    async def cleanup() -> CleanupReport:
+        try:
+            return await cleanup_node(
+                checkpoint_path=os.path.join(plugin_dir, "checkpoint.json"),
+                cdi=CdiStore(args.cdi_root, cdi_kind_for_driver(args.driver_name)),
+                backend=make_backend(args, node_name or "node"),
+                mps_socket=args.mps_agent_socket or os.path.join(plugin_dir, "mps-agent.sock"),
+                publisher=publisher,
+            )
+        finally:
+            if http is not None:
+                await http.close()
+
+    report = asyncio.run(cleanup())
     print(
         f"MIG instances destroyed: {len(report.mig_destroyed)}, MPS shares released: "
         f"{len(report.shares_released)}, CDI specs removed: {len(report.cdi_specs_removed)}, "

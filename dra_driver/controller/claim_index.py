@@ -3,10 +3,9 @@ a claim's decision scans every object of the other kind.
 
 A pod names its claims in ``spec.resourceClaims[].resourceClaimName`` and, for claims
 made from a template, in ``status.resourceClaimStatuses[].resourceClaimName``; a
-template's claim also names its pod among its ``ownerReferences``. The index holds
-these names (a superset of the pairs :func:`~dra_driver.controller.reconcile.pod_uses`
-accepts, which callers still apply): scanning all pods per claim and all claims per pod
-made the controller's work grow with the square of the claims.
+template's claim also names its pod among its ``ownerReferences``. :func:`pod_uses` is
+that rule, and the index holds exactly the pairs it accepts: scanning all pods per claim
+and all claims per pod made the controller's work grow with the square of the claims.
 """
 
 from __future__ import annotations
@@ -22,11 +21,6 @@ NameKey = tuple[str, str]
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
-
-
-def _uid(obj: Mapping[str, Any]) -> str:
-    meta = _meta(obj)
-    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
 
 
 def claims_named_by(pod: Mapping[str, Any]) -> set[NameKey]:
@@ -52,6 +46,13 @@ def _claim_key(claim: Mapping[str, Any]) -> NameKey:
     return (claim_shape.namespace(claim) or "default", claim_shape.name(claim))
 
 
+def pod_uses(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` may use ``claim``: it names the claim (:func:`claims_named_by`) or
+    the claim names it as an owner (a claim made from the pod's template). The pairs the
+    index holds are exactly these."""
+    return _claim_key(claim) in claims_named_by(pod) or claim_shape.key(pod) in owner_pods(claim)
+
+
 class ClaimPodIndex:
     def __init__(self) -> None:
         self._pods_naming: dict[NameKey, set[str]] = {}
@@ -75,7 +76,7 @@ class ClaimPodIndex:
             self.pod_changed(pod)
 
     def pod_changed(self, pod: Mapping[str, Any]) -> None:
-        uid = _uid(pod)
+        uid = claim_shape.key(pod)
         self.pod_gone(uid)
         keys = claims_named_by(pod)
         if keys:
@@ -128,7 +129,7 @@ class ClaimPodIndex:
     def claims_of(self, pod: Mapping[str, Any]) -> set[str]:
         """UIDs of the claims ``pod`` may use: those it names, those it owns."""
         found = {uid for key in claims_named_by(pod) if (uid := self._claim_by_key.get(key))}
-        return found | self._claims_owned.get(_uid(pod), set())
+        return found | self._claims_owned.get(claim_shape.key(pod), set())
 
     def pods_of(self, claim: Mapping[str, Any]) -> set[str]:
         """UIDs of the pods that may use ``claim``: those that name it, its owners."""

@@ -1,128 +1,138 @@
-"""The controller's reads and writes of claims; every answer is assumed
-(:mod:`.assume`), so the next decision sees it before the watch does. Each holds the
+"""The controller's reads and writes of claims. Each write moves the claim's in-flight
+record (:mod:`.inflight`): ``WRITING`` before it is sent, ``WRITTEN`` with its answer
+(laid over the informer's copy, so the next decision sees it before the watch does),
+``FAILED`` when it is refused or abandoned. Each holds the
 :class:`~dra_driver.k8s.event_queue.WriteLane` from before it is sent to its answer:
 the Events give way to it.
 
-The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`) when the
-client's configuration allows it, else through the official client's transport in
-the write threads. A claim's finalizer and allocation go one after the other when
-nothing makes the allocation wait (:meth:`ClaimWriter.protect_and_allocate`). The
-watch shows the finalizer's write before the loop has its answer; such an echo of a
-claim with writes in flight is not queued (:meth:`ClaimWriter.echo`): a change by
-anyone else meanwhile makes the guarded allocation write fail (409, and the claim is
-read again), and one after it is newer than the allocation's answer, and the claim
-is queued then.
+The patches are sent on the event loop (:mod:`dra_driver.k8s.transport`). A claim's
+finalizer and allocation go one after the other when nothing makes the allocation
+wait (:meth:`ClaimWriter.allocate`), as one write of the in-flight record. The watch
+shows the finalizer's write before the loop has its answer; such an echo of a claim
+``WRITING`` is not queued: a change by anyone else meanwhile makes the guarded
+allocation write fail (409, and the claim is read again), and one after it is newer
+than the allocation's answer, and the claim is queued then.
+
+This module knows neither the worker nor the informer (an import contract): a claim's
+turn comes as :class:`AllocationTurn`, and what it reads of the caches comes through
+:class:`~.inflight.InFlight`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from dra_driver.allocator import Allocation
 from dra_driver.base.errors import ApiError, ApiNotFoundError
-from dra_driver.controller.assume import AssumeCache
 from dra_driver.controller.events import ClaimEventRecorder
-from dra_driver.controller.informer import resource_version_of, uid_of
+from dra_driver.controller.inflight import InFlight
 from dra_driver.controller.reconcile import (
     FINALIZER,
     PodConsumer,
     allocation_patch,
     finalizer_patch,
 )
-from dra_driver.controller.worker import ClaimSlot
 from dra_driver.core import claim_shape
+from dra_driver.k8s.claims import claim_path as claim_url
 from dra_driver.k8s.event_queue import WriteLane
 from dra_driver.k8s.events import now_rfc3339
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.transport import ApiTransport
-from dra_driver.k8s.watch import MERGE_PATCH, send_json
-
-_T = TypeVar("_T")
+from dra_driver.k8s.watch import MERGE_PATCH
 
 
 def claim_path(claim: JsonObj, status: bool = False) -> str:
+    """The claim's URL (:func:`dra_driver.k8s.claims.claim_path`, its names quoted), or
+    its ``/status``; a claim without a namespace (built by a test) is in ``default``."""
     ref = claim_shape.ref(claim)
-    path = (
-        f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace or 'default'}"
-        f"/resourceclaims/{ref.name}"
-    )
+    path = claim_url(replace(ref, namespace=ref.namespace or "default"))
     return path + "/status" if status else path
+
+
+class AllocationTurn(Protocol):
+    """A claim's place in its batch (:class:`~.worker.ClaimSlot`): its allocation is
+    written once every larger claim started before it has had its own answered."""
+
+    def turn_passed(self) -> bool: ...
+
+    async def wait_turn(self) -> None: ...
 
 
 class ClaimWriter:
     def __init__(
         self,
-        api_client: Any,
-        writer: ThreadPoolExecutor,
-        assumed: AssumeCache,
+        http: ApiTransport,
+        inflight: InFlight,
         events: ClaimEventRecorder,
         *,
         lane: WriteLane | None = None,
         missed: Callable[[str], None] = lambda uid: None,
-        http: ApiTransport | None = None,
     ) -> None:
         """``missed(uid)``: a change of the claim came while its writes were in flight
-        and is newer than their answer (the caller queues the claim). ``http``: the
-        patches are sent on the loop (None: in the write threads)."""
-        self._api = api_client
+        and is newer than their answer (the caller queues the claim)."""
         self._http = http
         self.lane = lane if lane is not None else WriteLane()
-        self._writer = writer
-        self._assumed = assumed
+        self._inflight = inflight
         self._events = events
         self._missed = missed
         self.writes = 0
         """Claim writes sent and answered (tests, the benchmark)."""
-        self._writing: dict[str, int] = {}
-        """Claim UID -> the newest resourceVersion the watch showed while both its
-        writes were in flight (0: none yet)."""
-
-    async def _call(self, call: Callable[[], _T]) -> _T:
-        """``call`` in one of the write threads."""
-        with self.lane.held():
-            return await asyncio.get_running_loop().run_in_executor(self._writer, call)
 
     async def get(self, claim: JsonObj) -> JsonObj | None:
         """The claim as the API server has it now (after a conflict); None once gone."""
         try:
-            if self._http is not None:
-                with self.lane.held():
-                    fresh = await self._http.send_json("GET", claim_path(claim))
-            else:
-                fresh = await self._call(
-                    functools.partial(send_json, self._api, "GET", claim_path(claim))
-                )
+            with self.lane.held():
+                fresh = await self._http.send_json("GET", claim_path(claim))
         except ApiNotFoundError:
             return None
-        self._assumed.assume(fresh)
+        self._inflight.refreshed(fresh)
         return fresh
 
     async def patch(self, claim: JsonObj, patch: JsonObj, *, status: bool = False) -> JsonObj:
-        """A JSON merge patch of the claim (or its ``/status``); the answer is assumed."""
-        with self.lane.held():
-            written = await self._send_patch(claim, patch, status)
-        self.writes += 1
-        self._assumed.assume(written)
+        """A JSON merge patch of the claim (or its ``/status``), as one write of its
+        in-flight record; the answer. Raises what the API server answered."""
+        uid = claim_shape.key(claim)
+        self._inflight.writing(uid)
+        try:
+            written = await self._patch(claim, patch, status)
+        except BaseException as err:
+            self._inflight.failed(uid, err)
+            raise
+        self._written(written)
+        return written
+
+    async def patch_metadata(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj:
+        """:meth:`patch` of the metadata, which the claim may refuse for good
+        (:meth:`_refusable`); then it goes on without, and the claim is returned."""
+        uid = claim_shape.key(claim)
+        self._inflight.writing(uid)
+        try:
+            written = await self._refusable(claim, patch, what)
+        except BaseException as err:
+            self._inflight.failed(uid, err)
+            raise
+        if written is None:
+            self._inflight.failed(uid, "refused for good")
+            return claim
+        self._written(written)
         return written
 
     async def allocate(
         self,
         claim: JsonObj,
         allocation: Allocation,
-        slot: ClaimSlot | None = None,
+        turn: AllocationTurn | None = None,
         *,
+        node: str = "",
         reserve_for: PodConsumer | None = None,
     ) -> JsonObj:
         """The finalizer (unless there), then ``status.allocation`` (and ``reservedFor``
-        = ``reserve_for``, in the same write) once the claim's turn came (``slot``:
-        every larger claim started before it answered); both at once
-        (:meth:`protect_and_allocate`) when the turn already came. The allocation's
-        answer."""
+        = ``reserve_for``, in the same write) once the claim's turn came (``turn``:
+        every larger claim started before it answered); both in one hand-off
+        (:meth:`_protect_and_allocate`) when the turn already came. One write of the
+        claim's in-flight record (decided on ``node``); the allocation's answer."""
         protect, what = finalizer_patch(claim), "the finalizer " + FINALIZER
 
         def status(base: JsonObj) -> JsonObj:
@@ -130,25 +140,37 @@ class ClaimWriter:
                 base, allocation, now_rfc3339(), keep_shares=True, reserve_for=reserve_for
             )
 
-        if protect is not None and (slot is None or slot.turn_passed()):
-            return await self.protect_and_allocate(claim, protect, what, status)
-        if protect is not None:
-            claim = await self.patch_metadata(claim, protect, what)
-        if slot is not None:
-            await slot.wait_turn()
-        return await self.patch(claim, status(claim), status=True)
+        uid = claim_shape.key(claim)
+        self._inflight.writing(uid)
+        try:
+            if protect is not None and (turn is None or turn.turn_passed()):
+                written = await self._protect_and_allocate(claim, protect, what, status)
+            else:
+                if protect is not None:
+                    protected = await self._refusable(claim, protect, what)
+                    claim = protected if protected is not None else claim
+                if turn is not None:
+                    await turn.wait_turn()
+                written = await self._patch(claim, status(claim), True)
+        except BaseException as err:
+            self._inflight.failed(uid, err)
+            raise
+        self._written(written, allocated_on=node)
+        return written
 
-    def echo(self, claim: JsonObj) -> bool:
-        """The watch shows ``claim`` while its writes are in flight: True (not to be
-        queued), and its version is kept to compare with their answer."""
-        uid = uid_of(claim)
-        seen = self._writing.get(uid)
-        if seen is None:
-            return False
-        self._writing[uid] = max(seen, resource_version_of(claim))
-        return True
+    def _written(self, written: JsonObj, *, allocated_on: str | None = None) -> None:
+        if self._inflight.written(written, allocated_on=allocated_on):
+            self._missed(claim_shape.key(written))
 
-    async def protect_and_allocate(
+    async def _patch(self, claim: JsonObj, patch: JsonObj, status: bool) -> JsonObj:
+        """One patch sent and answered, the answer laid over (the claim ``WRITING``)."""
+        with self.lane.held():
+            written = await self._send_patch(claim, patch, status)
+        self.writes += 1
+        self._inflight.answered(written)
+        return written
+
+    async def _protect_and_allocate(
         self,
         claim: JsonObj,
         protect: JsonObj,
@@ -156,28 +178,21 @@ class ClaimWriter:
         allocation_of: Callable[[JsonObj], JsonObj],
     ) -> JsonObj:
         """The metadata patch ``protect`` (the finalizer, ``what``; refused for good as
-        :meth:`patch_metadata` tells), then the ``/status`` patch ``allocation_of(the
-        claim as the first answer shows it)``; both answers are assumed. Raises as
-        :meth:`patch` does."""
-        uid = uid_of(claim)
-        self._writing[uid] = 0
-        try:
-            with self.lane.held():
-                both = await self._both(claim, protect, allocation_of)
-        finally:
-            echoed = self._writing.pop(uid, 0)
+        :meth:`_refusable` tells), then the ``/status`` patch ``allocation_of(the
+        claim as the first answer shows it)``, in one hold of the write lane; each
+        answer laid over. Raises as :meth:`patch` does, after the first answer."""
+        with self.lane.held():
+            both = await self._both(claim, protect, allocation_of)
         if both.protected is not None:
             self.writes += 1
-            self._assumed.assume(both.protected)
+            self._inflight.answered(both.protected)
         if both.refused is not None:
             self._refused(claim, what, both.refused)
         if both.allocated is None:
             assert both.error is not None
             raise both.error
         self.writes += 1
-        self._assumed.assume(both.allocated)
-        if echoed > resource_version_of(both.allocated):
-            self._missed(uid)
+        self._inflight.answered(both.allocated)
         return both.allocated
 
     async def _both(
@@ -199,18 +214,12 @@ class ClaimWriter:
         return both
 
     async def _send_patch(self, claim: JsonObj, patch: JsonObj, status: bool) -> JsonObj:
-        """A JSON merge patch of the claim (or its ``/status``), on the loop or in a
-        write thread."""
+        """A JSON merge patch of the claim (or its ``/status``), on the loop."""
         path = claim_path(claim, status)
-        if self._http is not None:
-            return await self._http.send_json("PATCH", path, patch, content_type=MERGE_PATCH)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._writer,
-            functools.partial(send_json, self._api, "PATCH", path, patch, content_type=MERGE_PATCH),
-        )
+        return await self._http.send_json("PATCH", path, patch, content_type=MERGE_PATCH)
 
-    async def patch_metadata(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj:
-        """A metadata patch that the claim may refuse for good; then it goes on without.
+    async def _refusable(self, claim: JsonObj, patch: JsonObj, what: str) -> JsonObj | None:
+        """A metadata patch that the claim may refuse for good: its answer, or None.
 
         A claim created with opaque parameters in a form the API server does not
         write back itself (spaces, as the Python client's ``json.dumps`` sends them)
@@ -221,12 +230,12 @@ class ClaimWriter:
         with a Warning Event that says how to recreate it.
         """
         try:
-            return await self.patch(claim, patch)
+            return await self._patch(claim, patch, False)
         except ApiError as err:
             if err.status != 422:
                 raise
             self._refused(claim, what, err)
-            return claim
+            return None
 
     def _refused(self, claim: JsonObj, what: str, err: ApiError) -> None:
         self._events.post(

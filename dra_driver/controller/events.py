@@ -5,8 +5,8 @@ The same (claim, reason, message) is written at most once per ``interval_s``
 Event write is logged and dropped: Events are advice, never a reason to stop.
 
 The controller queues its Events (``queued``): :meth:`ClaimEventRecorder.post`
-returns at once, and one sender (:meth:`ClaimEventRecorder.run`, in a thread of its
-own) writes them after the claim writes in flight (:mod:`dra_driver.k8s.event_queue`:
+returns at once, and one sender (:meth:`ClaimEventRecorder.run`, on the event loop)
+writes them after the claim writes in flight (:mod:`dra_driver.k8s.event_queue`:
 the allocations pods wait for land first, their Events after). :meth:`record`
 awaits the write instead.
 """
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any
 
 from dra_driver.k8s import event_queue
 from dra_driver.k8s import events as k8s_events
@@ -40,32 +38,19 @@ class ClaimEventRecorder:
 
     def __init__(
         self,
-        api_client: Any,
+        http: ApiTransport,
         *,
         interval_s: float = k8s_events.DEFAULT_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
-        executor: Executor | None = None,
         lane: WriteLane | None = None,
         queued: bool = False,
         depth: int = event_queue.DEFAULT_DEPTH,
         on_drop: Callable[[], None] = lambda: None,
-        http: ApiTransport | None = None,
     ) -> None:
         """``queued``: :meth:`post` queues for one sender, giving way to ``lane``'s
-        writes, in a thread of its own (on the loop with ``http``); otherwise the
-        writes run in ``executor`` (None: ``asyncio.to_thread``'s) or on the loop with
-        ``http``."""
-        self._thread: ThreadPoolExecutor | None = None
-        if queued and http is None:
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="controller-events")
-            executor = self._thread
+        writes; otherwise each write is a task of its own. Both on the loop."""
         self._events = k8s_events.EventRecorder(
-            api_client,
-            component=COMPONENT,
-            interval_s=interval_s,
-            clock=clock,
-            executor=executor,
-            http=http,
+            http, component=COMPONENT, interval_s=interval_s, clock=clock
         )
         self.queue: EventQueue | None = None
         if queued:
@@ -100,8 +85,3 @@ class ClaimEventRecorder:
         if self.queue is not None:
             return await self.queue.flush(timeout_s)
         return await self._events.flush(timeout_s)
-
-    def close(self) -> None:
-        """After :meth:`run` ended: the sender's thread ends with the write it has."""
-        if self._thread is not None:
-            self._thread.shutdown(wait=False)

@@ -9,15 +9,10 @@ doubling to 30 s, with jitter; the count starts again once two minutes pass
 without a failure). So a LIST or a watch that keeps failing, 410 included, is
 retried ever more slowly, never in a tight loop.
 
-With a :class:`~dra_driver.k8s.transport.ApiTransport` the list and the watch run on
-the event loop (:mod:`dra_driver.k8s.watch_loop`) and each event is applied as it is
-read. Without one (a configuration the loop transport does not speak) the blocking
-client calls run in a thread of the informer's own: a watch holds its thread for up
-to the read timeout, and six informers in ``asyncio.to_thread``'s default pool
-(``min(32, CPUs + 4)`` threads: 6 on 2 CPUs) left the controller's writes and the
-Lease waiting for a watch to time out; cache changes are then applied on the event
-loop (``call_soon_threadsafe``, once for all the events read meanwhile), so readers
-on the loop never see a half-applied event. ``on_change(type, new, old)``
+The list and the watch run on the event loop, through the process's
+:class:`~dra_driver.k8s.transport.ApiTransport` (:mod:`dra_driver.k8s.watch_loop`),
+and each event is applied as it is read, so readers on the loop never see a
+half-applied event; no thread reads the API server. ``on_change(type, new, old)``
 runs on the loop after each change (``type``: ADDED, MODIFIED, DELETED, or SYNCED
 after a (re)list with ``new``/``old`` empty).
 """
@@ -25,28 +20,19 @@ after a (re)list with ``new``/``old`` empty).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from dra_driver.base.errors import ApiError
 from dra_driver.controller import slim
 from dra_driver.controller.cache import ObjectCache, PackedCache, PlainCache
+from dra_driver.core import claim_shape
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.transport import ApiTransport
-from dra_driver.k8s.watch import (
-    WatchCanceller,
-    WatchExpiredError,
-    list_in_chunks,
-    watch_events,
-)
-from dra_driver.k8s.watch_loop import list_in_chunks as list_on_loop
-from dra_driver.k8s.watch_loop import watch_events as watch_on_loop
+from dra_driver.k8s.watch import WatchExpiredError
+from dra_driver.k8s.watch_loop import list_in_chunks, watch_events
 
 log = logging.getLogger(__name__)
 
@@ -86,39 +72,25 @@ NAMESPACES = KindPath("namespaces", "/api/v1/namespaces", slim.namespace_keeper)
 """Read for the VRAM quota annotation (:mod:`dra_driver.allocator.quota`)."""
 
 
-def uid_of(obj: JsonObj) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-
-
-def resource_version_of(obj: JsonObj) -> int:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
-
-
 class Informer:
     """The cache of one kind, keyed by UID, kept current by list+watch."""
 
     def __init__(
         self,
-        api_client: Any,
+        transport: ApiTransport,
         kind: KindPath,
         *,
         on_change: ChangeHandler | None = None,
         read_timeout_s: float = 30.0,
         backoff: Backoff = REFLECTOR_BACKOFF,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        transport: ApiTransport | None = None,
     ) -> None:
-        """``transport``: list and watch on the loop (None: in a thread, through
-        ``api_client``'s own transport)."""
         self.kind = kind
         self._keep = kind.keeper()
-        self._api = api_client
         self._transport = transport
-        self._on_change = on_change
+        self.on_change = on_change
+        """Told of each change (None: no one); set before :meth:`run` (the controller's
+        change router subscribes itself, :meth:`~.routing.ChangeRouter.listen`)."""
         self._read_timeout_s = read_timeout_s
         self._backoff = backoff
         self._sleep = sleep
@@ -128,11 +100,6 @@ class Informer:
         self.synced = asyncio.Event()
         self.relists = 0
         self._version = ""
-        self._canceller = WatchCanceller()
-        self._arrived: deque[tuple[str, JsonObj]] = deque()
-        """Watch events read by the watch thread, not yet applied on the loop."""
-        self._drain_due = False
-        """A :meth:`_drain` is scheduled on the loop and has not started."""
 
     def get(self, uid: str) -> JsonObj | None:
         return self.objects.get(uid)
@@ -150,34 +117,11 @@ class Informer:
 
     async def run(self) -> None:
         """List+watch until cancelled."""
-        if self._transport is not None:
-            await self._list_and_watch(self._list_on_loop, self._watch_on_loop)
-            return
-        loop = asyncio.get_running_loop()
-        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"informer-{self.kind.name}")
-
-        def listed() -> Awaitable[tuple[ObjectCache, str]]:
-            return loop.run_in_executor(thread, self._list)
-
-        def watched() -> Awaitable[None]:
-            return loop.run_in_executor(thread, self._watch_once, loop)
-
-        try:
-            await self._list_and_watch(listed, watched)
-        finally:
-            self._canceller.cancel()  # the blocked watch returns now, not at its read timeout
-            thread.shutdown(wait=False)
-
-    async def _list_and_watch(
-        self,
-        listed: Callable[[], Awaitable[tuple[ObjectCache, str]]],
-        watched: Callable[[], Awaitable[None]],
-    ) -> None:
         while True:
             try:
                 if not self._version:
-                    await self._relist(listed)
-                await watched()
+                    await self._relist()
+                await self._watch()
                 continue  # a watch that ended: resumed from the last version at once
             except ApiError as err:
                 failure = err
@@ -199,50 +143,38 @@ class Informer:
         self._last_failure = now
         return self._backoff.delay(self._failures)
 
-    async def _relist(self, listed: Callable[[], Awaitable[tuple[ObjectCache, str]]]) -> None:
-        objects, version = await listed()
+    async def _relist(self) -> None:
+        objects, version = await self._list()
         self.objects = objects
         self._version = version
         self.relists += 1
         self.synced.set()
-        if self._on_change is not None:
-            self._on_change("SYNCED", {}, {})
+        if self.on_change is not None:
+            self.on_change("SYNCED", {}, {})
 
     def _new_cache(self) -> ObjectCache:
         return PackedCache() if self.kind.packed else PlainCache()
 
-    def _list(self) -> tuple[ObjectCache, str]:
-        """The list, kept as the cache keeps it (in the informer's thread, off the loop),
-        :data:`LIST_CHUNK` objects at a time."""
+    async def _list(self) -> tuple[ObjectCache, str]:
+        """The list, kept as the cache keeps it, :data:`LIST_CHUNK` objects at a time."""
         objects, keep = self._new_cache(), self._keep
 
         def add(obj: JsonObj) -> None:
-            objects.put(uid_of(obj), keep(obj))
+            objects.put(claim_shape.key(obj), keep(obj))
 
-        version = list_in_chunks(self._api, self.kind.path, LIST_CHUNK, add)
+        version = await list_in_chunks(self._transport, self.kind.path, LIST_CHUNK, add)
         return objects, version
 
-    async def _list_on_loop(self) -> tuple[ObjectCache, str]:
-        assert self._transport is not None
-        objects, keep = self._new_cache(), self._keep
-
-        def add(obj: JsonObj) -> None:
-            objects.put(uid_of(obj), keep(obj))
-
-        version = await list_on_loop(self._transport, self.kind.path, LIST_CHUNK, add)
-        return objects, version
-
-    async def _watch_on_loop(self) -> None:
-        assert self._transport is not None
-        await watch_on_loop(
+    async def _watch(self) -> None:
+        await watch_events(
             self._transport,
             self.kind.path,
             self._version,
-            self._arrive_on_loop,
+            self._arrive,
             read_timeout_s=self._read_timeout_s,
         )
 
-    def _arrive_on_loop(self, etype: str, obj: JsonObj) -> None:
+    def _arrive(self, etype: str, obj: JsonObj) -> None:
         """On the loop: one event read, applied at once."""
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if version:
@@ -250,49 +182,14 @@ class Informer:
         if etype in ("ADDED", "MODIFIED", "DELETED"):
             self._apply(etype, self._keep(obj))
 
-    def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:
-        watch_events(
-            self._api,
-            self.kind.path,
-            self._version,
-            functools.partial(self._arrive, loop),
-            read_timeout_s=self._read_timeout_s,
-            canceller=self._canceller,
-        )
-
-    def _arrive(self, loop: asyncio.AbstractEventLoop, etype: str, obj: JsonObj) -> None:
-        """In the watch thread: one event read, handed to the loop."""
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        if version:
-            self._version = str(version)
-        if etype not in ("ADDED", "MODIFIED", "DELETED"):
-            return
-        self._arrived.append((etype, self._keep(obj)))
-        if self._drain_due:
-            return  # the loop has a drain to run: it takes this one too
-        self._drain_due = True
-        try:
-            loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop closed under us: shutting down
-            self._canceller.cancel()
-
-    def _drain(self) -> None:
-        """On the loop: every event arrived so far, in order. One wake of the loop for
-        all the events its watch thread read meanwhile (a burst's come many at a time)."""
-        self._drain_due = False  # first: an event arriving from now on schedules a drain
-        arrived = self._arrived
-        while arrived:
-            etype, obj = arrived.popleft()
-            self._apply(etype, obj)
-
     def _apply(self, etype: str, obj: JsonObj) -> None:
-        uid = uid_of(obj)
+        uid = claim_shape.key(obj)
         old = self.objects.get(uid) or {}
         if etype == "DELETED":
             self.objects.pop(uid)
         else:
-            if old and resource_version_of(old) > resource_version_of(obj):
+            if old and claim_shape.resource_version(old) > claim_shape.resource_version(obj):
                 return  # a relist already brought a newer copy
             self.objects.put(uid, obj)
-        if self._on_change is not None:
-            self._on_change(etype, obj, old)
+        if self.on_change is not None:
+            self.on_change(etype, obj, old)

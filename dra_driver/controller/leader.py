@@ -31,7 +31,7 @@ call, HTTP status, reason and the API server's message), a leader's at
 WARNING.
 
 :func:`observe` and :func:`lease_action` are the pure rules; :class:`LeaseApi`
-is the I/O (the official client's transport, in a thread); :class:`LeaderElector`
+is the I/O (:class:`LoopLeaseApi`: on the event loop); :class:`LeaderElector`
 runs the campaign.
 """
 
@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import functools
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, Protocol
+from typing import Literal, NoReturn, Protocol
 
 from dra_driver.base.errors import (
     ApiConflictError,
@@ -55,7 +54,7 @@ from dra_driver.base.errors import (
 )
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.transport import ApiTransport
-from dra_driver.k8s.watch import MERGE_PATCH, send_json
+from dra_driver.k8s.watch import MERGE_PATCH
 
 log = logging.getLogger(__name__)
 
@@ -127,46 +126,9 @@ class LeaseApi(Protocol):
     async def patch(self, lease: JsonObj, spec: JsonObj) -> None: ...
 
 
-class ClientLeaseApi:
-    """:class:`LeaseApi` through the official client's transport, in a thread."""
-
-    def __init__(self, api_client: Any, namespace: str, name: str) -> None:
-        self._api = api_client
-        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-        self._name = name
-
-    async def get(self) -> JsonObj | None:
-        try:
-            lease: JsonObj = await asyncio.to_thread(
-                send_json, self._api, "GET", f"{self._path}/{self._name}"
-            )
-        except ApiNotFoundError:
-            return None
-        return lease
-
-    async def create(self, body: JsonObj) -> None:
-        await asyncio.to_thread(send_json, self._api, "POST", self._path, body)
-
-    async def patch(self, lease: JsonObj, spec: JsonObj) -> None:
-        """Write ``spec`` over the Lease as read: a merge patch guarded by its
-        resourceVersion, so two candidates cannot both take it (one gets 409)."""
-        version = (lease.get("metadata") or {}).get("resourceVersion")
-        patch = {"metadata": {"resourceVersion": version}, "spec": spec}
-        await asyncio.to_thread(
-            functools.partial(
-                send_json,
-                self._api,
-                "PATCH",
-                f"{self._path}/{self._name}",
-                patch,
-                content_type=MERGE_PATCH,
-            )
-        )
-
-
 class LoopLeaseApi:
-    """:class:`LeaseApi` on the event loop (:class:`~dra_driver.k8s.transport.ApiTransport`):
-    the same requests as :class:`ClientLeaseApi`, so a renewal waits for no thread."""
+    """:class:`LeaseApi` on the event loop (:class:`~dra_driver.k8s.transport.ApiTransport`),
+    so a renewal waits for no thread."""
 
     def __init__(self, transport: ApiTransport, namespace: str, name: str) -> None:
         self._transport = transport
@@ -183,7 +145,8 @@ class LoopLeaseApi:
         await self._transport.send_json("POST", self._path, body)
 
     async def patch(self, lease: JsonObj, spec: JsonObj) -> None:
-        """As :meth:`ClientLeaseApi.patch`: guarded by the resourceVersion read."""
+        """Write ``spec`` over the Lease as read: a merge patch guarded by its
+        resourceVersion, so two candidates cannot both take it (one gets 409)."""
         version = (lease.get("metadata") or {}).get("resourceVersion")
         patch = {"metadata": {"resourceVersion": version}, "spec": spec}
         await self._transport.send_json(
@@ -194,7 +157,7 @@ class LoopLeaseApi:
 class LeaderElector:
     def __init__(
         self,
-        api_client: Any,
+        lease_api: LeaseApi,
         *,
         name: str,
         namespace: str,
@@ -203,10 +166,9 @@ class LeaderElector:
         renew_deadline_s: float = 10.0,
         renew_interval_s: float = 5.0,
         retry_interval_s: float = 2.0,
-        lease_api: LeaseApi | None = None,
         wall_clock: Callable[[], datetime.datetime] | None = None,
     ) -> None:
-        """``lease_api``: the Lease's I/O (default: ``api_client``'s transport);
+        """``lease_api``: the Lease's I/O (:class:`LoopLeaseApi`);
         ``wall_clock``: what stamps ``acquireTime``/``renewTime`` (a callable giving an
         aware datetime; default: UTC now). Neither stamp is ever used for expiry."""
         if not (0 < max(retry_interval_s, renew_interval_s) < renew_deadline_s < lease_duration_s):
@@ -216,7 +178,7 @@ class LeaderElector:
                 f"lease duration ({lease_duration_s:g}s), as client-go does: change "
                 "--retry-period, --renew-deadline or --lease-duration"
             )
-        self._leases: LeaseApi = lease_api or ClientLeaseApi(api_client, namespace, name)
+        self._leases = lease_api
         self._wall_clock = wall_clock or (lambda: datetime.datetime.now(datetime.UTC))
         self.name, self.namespace, self.identity = name, namespace, identity
         self.lease_duration_s = lease_duration_s

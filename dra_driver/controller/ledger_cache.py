@@ -5,17 +5,17 @@ allocated claim; doing that per claim made the controller's CPU grow with the cl
 times the claims (200 ms a claim at 50 nodes and 600 claims, ``hack/bench/controller.py``).
 Here one state lives across claims:
 
-* a decision the controller is about to write is recorded at once (:meth:`decided`),
-  before the first write is sent, so the next decision sees it while its writes are
-  in flight (the assume cache's job, one step earlier); the write's outcome then
-  either keeps it (:meth:`written`) or drops the state (:meth:`failed`);
+* a decision the controller is about to write is recorded at once (:meth:`record`, by
+  :class:`~.inflight.InFlight`, which holds it), before the first write is sent, so the
+  next decision sees it while its writes are in flight; the write's outcome then
+  either keeps it (:meth:`hold_written`) or drops the state (:meth:`invalidate`);
 * a claim the informer shows allocated that the state does not hold yet (allocated
   by another replica before a failover, or seen after a restart) is added
   (:meth:`claim_seen`);
 * nothing is ever taken out of a state: an allocation that goes away (a claim
   deallocated, cleared by the scheduler, deleted), a ResourceSlice or DeviceClass
   that changes, or a relist drops it (:meth:`invalidate`), and the next
-  :meth:`state` builds a new one from the caches, the writes in flight laid over.
+  :meth:`state` builds a new one from the caches, the holds in flight laid over.
 
 The ledger is thus never short of an allocation, written or about to be: no device
 is given twice. Restart builds it from the informer's allocated claims, as before.
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.allocator import Allocation, AllocatorState, SelectorCache
+from dra_driver.controller.inflight import Hold
 from dra_driver.core import claim_shape
 from dra_driver.core.claim_shape import is_allocated
 
@@ -45,6 +46,9 @@ class Sources:
     classes: Callable[[], Iterable[Mapping[str, Any]]]
     allocated_claims: Callable[[], Iterable[Mapping[str, Any]]]
     """Every allocated claim: the informer's, our written claims laid over."""
+    holds: Callable[[], Mapping[str, Hold]]
+    """Claim UID -> its allocation decided and not yet answered
+    (:attr:`~.inflight.InFlight.holds`)."""
 
 
 class LedgerCache:
@@ -54,18 +58,18 @@ class LedgerCache:
         self._selectors = selectors
         self._state: AllocatorState | None = None
         self._held: set[str] = set()
-        """Claim UIDs whose allocation the current state holds (written or seen)."""
-        self._in_flight: dict[str, tuple[str, Allocation]] = {}
-        """Claim UID -> (namespace, allocation): decided, recorded, not yet written."""
+        """Claim UIDs whose allocation the current state holds as an allocated claim
+        (ours written, or anyone's seen): one freed among them makes a new state."""
         self.builds = 0
 
     def state(self) -> AllocatorState:
         """The current state; built from the caches (and the writes in flight) if none."""
         if self._state is None:
+            holds = self._sources.holds()
             claims = [
                 c
                 for c in self._sources.allocated_claims()
-                if is_allocated(c) and claim_shape.key(c) not in self._in_flight
+                if is_allocated(c) and claim_shape.key(c) not in holds
             ]
             state = AllocatorState(
                 slices=self._sources.slices(),
@@ -74,8 +78,8 @@ class LedgerCache:
                 driver_name=self._driver_name,
                 cache=self._selectors,
             )
-            for namespace, allocation in self._in_flight.values():
-                state.record_allocation(namespace, allocation)
+            for hold in holds.values():
+                state.record_allocation(hold.namespace, hold.allocation)
             self._held = {claim_shape.key(c) for c in claims}
             self._state = state
             self.builds += 1
@@ -83,7 +87,7 @@ class LedgerCache:
                 "allocator state built (%d): %d allocated claims, %d in flight",
                 self.builds,
                 len(claims),
-                len(self._in_flight),
+                len(holds),
             )
         return self._state
 
@@ -91,26 +95,19 @@ class LedgerCache:
         """Something was freed or the inventory changed: build anew when next needed."""
         self._state = None
 
-    def decided(self, uid: str, namespace: str, allocation: Allocation) -> None:
-        """Record an allocation about to be written (made by :meth:`state` with
-        ``record=False``)."""
+    def record(self, namespace: str, allocation: Allocation) -> None:
+        """An allocation decided (held), to be written: the current state counts it."""
         self.state().record_allocation(namespace, allocation)
-        self._in_flight[uid] = (namespace, allocation)
 
-    def written(self, uid: str) -> None:
-        """The decided allocation is written (and assumed): it stays."""
-        if self._in_flight.pop(uid, None) is not None:
-            self._held.add(uid)
-
-    def failed(self, uid: str) -> None:
-        """The decided allocation was not written: it must go, so the state goes."""
-        if self._in_flight.pop(uid, None) is not None:
-            self.invalidate()
+    def hold_written(self, uid: str) -> None:
+        """The claim's held allocation is written (and assumed): it stays, now as the
+        allocated claim's."""
+        self._held.add(uid)
 
     def claim_seen(self, claim: Mapping[str, Any]) -> None:
         """A claim as the informer (or our own write) shows it now."""
         uid = claim_shape.key(claim)
-        if uid in self._in_flight:
+        if uid in self._sources.holds():
             return
         if is_allocated(claim):
             if self._state is not None and uid not in self._held:

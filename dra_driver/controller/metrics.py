@@ -17,9 +17,13 @@ serves them (followers count nothing but keep the cluster gauges current)::
     fractional_gpu_dra_controller_events_dropped_total
         Events dropped because the queue of Events to send was full (the API
         server took them slower than they came; each drop is also logged)
+    fractional_gpu_dra_controller_inflight_moves_refused_total{from, to}
+        moves of a claim's in-flight record that its table refuses
+        (:mod:`dra_driver.controller.inflight`; each also logged): 0 unless the
+        controller's own bookkeeping is wrong
     fractional_gpu_dra_controller_gpu_free_memory_bytes{node, device}
         free memory of each controller-managed device, from the ledger of every
-        allocated claim and the assume cache (0 while a device is held whole)
+        allocated claim and the decisions in flight (0 while a device is held whole)
     fractional_gpu_dra_controller_claims_pending
         controller-path claims without an allocation (not being deleted)
 
@@ -126,6 +130,14 @@ class ControllerMetrics:
             subsystem=sub,
             registry=reg,
         )
+        self.moves_refused = Counter(
+            "inflight_moves_refused",
+            "Moves of a claim's in-flight record that its table refuses, by from and to",
+            ["from", "to"],
+            namespace=ns,
+            subsystem=sub,
+            registry=reg,
+        )
         self.snapshot = ClusterSnapshot()
         self.wanted = False
         """A scrape read the snapshot since it was last refreshed (set on the server's
@@ -138,6 +150,9 @@ class ControllerMetrics:
 
     def event_dropped(self) -> None:
         self.events_dropped.inc()
+
+    def move_refused(self, from_phase: str, to_phase: str) -> None:
+        self.moves_refused.labels(from_phase, to_phase).inc()
 
     def failed(self, reason: str) -> None:
         self.failures.labels(reason).inc()

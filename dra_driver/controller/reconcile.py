@@ -1,8 +1,8 @@
 """What to do with one claim (pure :func:`decide`) and doing it (I/O :func:`apply`).
 
 :func:`decide` sees the claim, the pods and nodes from the caches and the
-controller's :class:`ClusterView` (slices, classes, allocated claims with the
-assume cache laid over them) and returns one :class:`Decision`. Only claims
+controller's :class:`ClusterView` (slices, classes, allocated claims with our
+answers laid over them, :mod:`.inflight`) and returns one :class:`Decision`. Only claims
 whose requests use the controller-managed class are ours.
 
 :func:`apply` writes as the scheduler does: first the
@@ -53,6 +53,7 @@ from dra_driver.allocator import (
     why_node_unfit,
 )
 from dra_driver.base.quantity import Amount
+from dra_driver.controller.claim_index import pod_uses
 from dra_driver.core import claim_shape
 from dra_driver.core.claim_shape import MalformedClaimError
 
@@ -168,23 +169,6 @@ def forged_grant(claim: Mapping[str, Any], driver_name: str) -> bool:
         if opaque.get("driver") == driver_name and params.get("kind") == GRANT_KIND:
             return True
     return False
-
-
-def pod_uses(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
-    meta = pod.get("metadata") or {}
-    if meta.get("namespace", "default") != (claim_shape.namespace(claim) or "default"):
-        return False
-    name = claim_shape.name(claim)
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-        if ref.get("resourceClaimName") == name:
-            return True
-    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-        if status.get("resourceClaimName") == name:
-            return True
-    return any(
-        o.get("kind") == "Pod" and o.get("uid") == meta.get("uid")
-        for o in claim_shape.owner_references(claim)
-    )
 
 
 def owning_pod(claim: Mapping[str, Any], pods: Iterable[JsonObj]) -> PodConsumer | None:
@@ -371,7 +355,7 @@ def _guarded(claim: JsonObj, **metadata: Any) -> JsonObj:
     """The metadata of a patch: ``metadata`` plus the resourceVersion the claim was read at,
     so the write is refused (409) if anyone changed the claim since."""
     version = claim_shape.resource_version(claim)
-    return {**({"resourceVersion": version} if version else {}), **metadata}
+    return {**({"resourceVersion": str(version)} if version else {}), **metadata}
 
 
 def finalizer_patch(claim: JsonObj) -> JsonObj | None:

@@ -28,7 +28,7 @@ and two controllers in one process share nothing:
 
 What is read, and so kept:
 
-* pods (:func:`~.reconcile.pod_uses`, :func:`~.reconcile.pod_is_live`, the pending
+* pods (:func:`~.claim_index.pod_uses`, :func:`~.reconcile.pod_is_live`, the pending
   pod's ``nodeName``, :func:`~dra_driver.allocator.why_node_unfit`, the claim index):
   identity, ``deletionTimestamp``; ``spec.nodeName``, ``nodeSelector``, ``affinity``,
   ``tolerations``, ``resourceClaims``; ``status.phase``, ``resourceClaimStatuses``;

@@ -133,17 +133,25 @@ def uid(claim: Mapping[str, Any]) -> str:
     return str(_metadata(claim).get("uid", ""))
 
 
-def key(claim: Mapping[str, Any]) -> str:
-    """What the controller's caches know a claim by: its UID, or ``namespace/name``
-    before it has one (an object built by a test)."""
-    meta = _metadata(claim)
+def key(obj: Mapping[str, Any]) -> str:
+    """What the controller's caches know an object by (a claim, and every other kind they
+    hold: the same ``metadata``): its UID, or ``namespace/name`` before it has one (an
+    object built by a test)."""
+    meta = _metadata(obj)
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
 
 
-def resource_version(claim: Mapping[str, Any]) -> str | None:
-    """``metadata.resourceVersion``; ``None`` when absent or empty."""
-    version = _metadata(claim).get("resourceVersion")
-    return str(version) if version else None
+def resource_version(obj: Mapping[str, Any]) -> int:
+    """``metadata.resourceVersion`` as the integer the API server writes (etcd's revision),
+    to order two copies of an object as client-go's assume cache does; 0 when absent,
+    empty or not an integer (a version that cannot be ordered: never newer than any)."""
+    version = _metadata(obj).get("resourceVersion")
+    if not version:
+        return 0
+    try:
+        return int(version)
+    except (TypeError, ValueError):
+        return 0
 
 
 def creation_timestamp(claim: Mapping[str, Any]) -> str:

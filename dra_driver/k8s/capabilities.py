@@ -24,29 +24,18 @@ ValidatingAdmissionPolicy binding the service account to its node admits them.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dra_driver.base.errors import ApiError, ApiNotFoundError, ApiUnavailableError
 from dra_driver.core.settings import Capabilities
-from dra_driver.k8s.client import KubeClient
-from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.publisher import FIELD_MANAGER, SLICES_PATH, dns_subdomain
-from dra_driver.k8s.rest import (
-    DEFAULT_REQUEST_TIMEOUT_S,
-    JsonObj,
-    request_json,
-)
+from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S, JsonObj
+from dra_driver.k8s.transport import ApiTransport
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 PROBE_DEVICE = "probe-0"
 PROBE_CAPACITY = "probe"
@@ -144,31 +133,22 @@ def capabilities_from(answers: Sequence[Mapping[str, Any]], minor: int | None) -
 
 
 async def read_server_minor(
-    api_client: KubeClient,
-    *,
-    executor: Executor | None = None,
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    http: ApiTransport, *, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
 ) -> int:
     """The API server's minor version (``GET /version``); :class:`ApiError` on failure."""
-
-    def read() -> int:
-        with translate_api_errors("GET /version"):
-            info = request_json(api_client, "GET", "/version", timeout_s=request_timeout_s)
-        try:
-            return minor_in_effect(info)
-        except ValueError as err:
-            raise ApiError(f"GET /version: {err}") from err
-
-    return await _in_executor(executor, read)
+    info = await http.send_json("GET", "/version", timeout_s=request_timeout_s)
+    try:
+        return minor_in_effect(info)
+    except ValueError as err:
+        raise ApiError(f"GET /version: {err}") from err
 
 
 async def probe_capabilities(
-    api_client: KubeClient,
+    http: ApiTransport,
     driver_name: str,
     node_name: str,
     server_minor: int | None = None,
     *,
-    executor: Executor | None = None,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
 ) -> Capabilities:
     """Dry-run probe ResourceSlices and return what the API server keeps.
@@ -186,29 +166,25 @@ async def probe_capabilities(
     """
     if server_minor is None:
         try:
-            server_minor = await read_server_minor(
-                api_client, executor=executor, request_timeout_s=request_timeout_s
-            )
+            server_minor = await read_server_minor(http, request_timeout_s=request_timeout_s)
         except (ApiUnavailableError, ApiNotFoundError):
             raise
         except ApiError as err:
             log.warning("cannot read the API server version (%s); probing as for 1.35+", err)
 
-    def dry_run(body: JsonObj) -> JsonObj:
-        with translate_api_errors(f"POST resourceslices {body['metadata']['name']} (dry run)"):
-            return request_json(
-                api_client,
-                "POST",
-                SLICES_PATH,
-                query=[("dryRun", "All"), ("fieldManager", FIELD_MANAGER)],
-                body=body,
-                timeout_s=request_timeout_s,
-            )
-
     answers = []
     try:
         for body in probe_slices(driver_name, node_name, server_minor):
-            answers.append(await _in_executor(executor, functools.partial(dry_run, body)))
+            answers.append(
+                await http.send_json(
+                    "POST",
+                    SLICES_PATH,
+                    body,
+                    query=[("dryRun", "All"), ("fieldManager", FIELD_MANAGER)],
+                    what=f"POST resourceslices {body['metadata']['name']} (dry run)",
+                    timeout_s=request_timeout_s,
+                )
+            )
     except (ApiUnavailableError, ApiNotFoundError):
         raise
     except ApiError as err:
@@ -230,15 +206,3 @@ async def probe_capabilities(
         capabilities.counters_in_own_slice,
     )
     return capabilities
-
-
-async def _in_executor(executor: Executor | None, fn: Callable[[], T]) -> T:
-    """Run ``fn`` in ``executor``, or in a one-thread pool made (and shut down) for it."""
-    own = executor is None
-    pool = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="k8s-probe")
-    try:
-        call = functools.partial(contextvars.copy_context().run, fn)
-        return await asyncio.get_running_loop().run_in_executor(pool, call)
-    finally:
-        if own:
-            pool.shutdown(wait=False)

@@ -1,7 +1,7 @@
-"""ClaimSource backed by the API server, through the official (blocking) client.
+"""ClaimSource backed by the API server, on the event loop.
 
-The claim is read as raw JSON through the client's transport
-(:func:`~dra_driver.k8s.rest.request_json`) and converted with
+The claim is read as raw JSON through the loop transport
+(:class:`~dra_driver.k8s.transport.ApiTransport`) and converted with
 :func:`claim_from_dict`: never the client's generated API classes, whose models
 lag behind new API fields and whose per-call argument validation costs more CPU
 than the rest of the GET (and 5 MB of memory to import).
@@ -9,11 +9,7 @@ than the rest of the GET (and 5 MB of memory to import).
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
 import json
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 from dra_driver.base.errors import ApiNotFoundError, ClaimNotFoundError
@@ -21,63 +17,34 @@ from dra_driver.base.ids import ClaimRef
 from dra_driver.core.allocation import claim_from_dict
 from dra_driver.core.model import ResourceClaim
 from dra_driver.core.ports import ensure_same_claim
-from dra_driver.k8s.client import KubeClient
-from dra_driver.k8s.errors import translate_api_errors
-from dra_driver.k8s.rest import JsonObj, request_json
+from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S
+from dra_driver.k8s.transport import ApiTransport
 
-DEFAULT_REQUEST_TIMEOUT_S = 10.0
-"""Total time one GET may take; the kubelet's own Prepare deadline is longer."""
-
-DEFAULT_MAX_WORKERS = 8
-"""Concurrent GETs. The kubelet starts a wave of pods at once, one call per pod: with
-four, a wave of ten queued for the pool (hack/bench/prepare.py over HTTPS: prepare
-p99 43-67 ms in four runs, against 40-50 with eight)."""
+__all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "KubernetesClaimSource", "claim_path"]
 
 
 class KubernetesClaimSource:
     """:class:`~dra_driver.core.ports.ClaimSource` reading ``resource.k8s.io/v1`` ResourceClaims.
 
-    Calls run in a small pool of its own rather than ``asyncio.to_thread``'s
-    default executor, so a hung API server can tie up at most ``max_workers``
-    threads and never starves other blocking adapters (NVML). The caller owns
-    ``api_client``; :meth:`close` only stops the pool.
+    Each GET is a request on the event loop (no thread): a wave of pods' claims is read
+    at once over the transport's kept connections, and a hung API server holds only
+    the requests' own timeouts (``request_timeout_s``, below the kubelet's Prepare
+    deadline). The caller owns ``http`` (and closes it).
     """
 
     def __init__(
-        self,
-        api_client: KubeClient,
-        *,
-        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-        max_workers: int = DEFAULT_MAX_WORKERS,
+        self, http: ApiTransport, *, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     ) -> None:
-        self._api = api_client
+        self._http = http
         self._request_timeout_s = request_timeout_s
-        self._executor = ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="k8s-claims"
-        )
 
     async def get_claim(self, ref: ClaimRef) -> ResourceClaim:
         """Read and convert the claim; see the :class:`ClaimSource` contract for errors."""
-        loop = asyncio.get_running_loop()
-        # Like asyncio.to_thread: carry contextvars (request ids) into the thread.
-        call = functools.partial(contextvars.copy_context().run, self._read_claim, ref)
-        raw = await loop.run_in_executor(self._executor, call)
-        return ensure_same_claim(ref, claim_from_dict(raw))
-
-    def close(self) -> None:
-        """Stop the worker pool; calls still running finish in the background."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _read_claim(self, ref: ClaimRef) -> JsonObj:
         what = f"GET resourceclaims {ref.namespace}/{ref.name}"
         try:
-            with translate_api_errors(what):
-                return request_json(
-                    self._api,
-                    "GET",
-                    claim_path(ref),
-                    timeout_s=self._request_timeout_s,
-                )
+            raw = await self._http.send_json(
+                "GET", claim_path(ref), what=what, timeout_s=self._request_timeout_s
+            )
         except ApiNotFoundError as err:
             if not _names_an_object(err):
                 raise ApiNotFoundError(
@@ -88,6 +55,7 @@ class KubernetesClaimSource:
             raise ClaimNotFoundError(
                 ref, "the ResourceClaim does not exist in the API server (deleted?)"
             ) from err
+        return ensure_same_claim(ref, claim_from_dict(raw))
 
 
 def claim_path(ref: ClaimRef) -> str:

@@ -1,4 +1,4 @@
-"""Connect to the API server with the official client's configuration and transport.
+"""The API server's address and credentials, from the official client's configuration loaders.
 
 Order, as kubectl and client-go do it for a daemon:
 
@@ -17,10 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, cast
 
-import urllib3
 import yaml
 
 from dra_driver import __version__
@@ -28,7 +26,6 @@ from dra_driver.base.errors import ConfigError
 from dra_driver.k8s.official import (
     ConfigException,
     Configuration,
-    RESTClientObject,
     load_incluster_config,
     load_kube_config,
 )
@@ -41,12 +38,13 @@ USER_AGENT = f"fractional-gpu-dra/{__version__}"
 
 
 class KubeClient:
-    """The official client's ``Configuration`` and REST transport, without its API classes.
+    """The official client's ``Configuration``, without its API classes.
 
-    ``configuration`` holds the host, credentials (refreshed by the loader's
-    hooks), TLS and proxy settings; ``rest_client`` is the client's urllib3
-    pool built from them, the one its generated ``KubeClient`` would use. The
-    requests themselves are ours (:mod:`dra_driver.k8s.rest`).
+    ``configuration`` holds the host, credentials (refreshed by the loader's hooks),
+    TLS and proxy settings; every request of the driver's processes goes through
+    the loop transport made from it (:func:`~dra_driver.k8s.transport.api_transport`).
+    The client's own REST transport (urllib3) is never built: a configuration the loop
+    transport refuses (a SOCKS proxy, say) is named before anything tries to speak it.
     """
 
     def __init__(
@@ -54,14 +52,8 @@ class KubeClient:
     ) -> None:
         self.configuration = configuration
         self._clock = clock
-        self.rest_client = RESTClientObject(configuration)
         self.default_headers = {"User-Agent": USER_AGENT}
-        host = urllib3.util.parse_url(configuration.host)
-        self.path_prefix = (host.path or "").rstrip("/")
-        """The host's own path (a proxy's ``https://rancher/k8s/clusters/c-1``), before
-        every API path."""
-        self._pool: urllib3.HTTPConnectionPool | None = None
-        self._pool_lock = threading.Lock()
+        self._auth_lock = threading.Lock()
         self._auth: tuple[float, dict[str, str]] | None = None
 
     def auth_headers(self) -> dict[str, str]:
@@ -81,7 +73,7 @@ class KubeClient:
         for setting in cast(Any, self.configuration).auth_settings().values():
             if setting.get("in") == "header" and setting.get("value"):
                 headers[setting["key"]] = setting["value"]
-        with self._pool_lock:
+        with self._auth_lock:
             self._auth = (now, headers)
         return headers
 
@@ -89,56 +81,16 @@ class KubeClient:
         """The credentials' headers if :meth:`auth_headers` would answer them without
         asking the configuration (whose refresh hook may run a kubeconfig's exec
         plugin, a process, or read a token file); None when it would ask."""
-        with self._pool_lock:
+        with self._auth_lock:
             cached = self._auth
         if cached is not None and self._clock() - cached[0] < AUTH_REUSE_S:
             return cached[1]
         return None
 
-    def connection_pool(self) -> urllib3.HTTPConnectionPool | None:
-        """The API server's connection pool, to send a request-URI to; None behind an
-        HTTP proxy (the pool manager must write those requests itself).
 
-        The pool manager's ``request`` parses and re-encodes the URL and looks its
-        pool up again on every call; taken once here, that is a third less CPU per
-        request (measured: 0.38 against 0.64 ms for a claim GET).
-        """
-        manager = self.rest_client.pool_manager
-        if isinstance(manager, urllib3.ProxyManager):
-            return None
-        with self._pool_lock:
-            pool = self._pool
-            if pool is None or pool.pool is None:  # none yet, or closed by clear()
-                pool = manager.connection_from_url(self.configuration.host)
-                self._pool = pool
-            return pool
-
-    def close(self) -> None:
-        self.rest_client.pool_manager.clear()
-
-    def __enter__(self) -> KubeClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def make_api_client(
-    kubeconfig: str | None, host: str | None = None, *, pool_size: int | None = None
-) -> KubeClient:
-    """A :class:`KubeClient` for the cluster; :class:`ConfigError` when none is configured.
-
-    ``pool_size``: connections kept open to the API server (the client's default is
-    5 per CPU); a caller with more requests in flight than that would otherwise open,
-    and shake hands on, a new connection for each request past it."""
+def make_api_client(kubeconfig: str | None, host: str | None = None) -> KubeClient:
+    """A :class:`KubeClient` for the cluster; :class:`ConfigError` when none is configured."""
     configuration = Configuration()
-    if pool_size is not None:
-        configuration.connection_pool_maxsize = pool_size
     if host is not None:
         configuration.host = host.rstrip("/")
     elif kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):

@@ -1,25 +1,23 @@
 """The one boundary where the official client's errors become ours.
 
-Every call into ``kubernetes.client`` runs inside :func:`translate_api_errors`,
-so nothing above :mod:`dra_driver.k8s` sees ``ApiException`` or urllib3::
+Every request (:mod:`dra_driver.k8s.transport`) runs inside
+:func:`translate_api_errors`, so nothing above :mod:`dra_driver.k8s` sees
+``ApiException`` or a transport's error::
 
     ApiException 404                     -> ApiNotFoundError
     ApiException 409                     -> ApiConflictError
     ApiException 429, 5xx, 0 (transport) -> ApiUnavailableError
     ApiException other                   -> ApiError
-    urllib3 / socket / http.client error -> ApiUnavailableError
+    OSError (the transport's: no answer) -> ApiUnavailableError
 
 The original exception stays reachable as ``__cause__``.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import urllib3.exceptions
 
 from dra_driver.base.errors import (
     ApiConflictError,
@@ -35,12 +33,9 @@ BODY_MAX_CHARS = 512
 # Status 0 is what the client uses when no HTTP response was received (TLS errors).
 _RETRYABLE_STATUSES = frozenset({0, 429})
 
-# Errors raised below the client when there is no HTTP response at all.
-_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
-    urllib3.exceptions.HTTPError,
-    http.client.HTTPException,
-    OSError,  # ConnectionError, TimeoutError (socket.timeout) and friends
-)
+# Errors raised when there is no HTTP response at all: the transport raises aiohttp's
+# as OSError (ConnectionError, TimeoutError, ssl.SSLError and friends).
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (OSError,)
 
 
 def error_class_for_status(status: int | None) -> type[ApiError]:

@@ -36,18 +36,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.base.ids import ClaimRef
-from dra_driver.k8s.client import KubeClient
-from dra_driver.k8s.errors import translate_api_errors
-from dra_driver.k8s.rest import JsonObj, request_json
-
-if TYPE_CHECKING:  # the plugin's Events go in threads: it need not import aiohttp
-    from dra_driver.k8s.transport import ApiTransport
+from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.transport import ApiTransport
 
 log = logging.getLogger(__name__)
 
@@ -202,11 +196,11 @@ _Key = tuple[str, str, str]
 
 
 class EventRecorder:
-    """Writes Events through the client's transport; see the module docstring."""
+    """Writes Events on the event loop (``http``); see the module docstring."""
 
     def __init__(
         self,
-        api_client: KubeClient,
+        http: ApiTransport,
         *,
         component: str,
         instance: str = "",
@@ -214,14 +208,7 @@ class EventRecorder:
         aggregate: bool = False,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         clock: Callable[[], float] = time.monotonic,
-        executor: Executor | None = None,
-        http: ApiTransport | None = None,
     ) -> None:
-        """``executor``: the threads the writes block in (the caller's own pool for
-        its writes, so Events keep pace with them); None: ``asyncio.to_thread``'s.
-        ``http``: the writes go on the event loop instead (no thread)."""
-        self._api = api_client
-        self._executor = executor
         self._http = http
         self.component = component
         self.instance = instance
@@ -367,21 +354,8 @@ class EventRecorder:
     async def _request(
         self, method: str, path: str, body: JsonObj, content_type: str = "application/json"
     ) -> None:
-        """On the loop (``http``), else in a thread; raises ``ApiError``."""
-        if self._http is not None:
-            await self._http.send_json(method, path, body, content_type=content_type)
-        elif self._executor is None:
-            await asyncio.to_thread(self._send, method, path, body, content_type)
-        else:
-            await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._send, method, path, body, content_type
-            )
-
-    def _send(
-        self, method: str, path: str, body: JsonObj, content_type: str = "application/json"
-    ) -> None:
-        with translate_api_errors(f"{method} {path}"):
-            request_json(self._api, method, path, body=body, content_type=content_type)
+        """One write on the loop; raises ``ApiError``."""
+        await self._http.send_json(method, path, body, content_type=content_type)
 
     def _refused(self, err: ApiError) -> None:
         if self._forbidden:

@@ -1,9 +1,9 @@
 """The parts of the official ``kubernetes`` client the driver uses.
 
 The only module that imports ``kubernetes``. What the driver takes from it is
-its configuration (host, credentials, TLS, proxies, token refresh), its REST
-transport (urllib3's pool, configured from that), its exception type and its
-config loaders. Its generated API classes and models are not used (see
+its configuration (host, credentials, TLS, proxies, token refresh), its exception
+type and its config loaders; the requests go through the driver's own transport
+(:mod:`dra_driver.k8s.transport`, aiohttp). Its generated API classes and models are not used (see
 :mod:`dra_driver.k8s.rest`).
 
 Imported here, the package loads as it always does. A driver *process* (the
@@ -26,7 +26,6 @@ from typing import Any
 
 from kubernetes.client.configuration import Configuration
 from kubernetes.client.exceptions import ApiException
-from kubernetes.client.rest import RESTClientObject
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import load_incluster_config
 
@@ -41,7 +40,6 @@ __all__ = [
     "ApiException",
     "ConfigException",
     "Configuration",
-    "RESTClientObject",
     "load_incluster_config",
     "load_kube_config",
 ]

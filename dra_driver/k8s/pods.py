@@ -1,6 +1,6 @@
 """Pods on this node, read and annotated for the disruption guard.
 
-Two calls, both blocking (run them off the event loop):
+Two calls, on the event loop:
 
 * ``GET /api/v1[/namespaces/<ns>]/pods?fieldSelector=spec.nodeName=<node>``: the
   node's pods (served from the API server's watch cache);
@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.k8s.client import KubeClient
-from dra_driver.k8s.errors import translate_api_errors
-from dra_driver.k8s.rest import JsonObj, request_json
+from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S, JsonObj
+from dra_driver.k8s.transport import ApiTransport
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -43,28 +42,29 @@ def annotation_patch(
 
 
 class PodApi:
-    """The node's pods through ``api_client`` (the caller owns it)."""
+    """The node's pods through ``http`` (the caller owns it)."""
 
-    def __init__(self, api_client: KubeClient, node_name: str, *, timeout_s: float = 10.0) -> None:
-        self._api = api_client
+    def __init__(
+        self, http: ApiTransport, node_name: str, *, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    ) -> None:
+        self._http = http
         self.node_name = node_name
         self._timeout_s = timeout_s
 
-    def list_on_node(self, namespace: str | None = None) -> list[JsonObj]:
+    async def list_on_node(self, namespace: str | None = None) -> list[JsonObj]:
         """The pods bound to this node (in ``namespace``; None: every namespace)."""
         path = pods_path(namespace)
-        with translate_api_errors(f"LIST {path} on node {self.node_name}"):
-            answer = request_json(
-                self._api,
-                "GET",
-                path,
-                query=[("fieldSelector", f"spec.nodeName={self.node_name}")],
-                timeout_s=self._timeout_s,
-            )
+        answer = await self._http.send_json(
+            "GET",
+            path,
+            query=[("fieldSelector", f"spec.nodeName={self.node_name}")],
+            what=f"LIST {path} on node {self.node_name}",
+            timeout_s=self._timeout_s,
+        )
         items: list[Any] = answer.get("items") or []
         return [p for p in items if isinstance(p, dict)]
 
-    def patch_annotations(
+    async def patch_annotations(
         self, pod: Mapping[str, Any], changes: Mapping[str, str | None]
     ) -> JsonObj:
         """Merge-patch ``changes`` into ``pod``'s annotations; the pod as stored after."""
@@ -76,17 +76,10 @@ class PodApi:
             uid=str(meta.get("uid", "")),
             resource_version=str(meta.get("resourceVersion", "")),
         )
-        with translate_api_errors(f"PATCH {path}"):
-            return request_json(
-                self._api,
-                "PATCH",
-                path,
-                body=body,
-                timeout_s=self._timeout_s,
-                content_type=MERGE_PATCH,
-            )
+        return await self._http.send_json(
+            "PATCH", path, body, content_type=MERGE_PATCH, timeout_s=self._timeout_s
+        )
 
-    def get(self, namespace: str, name: str) -> JsonObj:
+    async def get(self, namespace: str, name: str) -> JsonObj:
         path = f"{pods_path(namespace)}/{name}"
-        with translate_api_errors(f"GET {path}"):
-            return request_json(self._api, "GET", path, timeout_s=self._timeout_s)
+        return await self._http.send_json("GET", path, timeout_s=self._timeout_s)

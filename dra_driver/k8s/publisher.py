@@ -6,7 +6,7 @@ the same one the kubelet wipes with), plans with the pure :func:`plan_publish`
 and applies the plan. Every slice that selector returns is ours, whoever
 wrote it; nothing else is ever touched. The rules of the plan (names,
 metadata, generations, device taints' ``timeAdded``) are documented in
-:mod:`dra_driver.k8s.slice_plan`; the blocking calls live in
+:mod:`dra_driver.k8s.slice_plan`; the requests live in
 :mod:`dra_driver.k8s.slice_api`.
 
 Each create/update response is compared with what was sent; fields that did
@@ -17,30 +17,25 @@ gone re-list and re-plan at once, a few times; :class:`ApiUnavailableError`
 (transport, 429, 5xx) re-lists after an exponential backoff with jitter, up to
 ``max_attempts``; then the error is raised.
 
-Blocking client calls run in a small executor of the publisher's own. Writes
-send our raw JSON (:func:`request_json`), never the client's models: newer
-clients validate bodies against their models and would reject or reshape
-fields they do not know.
+Requests go on the event loop (:class:`~dra_driver.k8s.transport.ApiTransport`).
+Writes send our raw JSON, never the client's models: newer clients validate
+bodies against their models and would reject or reshape fields they do not know.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
 import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 from dra_driver.base.errors import ApiConflictError, ApiError, ApiUnavailableError
 from dra_driver.core.slices import DesiredSlice
 from dra_driver.k8s.backoff import Backoff
-from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S
 from dra_driver.k8s.slice_api import FIELD_MANAGER, SLICES_PATH, SliceApi, StaleView
 from dra_driver.k8s.slice_plan import (
@@ -57,11 +52,11 @@ from dra_driver.k8s.slice_plan import (
     plan_publish,
     slice_name,
 )
+from dra_driver.k8s.transport import ApiTransport
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_CONFLICT_RETRIES",
-    "DEFAULT_MAX_WORKERS",
     "FIELD_MANAGER",
     "MANAGED_BY",
     "MANAGED_BY_LABEL",
@@ -86,7 +81,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_MAX_WORKERS = 2
 DEFAULT_MAX_ATTEMPTS = 5
 """Tries of one publish while the API server is unavailable, before raising."""
 DEFAULT_MAX_CONFLICT_RETRIES = 5
@@ -123,19 +117,16 @@ class SlicePublisher:
     every kubelet registration and on every inventory or health change; the
     task then rebuilds the desired slices and publishes, coalescing bursts.
 
-    The caller owns ``api_client``; :meth:`close` only stops the worker pool
-    the publisher made for itself (not an ``executor`` passed in).
+    The caller owns ``http`` (and closes it).
     """
 
     def __init__(
         self,
-        api_client: KubeClient,
+        http: ApiTransport,
         *,
         driver_name: str,
         node_name: str,
         node_uid: str | None = None,
-        executor: Executor | None = None,
-        max_workers: int = DEFAULT_MAX_WORKERS,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         backoff: Backoff | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
@@ -146,16 +137,12 @@ class SlicePublisher:
         self._driver = driver_name
         self._node = node_name
         self._api = SliceApi(
-            api_client,
+            http,
             node_name=node_name,
             field_selector=self.field_selector,
             timeout_s=request_timeout_s,
         )
         self._node_uid = node_uid
-        self._own_executor = executor is None
-        self._executor = executor or ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="k8s-slices"
-        )
         self._backoff = backoff or Backoff()
         self._max_attempts = max(1, max_attempts)
         self._max_conflict_retries = max(0, max_conflict_retries)
@@ -255,11 +242,6 @@ class SlicePublisher:
             if on_publish is not None:
                 on_publish(result)
 
-    def close(self) -> None:
-        """Stop the publisher's own worker pool; calls still running finish in the background."""
-        if self._own_executor:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-
     # Internals
 
     async def _retrying(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
@@ -284,7 +266,7 @@ class SlicePublisher:
 
     async def _publish(self, desired: Sequence[DesiredSlice]) -> PublishResult:
         owner = node_owner(self._node, await self._node_uid_cached())
-        stored = await self._call(self._api.list_ours)
+        stored = await self._api.list_ours()
         plan = plan_publish(
             desired,
             stored,
@@ -303,10 +285,10 @@ class SlicePublisher:
         for body, is_new in [(b, True) for b in plan.create] + [(b, False) for b in plan.update]:
             name = body["metadata"]["name"]
             if is_new:
-                stored_obj = await self._call(self._api.create, body)
+                stored_obj = await self._api.create(body)
                 created.append(name)
             else:
-                stored_obj = await self._call(self._api.replace, body)
+                stored_obj = await self._api.replace(body)
                 updated.append(name)
             self._last_generation = max(self._last_generation, plan.generation)
             self._sent[name] = SentSpec(
@@ -323,7 +305,7 @@ class SlicePublisher:
                 )
         deleted = []
         for name, uid in plan.delete:
-            await self._call(self._api.delete, name, uid)
+            await self._api.delete(name, uid)
             self._sent.pop(name, None)
             deleted.append(name)
         log.info(
@@ -340,11 +322,11 @@ class SlicePublisher:
         )
 
     async def _unpublish(self) -> tuple[str, ...]:
-        stored = await self._call(self._api.list_ours)
+        stored = await self._api.list_ours()
         names = []
         for obj in stored:
             meta = obj["metadata"]
-            await self._call(self._api.delete, meta["name"], str(meta.get("uid", "")))
+            await self._api.delete(meta["name"], str(meta.get("uid", "")))
             self._sent.pop(meta["name"], None)
             names.append(str(meta["name"]))
         log.info("deleted %d ResourceSlices of pool %s", len(names), self._node)
@@ -352,11 +334,5 @@ class SlicePublisher:
 
     async def _node_uid_cached(self) -> str:
         if self._node_uid is None:
-            self._node_uid = await self._call(self._api.read_node_uid)
+            self._node_uid = await self._api.read_node_uid()
         return self._node_uid
-
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        # Like asyncio.to_thread: carry contextvars into the thread.
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
-        return await loop.run_in_executor(self._executor, call)

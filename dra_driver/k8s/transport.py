@@ -37,7 +37,8 @@ refresh them, which may run a kubeconfig's exec plugin), the TLS settings
 ``tls_server_name``) and the proxy (``proxy``, ``no_proxy``, ``proxy_headers``).
 Configurations it does not speak (a SOCKS proxy, socket options, ``assert_hostname``,
 custom retries; none of them set by the driver's own loaders) get None from
-:meth:`ApiTransport.for_client`, and the caller keeps the client's own transport.
+:meth:`ApiTransport.for_client`, and :func:`api_transport`, which every driver process
+builds its transport with, refuses them at start by name: there is no other transport.
 
 Connections are kept open between requests (aiohttp's pool; an idle one is closed
 after :data:`KEEPALIVE_S`). A request whose connection the server closed before any
@@ -62,6 +63,7 @@ from urllib.parse import urlencode, urlsplit
 import aiohttp
 from yarl import URL
 
+from dra_driver.base.errors import ConfigError
 from dra_driver.k8s.deadlines import Deadlines
 from dra_driver.k8s.errors import translate_api_errors
 from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S, JsonObj, api_exception, json_object
@@ -134,7 +136,7 @@ class ApiTransport:
         cls, api_client: Any, *, max_connections: int = DEFAULT_MAX_CONNECTIONS
     ) -> ApiTransport | None:
         """The loop transport for the official client's configuration; None where it
-        does not speak that configuration (the caller keeps the client's transport)."""
+        does not speak that configuration (:func:`api_transport` refuses it by name)."""
         configuration = getattr(api_client, "configuration", None)
         auth_headers = getattr(api_client, "auth_headers", None)
         if configuration is None or auth_headers is None:
@@ -165,8 +167,8 @@ class ApiTransport:
         content_type: str = "application/json",
         timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     ) -> JsonObj:
-        """One request, its answer parsed as a JSON object; raises ``ApiError`` as
-        :func:`~dra_driver.k8s.watch.send_json` does (``ApiConflictError`` on 409...)."""
+        """One request, its answer parsed as a JSON object; raises ``ApiError``
+        (``ApiConflictError`` on 409...: :func:`~dra_driver.k8s.errors.translate_api_errors`)."""
         payload = None if body is None else encode_body(body)
         try:
             answer = await self.request(
@@ -456,3 +458,49 @@ def _tls_context(configuration: Any) -> ssl.SSLContext:
     if cert_file:
         context.load_cert_chain(cert_file, getattr(configuration, "key_file", None) or None)
     return context
+
+
+def unsupported_setting(configuration: Any) -> str | None:
+    """What in the official client's ``Configuration`` this transport does not speak,
+    named with what to do instead (for a message that refuses to start); None: it
+    speaks all of it. None of these is set by the driver's own loaders from a
+    kubeconfig or a ServiceAccount, but a proxy may come from the environment."""
+    for setting, instead in (
+        ("socket_options", "leave it unset"),
+        ("assert_hostname", "name the server's certificate with tls_server_name instead"),
+        ("retries", "leave it unset (the driver retries its own requests)"),
+        ("proxy_ssl_context", "leave it unset"),
+    ):
+        if getattr(configuration, setting, None) is not None:
+            return f"Configuration.{setting} is set: {instead}"
+    host = str(getattr(configuration, "host", "") or "")
+    url = urlsplit(host)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return f"the API server's URL {host!r} is not http(s)://HOST[:PORT][/PATH]"
+    proxy = _proxy_for(configuration, url.netloc, url.hostname)
+    if proxy is not None and urlsplit(proxy).scheme not in ("http", "https"):
+        return (
+            f"the proxy {proxy!r} is not an HTTP(S) proxy (SOCKS is not spoken): set the "
+            "kubeconfig's proxy-url, or HTTPS_PROXY/HTTP_PROXY, to an http:// or https:// "
+            "proxy, or name the API server in NO_PROXY"
+        )
+    return None
+
+
+def api_transport(
+    api_client: Any, *, max_connections: int = DEFAULT_MAX_CONNECTIONS
+) -> ApiTransport:
+    """The loop transport for the official client's configuration: every API request
+    of a driver process goes through it. Raises :class:`ConfigError` naming the setting
+    it does not speak (there is no other transport to fall back to)."""
+    configuration = getattr(api_client, "configuration", None)
+    why = unsupported_setting(configuration) if configuration is not None else None
+    transport = (
+        None if why else ApiTransport.for_client(api_client, max_connections=max_connections)
+    )
+    if transport is None:
+        raise ConfigError(
+            "cannot reach the API server with this Kubernetes configuration: "
+            f"{why or 'it has no host or credentials'}"
+        )
+    return transport

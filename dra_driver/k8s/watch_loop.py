@@ -1,11 +1,10 @@
 """List and watch on the event loop, through :class:`~dra_driver.k8s.transport.ApiTransport`.
 
-The same requests, answers and errors as :mod:`dra_driver.k8s.watch` (which runs them
-in a thread through the official client's transport, for a configuration the loop
-transport does not speak): a list read in chunks, one chunk decoded at a time; a watch
-whose newline-delimited events are decoded as they arrive, ending quietly when the
-server ends it, when it is quiet for the read timeout or when it is cut; a 410
-``ERROR`` event is :class:`~dra_driver.k8s.watch.WatchExpiredError`.
+The requests of :mod:`dra_driver.k8s.watch`'s pure parts: a list read in chunks, one
+chunk decoded at a time; a watch whose newline-delimited events are decoded as they
+arrive, ending quietly when the server ends it, when it is quiet for the read
+timeout or when it is cut; a 410 ``ERROR`` event is
+:class:`~dra_driver.k8s.watch.WatchExpiredError`.
 """
 
 from __future__ import annotations
@@ -30,7 +29,12 @@ async def list_in_chunks(
     transport: ApiTransport, path: str, limit: int, each: Callable[[JsonObj], None]
 ) -> str:
     """``each(item)`` for every object at ``path``, read ``limit`` at a time (0: in one
-    answer); returns the list's resourceVersion (as :func:`dra_driver.k8s.watch.list_in_chunks`)."""
+    answer); returns the list's resourceVersion.
+
+    Chunks keep one chunk decoded at a time instead of the whole list: the slices of a
+    large cluster are tens of megabytes decoded. Every chunk is of the first one's
+    snapshot; a token that expired meanwhile is an :class:`ApiError` with status 410
+    (list again)."""
     token = ""
     while True:
         body = await transport.send_json(

@@ -3,7 +3,10 @@
 The agent is its own long-lived process (``dra-driver mps-agent``, a DaemonSet
 updated only on delete), so a plugin restart or rolling update never touches a
 running daemon or its clients. Requests (:mod:`.protocol`) come in on a unix
-socket (:mod:`.server`); operations on one GPU are serialised by a lock per GPU.
+socket (:mod:`.server`). What runs at once is :mod:`.gpu_gate`'s: the shares of
+different claims on one v3 daemon side by side, each share's own operations in
+turn, a daemon's start, restart and stop alone; concurrent changes share one
+write of the state file (:mod:`.state_writer`).
 
 Every live share is recorded (:mod:`.agent_state`). A starting agent adopts a
 daemon a previous agent left running, or starts a fresh one, and restores the
@@ -28,10 +31,12 @@ from dra_driver.mpsagent.commands import ShareLimits
 from dra_driver.mpsagent.compute_mode import ComputeMode, NvidiaSmiComputeMode
 from dra_driver.mpsagent.daemon import MpsDaemon
 from dra_driver.mpsagent.daemon_files import DaemonError
+from dra_driver.mpsagent.gpu_gate import GpuGate, ShareLocks
 from dra_driver.mpsagent.layout import SocketPathTooLong, check_state_dir
 from dra_driver.mpsagent.migrate import retire_old_gpu_dirs
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 from dra_driver.mpsagent.server import AgentRequestError, AgentServer
+from dra_driver.mpsagent.state_writer import CoalescedWrite
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +123,9 @@ class MpsAgent:
         self._daemons: dict[str, MpsDaemon] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._restarts: dict[str, int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._gates: dict[str, GpuGate] = {}
+        self._share_locks = ShareLocks()
+        self._state = CoalescedWrite(self._save)
         self._server = AgentServer(self, config.socket_path)
 
     # -- state ----------------------------------------------------------------------
@@ -144,8 +151,12 @@ class MpsAgent:
     def _gpu_shares(self, gpu_uuid: str) -> list[ShareInfo]:
         return [s for (gpu, _), s in sorted(self._shares.items()) if gpu == gpu_uuid]
 
-    def _lock(self, gpu_uuid: str) -> asyncio.Lock:
-        return self._locks.setdefault(gpu_uuid, asyncio.Lock())
+    def _gate(self, gpu_uuid: str) -> GpuGate:
+        return self._gates.setdefault(gpu_uuid, GpuGate())
+
+    def _running_daemon(self, gpu_uuid: str) -> MpsDaemon | None:
+        daemon = self._daemons.get(gpu_uuid)
+        return daemon if daemon is not None and daemon.running else None
 
     def _daemon(self, gpu_uuid: str) -> MpsDaemon:
         daemon = self._daemons.get(gpu_uuid)
@@ -197,7 +208,7 @@ class MpsAgent:
         )
         self._load()
         for gpu_uuid in sorted({gpu for gpu, _ in self._shares}):
-            async with self._lock(gpu_uuid):
+            async with self._gate(gpu_uuid).exclusive():
                 daemon = self._daemon(gpu_uuid)
                 shares = [_limits(s) for s in self._gpu_shares(gpu_uuid)]
                 try:
@@ -209,13 +220,13 @@ class MpsAgent:
                     if not daemon.running:
                         continue
                 self._watch(gpu_uuid)
-        self._save()
+        await self._state.save()
 
     async def close(self) -> None:
         await self._server.close()
         if self.config.stop_daemons_on_exit:
             for gpu_uuid in sorted(self._daemons):
-                async with self._lock(gpu_uuid):
+                async with self._gate(gpu_uuid).exclusive():
                     await self._stop_daemon(gpu_uuid)
         for daemon in self._daemons.values():  # left running (stop_daemons_on_exit off)
             await daemon.stop_monitoring()
@@ -271,9 +282,17 @@ class MpsAgent:
             )
             delay = self.config.restart_backoff_s
             while True:
-                async with self._lock(gpu_uuid):
+                async with self._gate(gpu_uuid).exclusive():
                     if daemon.stopping:
                         return
+                    if daemon.running:
+                        # A prepare found it down first and started it with the shares.
+                        log.warning(
+                            "MPS daemon of GPU %s was restarted by a prepare (pid %s)",
+                            gpu_uuid,
+                            daemon.pid,
+                        )
+                        break
                     shares = [_limits(s) for s in self._gpu_shares(gpu_uuid)]
                     try:
                         await daemon.start()
@@ -307,8 +326,11 @@ class MpsAgent:
     # -- operations -----------------------------------------------------------------
 
     async def ensure_share(self, req: wire.EnsureShare) -> ShareInfo:
-        async with self._lock(req.gpu_uuid):
-            key = (req.gpu_uuid, req.share_id)
+        """Create the share, or set its limits again; answered once the state file
+        holds it. A v3 share's commands run beside other shares' of its GPU; a
+        daemon to start, and every legacy share, have the GPU to themselves."""
+        key = (req.gpu_uuid, req.share_id)
+        async with self._share_locks.hold(key):
             existing = self._shares.get(key)
             if existing is not None and existing.claim_uid != req.claim_uid:
                 raise AgentRequestError(
@@ -316,39 +338,15 @@ class MpsAgent:
                     f"share {req.share_id} on GPU {req.gpu_uuid} belongs to claim "
                     f"{existing.claim_uid}, not {req.claim_uid}",
                 )
-            others = [s for s in self._gpu_shares(req.gpu_uuid) if s.share_id != req.share_id]
-            legacy = cmd.daemon_protocol(self.protocol, req.gpu_uuid) == "legacy"
-            if legacy and req.uid is not None:
-                uids = sorted({s.uid for s in others if s.uid is not None and s.uid != req.uid})
-                if uids:
-                    raise AgentRequestError(
-                        "conflict",
-                        f"legacy MPS serves one UID at a time: GPU {req.gpu_uuid} already "
-                        f"serves UID {uids[0]}, this share asks for UID {req.uid}; run the "
-                        "pods sharing a GPU as the same user, or use MPS v3 on a whole GPU (driver "
-                        "615+; a MIG instance's daemon is always legacy)",
-                    )
-            if legacy and req.tenant is not None and not req.cooperative:
-                self._check_one_tenant(req, others)
-            try:
-                info = self._share_info(req)
-            except (DaemonError, SocketPathTooLong) as err:
-                raise AgentRequestError("daemon_failed", str(err)) from err
-            daemon = self._daemon(req.gpu_uuid)
-            started = False
-            try:
-                if not daemon.running:
-                    started = True  # also when start fails half-way: undo the compute mode
-                    await daemon.start()
-                    await daemon.restore([_limits(s) for s in others])
-                await daemon.apply(_limits(info), [*map(_limits, others), _limits(info)])
-            except DaemonError as err:
-                if started and not others:
-                    await self._stop_daemon(req.gpu_uuid)
-                raise AgentRequestError("daemon_failed", str(err)) from err
-            self._watch(req.gpu_uuid)
-            self._shares[key] = info
-            self._save()
+            if cmd.daemon_protocol(self.protocol, req.gpu_uuid) == "legacy":
+                # Every legacy change re-sends all the GPU's limits, and the UID and
+                # tenant checks read the other shares: one share at a time.
+                async with self._gate(req.gpu_uuid).exclusive():
+                    self._check_legacy(req)
+                    info = await self._apply_alone(req, self._checked_info(req))
+            else:
+                info = await self._apply_v3(req, self._checked_info(req))
+            await self._state.save()
             if existing is None:
                 log.info(
                     "share %s (claim %s) on GPU %s ensured: %s, %d%% threads",
@@ -359,6 +357,70 @@ class MpsAgent:
                     req.active_thread_percentage,
                 )
             return info
+
+    def _checked_info(self, req: wire.EnsureShare) -> ShareInfo:
+        try:
+            return self._share_info(req)
+        except (DaemonError, SocketPathTooLong) as err:
+            raise AgentRequestError("daemon_failed", str(err)) from err
+
+    def _others(self, gpu_uuid: str, share_id: str) -> list[ShareInfo]:
+        return [s for s in self._gpu_shares(gpu_uuid) if s.share_id != share_id]
+
+    def _check_legacy(self, req: wire.EnsureShare) -> None:
+        others = self._others(req.gpu_uuid, req.share_id)
+        if req.uid is not None:
+            uids = sorted({s.uid for s in others if s.uid is not None and s.uid != req.uid})
+            if uids:
+                raise AgentRequestError(
+                    "conflict",
+                    f"legacy MPS serves one UID at a time: GPU {req.gpu_uuid} already "
+                    f"serves UID {uids[0]}, this share asks for UID {req.uid}; run the "
+                    "pods sharing a GPU as the same user, or use MPS v3 on a whole GPU (driver "
+                    "615+; a MIG instance's daemon is always legacy)",
+                )
+        if req.tenant is not None and not req.cooperative:
+            self._check_one_tenant(req, others)
+
+    async def _apply_v3(self, req: wire.EnsureShare, info: ShareInfo) -> ShareInfo:
+        """The share's namespace commands against the running daemon, beside other
+        shares'; when the daemon is down, start it first, alone."""
+        gate = self._gate(req.gpu_uuid)
+        while True:
+            async with gate.shared():
+                daemon = self._running_daemon(req.gpu_uuid)
+                if daemon is not None:
+                    try:
+                        # v3 sends only this share's commands (the others are not read).
+                        await daemon.apply(_limits(info), [_limits(info)])
+                    except DaemonError as err:
+                        raise AgentRequestError("daemon_failed", str(err)) from err
+                    self._shares[(req.gpu_uuid, req.share_id)] = info
+                    return info
+            async with gate.exclusive():
+                if self._running_daemon(req.gpu_uuid) is None:
+                    return await self._apply_alone(req, info)
+            # Started meanwhile (by another share's ensure): back beside the others.
+
+    async def _apply_alone(self, req: wire.EnsureShare, info: ShareInfo) -> ShareInfo:
+        """With the GPU's gate held exclusive: start the daemon if it is down (with
+        the recorded shares restored), then apply this share."""
+        others = self._others(req.gpu_uuid, req.share_id)
+        daemon = self._daemon(req.gpu_uuid)
+        started = False
+        try:
+            if not daemon.running:
+                started = True  # also when start fails half-way: undo the compute mode
+                await daemon.start()
+                await daemon.restore([_limits(s) for s in others])
+            await daemon.apply(_limits(info), [*map(_limits, others), _limits(info)])
+        except DaemonError as err:
+            if started and not others:
+                await self._stop_daemon(req.gpu_uuid)
+            raise AgentRequestError("daemon_failed", str(err)) from err
+        self._watch(req.gpu_uuid)
+        self._shares[(req.gpu_uuid, req.share_id)] = info
+        return info
 
     @staticmethod
     def _check_one_tenant(req: wire.EnsureShare, others: list[ShareInfo]) -> None:
@@ -381,27 +443,52 @@ class MpsAgent:
             )
 
     async def release_share(self, req: wire.ReleaseShare) -> bool:
-        async with self._lock(req.gpu_uuid):
-            key = (req.gpu_uuid, req.share_id)
+        """Drop the share (its namespace, or the daemon with the GPU's last share);
+        answered once the state file no longer holds it."""
+        key = (req.gpu_uuid, req.share_id)
+        async with self._share_locks.hold(key):
             share = self._shares.get(key)
             if share is None:
                 return False
-            remaining = [s for s in self._gpu_shares(req.gpu_uuid) if s.share_id != req.share_id]
-            daemon = self._daemons.get(req.gpu_uuid)
             # Out of the status first: a daemon stopping after its last share is not a
             # daemon down (the plugin's health monitor would taint the GPU meanwhile).
             del self._shares[key]
+            gate = self._gate(req.gpu_uuid)
+            legacy = cmd.daemon_protocol(self.protocol, req.gpu_uuid) == "legacy"
             try:
-                if not remaining:
-                    await self._stop_daemon(req.gpu_uuid)
-                elif daemon is not None and daemon.running:
-                    await daemon.remove(_limits(share), [_limits(s) for s in remaining])
+                if legacy or not self._gpu_shares(req.gpu_uuid):
+                    async with gate.exclusive():
+                        await self._remove_alone(share)
+                else:
+                    async with gate.shared():
+                        daemon = self._running_daemon(req.gpu_uuid)
+                        if daemon is not None:  # down: its restart restores the others
+                            await daemon.remove(_limits(share), [])
             except DaemonError as err:
                 self._shares[key] = share
+                # Another share's write may have dropped it from the file meanwhile.
+                await self._save_logged(f"share {req.share_id} kept after its release failed")
                 raise AgentRequestError("daemon_failed", str(err)) from err
-            self._save()
+            await self._state.save()
             log.info("share %s on GPU %s released", req.share_id, req.gpu_uuid)
             return True
+
+    async def _remove_alone(self, share: ShareInfo) -> None:
+        """With the GPU's gate held exclusive: the last share stops the daemon (counted
+        now: a share ensured meanwhile keeps it up), any other is removed from it."""
+        remaining = self._gpu_shares(share.gpu_uuid)
+        if not remaining:
+            await self._stop_daemon(share.gpu_uuid)
+            return
+        daemon = self._running_daemon(share.gpu_uuid)
+        if daemon is not None:
+            await daemon.remove(_limits(share), [_limits(s) for s in remaining])
+
+    async def _save_logged(self, why: str) -> None:
+        try:
+            await self._state.save()
+        except OSError as err:
+            log.error("cannot write the MPS agent state %s (%s): %s", self.state_path, why, err)
 
     def list_shares(self) -> list[ShareInfo]:
         return [s for _, s in sorted(self._shares.items())]

@@ -8,10 +8,17 @@ change re-sends the limits of all the GPU's shares.
 
 A dead daemon takes its servers, namespaces and limits with it (they live only
 in the daemon); :meth:`DaemonShares.restore` re-creates them for the live shares.
+
+Several shares' v3 applies and removes run at once (:mod:`.gpu_gate`); each
+sends only its own namespace's commands. The server is created once, under a
+lock; a listing replaces the known namespaces in one step. The view may lag
+behind the daemon (a listing taken while another share's create ran): an apply
+or remove that fails looks again and retries, as after a half-done attempt.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Sequence
@@ -33,6 +40,7 @@ class DaemonShares:
         self._pipe_dir = pipe_dir
         self._server_exists = False
         self._namespaces: set[str] = set()
+        self._server_lock = asyncio.Lock()
 
     @property
     def _gpu_uuid(self) -> str:
@@ -57,12 +65,13 @@ class DaemonShares:
         run = self._control.run
         servers = listing.parse_v3_server_names(await run(cmd.v3_server_list()))
         self._log_problems(servers.problems)
-        self._server_exists = cmd.SERVER_NAME in servers.names
-        self._namespaces = set()
-        if self._server_exists:
+        server_exists = cmd.SERVER_NAME in servers.names
+        namespaces: set[str] = set()
+        if server_exists:
             spaces = listing.parse_v3_namespace_list(await run(cmd.v3_namespace_list()))
             self._log_problems(spaces.problems)
-            self._namespaces = {r.name for r in spaces.rows if r.server == cmd.SERVER_NAME}
+            namespaces = {r.name for r in spaces.rows if r.server == cmd.SERVER_NAME}
+        self._server_exists, self._namespaces = server_exists, namespaces
 
     def _log_problems(self, problems: Sequence[listing.ListingProblem]) -> None:
         """A listing line not in the documented form costs that line, not the adoption."""
@@ -88,10 +97,12 @@ class DaemonShares:
             await self._apply_legacy(all_shares)
             return
         if not self._server_exists:
-            await self.refresh()
-            if not self._server_exists:
-                await self._control.run(cmd.v3_server_create())
-                self._server_exists = True
+            async with self._server_lock:  # one create, whoever of the shares comes first
+                if not self._server_exists:
+                    await self.refresh()
+                if not self._server_exists:
+                    await self._control.run(cmd.v3_server_create())
+                    self._server_exists = True
         exists = share.namespace in self._namespaces
         try:
             await self._control.run_all(cmd.render_v3_apply(share, exists))

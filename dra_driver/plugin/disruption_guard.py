@@ -58,15 +58,15 @@ Action = Literal["guard", "release"]
 
 
 class PodStore(Protocol):
-    """The node's pods (``k8s.pods.PodApi`` is one); every call blocks."""
+    """The node's pods (``k8s.pods.PodApi`` is one)."""
 
-    def list_on_node(self, namespace: str | None = None) -> list[JsonObj]: ...
+    async def list_on_node(self, namespace: str | None = None) -> list[JsonObj]: ...
 
-    def patch_annotations(
+    async def patch_annotations(
         self, pod: Mapping[str, Any], changes: Mapping[str, str | None]
     ) -> JsonObj: ...
 
-    def get(self, namespace: str, name: str) -> JsonObj: ...
+    async def get(self, namespace: str, name: str) -> JsonObj: ...
 
 
 PreparedClaims = Callable[[], Mapping[ClaimUID, ClaimRef]]
@@ -171,7 +171,7 @@ class DisruptionGuard:
             self._workers.pop(uid, None)
 
     async def _apply(self, ref: ClaimRef, action: Action) -> None:
-        pods = await asyncio.to_thread(self.pods.list_on_node, ref.namespace)
+        pods = await self.pods.list_on_node(ref.namespace)
         for pod in pods:
             ann = annotations_of(pod)
             if action == "guard":
@@ -203,7 +203,7 @@ class DisruptionGuard:
             if not changes:
                 break
             try:
-                pod = await asyncio.to_thread(self.pods.patch_annotations, pod, changes)
+                pod = await self.pods.patch_annotations(pod, changes)
             except ApiNotFoundError:
                 self._pods.pop(_pod_key(pod), None)
                 return
@@ -211,7 +211,7 @@ class DisruptionGuard:
                 if attempt == CONFLICT_ATTEMPTS:
                     raise
                 try:
-                    fresh = await asyncio.to_thread(self.pods.get, namespace, name)
+                    fresh = await self.pods.get(namespace, name)
                 except ApiNotFoundError:
                     self._pods.pop(_pod_key(pod), None)
                     return
@@ -277,7 +277,7 @@ class DisruptionGuard:
             # Pods first, then the checkpoint: a claim in a marker was prepared
             # before its guard was written, so it is in the checkpoint read after
             # unless it was unprepared since (and then dropping it is right).
-            pods = await asyncio.to_thread(self.pods.list_on_node, None)
+            pods = await self.pods.list_on_node(None)
             prepared = await asyncio.to_thread(self.prepared) if self.prepared else None
             if not self._synced and prepared is not None:
                 for pod in pods:

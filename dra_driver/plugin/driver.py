@@ -20,9 +20,9 @@ lock (task + ``flock``) and writes the checkpoint: decisions are serialised, a
 PrepareStarted entry is durable before any side effect, and a claim whose side
 effects are in flight is not decided again until its transaction ends (a repeated
 or crossing prepare/unprepare waits for it). Side effects run outside the lock,
-so claims on different GPUs (and MPS namespaces, which the mps-agent serialises
-per GPU) are enforced at the same time while the next claims are decided. MIG
-changes of one GPU take that GPU's lock.
+so claims on different GPUs (and MPS v3 shares of one GPU: the mps-agent runs
+different claims' namespaces side by side) are enforced at the same time while
+the next claims are decided. MIG changes of one GPU take that GPU's lock.
 
 A call's claims run in a task of their own, so they finish even if the kubelet
 gives up on the call: its retry then finds the recorded result (a repeated
@@ -372,7 +372,8 @@ class Driver:
     async def _gpu_locks(self, devices: Sequence[PlannedDevice]) -> AsyncIterator[None]:
         """The locks of the GPUs whose MIG layout ``devices`` change, in a fixed order.
 
-        MPS shares need none here: the mps-agent serialises each GPU's daemon. An MPS
+        MPS shares need none here: the mps-agent orders what must be (a share's own
+        commands, its GPU's daemon start and stop, every legacy change). An MPS
         share inside a MIG instance may create the instance, so it takes its GPU's."""
         gpus = sorted({d.gpu_uuid for d in devices if mig_of(d) is not None})
         async with contextlib.AsyncExitStack() as stack:

@@ -12,9 +12,8 @@ and the plugin starts anyway.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from dra_driver.base.errors import ApiError
 from dra_driver.core.slices import EVENT_REASON, advertised, conflict_message
@@ -25,20 +24,17 @@ log = logging.getLogger(__name__)
 
 
 async def check_extended_resources(
-    read_node: Callable[[], JsonObj],
+    read_node: Callable[[], Awaitable[JsonObj]],
     *,
     node_name: str,
     names: Sequence[str],
     events: EventRecorder | None,
 ) -> str | None:
-    """Warn if the Node also advertises one of ``names``; returns the warning (None: none).
-
-    ``read_node`` blocks (it runs in a thread).
-    """
+    """Warn if the Node also advertises one of ``names``; returns the warning (None: none)."""
     if not names:
         return None
     try:
-        node = await asyncio.to_thread(read_node)
+        node = await read_node()
     except ApiError as err:
         log.warning(
             "cannot check node %s for extended resources advertised by a device plugin (%s): %s",

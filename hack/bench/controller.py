@@ -331,9 +331,11 @@ def run_load(api: Any, spec: Mapping[str, Any], gpu_memory: int) -> JsonObj:
     started = time.monotonic()
     for i, (name, amount) in enumerate(zip(names, memory, strict=True)):
         if mode == "stream":
-            due = started + i / rate
-            if due > time.monotonic():
-                time.sleep(due - time.monotonic())
+            # One reading of the clock: read twice, a loaded machine passed ``due``
+            # between the two and the sleep was negative (ValueError, the run lost).
+            wait = started + i / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
         claim, pod = claim_and_pod(name, amount)
         api.create(claim)
         api.create(pod)

@@ -59,6 +59,7 @@ from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
+from dra_driver.k8s.transport import api_transport
 from tests.support.fakekube import FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"
@@ -168,7 +169,7 @@ async def bench_node(label: str, gpus: str, rounds: int, warmup: int, via_file: 
     loop = asyncio.get_running_loop()
     with FakeKubeApi(kube_minor=36) as api:
         api.create(node_object(NODE))
-        client = make_api_client(None, host=api.url)
+        client = api_transport(make_api_client(None, host=api.url))
         publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
         backend = FakeGpuBackend(gpus, NODE, health_dir=dirs["health"] if via_file else None)
         config = PluginConfig(
@@ -215,7 +216,7 @@ async def bench_node(label: str, gpus: str, rounds: int, warmup: int, via_file: 
                 await asyncio.gather(follower, return_exceptions=True)
             await kubelet.close()
             await runtime.stop()
-            publisher.close()
+            await client.close()
             shutil.rmtree(root, ignore_errors=True)
 
 

@@ -16,10 +16,11 @@ include the kubelet's gRPC client and the socket, as a node pays them.
 Phases (``--phases``, default ``whole,mps``):
 
 * ``whole``: a whole GPU per pod (the request names no capacity: no MPS client);
-* ``mps``: a ``--share`` (default 4Gi) MPS v3 share per pod, with a quarter of the SMs;
-  one more share pod, started before the phase's first reading and deleted after its
-  last, keeps the GPU's MPS daemon up, as on a node already serving MPS pods
-  (``--cold``: without it, each wave's first share starts the daemon);
+* ``mps``: a ``--share`` (default 4Gi) MPS v3 share per pod, with a quarter of the SMs
+  (so four fit on a GPU: a wave spreads over several GPUs); one more share pod per GPU,
+  pinned to it, started before the phase's first reading and deleted after its last,
+  keeps every GPU's MPS daemon up, as on a node already serving MPS pods (``--cold``:
+  without them, each wave's first share on a GPU starts its daemon);
 * ``example``: dra-example-driver's kubelet plugin (``--example-driver PATH``, built by
   ``../shared/cluster/build-binaries.sh dra``) with one of its devices per pod: a
   Go driver on the same kubelet, for comparison.
@@ -258,13 +259,14 @@ def pod_body(name: str, node: str, template: str, image: str) -> JsonObj:
 
 
 def start_pods(
-    cluster: Cluster, node: str, template: str, image: str, names: list[str]
+    cluster: Cluster, node: str, template: str | Mapping[str, str], image: str, names: list[str]
 ) -> list[float]:
-    """Pods ``names``, each with its own claim from ``template``; their create-to-Running
-    seconds once all run."""
+    """Pods ``names``, each with its own claim from ``template`` (or from its own template,
+    ``template[name]``); their create-to-Running seconds once all run."""
     started = {}
     for name in names:
-        cluster.core.create_namespaced_pod(NAMESPACE, pod_body(name, node, template, image))
+        made = template if isinstance(template, str) else template[name]
+        cluster.core.create_namespaced_pod(NAMESPACE, pod_body(name, node, made, image))
         started[name] = time.monotonic()
     running: dict[str, float] = {}
     deadline = time.monotonic() + 300
@@ -304,16 +306,35 @@ def wait_calls(cluster: Cluster, node: str, driver: str, method: str, at_least: 
         time.sleep(0.5)
 
 
+def resident_templates(template: str, request: JsonObj, gpus: int) -> dict[str, JsonObj]:
+    """A share request pinned to each of the node's ``gpus`` fake GPUs (by its index
+    attribute), by template name."""
+    return {
+        f"{template}-resident-{i}": {
+            **request,
+            "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].index == {i}'}}],
+        }
+        for i in range(gpus)
+    }
+
+
 def run_phase(
     cluster: Cluster, args: argparse.Namespace, phase: str, driver: str, request: JsonObj
 ) -> PhaseResult:
     template = f"bench-{phase}"
     cluster.create_template(template, request)
-    # A resident share keeps its GPU's MPS daemon up, as on a node already serving MPS
-    # pods (the scheduler packs shares onto the first GPU that fits): the waves then
-    # measure a share's own prepare, not a daemon's start (--cold measures that).
-    resident = [f"{template}-resident"] if phase == "mps" and not args.cold else []
-    start_pods(cluster, args.node, template, args.image, resident)
+    # A resident share on each GPU keeps its MPS daemon up, as on a node already serving
+    # MPS pods: the waves then measure a share's own prepare, not a daemon's start (--cold
+    # measures that). One on each GPU: a GPU takes 100/computePercent shares (4 at 25%),
+    # so a wave spreads over several GPUs, and one resident on the first GPU left the
+    # others' daemons to start with each wave and stop after it.
+    residents = (
+        resident_templates(template, request, args.gpus) if phase == "mps" and not args.cold else {}
+    )
+    for name, pinned in residents.items():
+        cluster.create_template(name, pinned)
+    resident = list(residents)
+    start_pods(cluster, args.node, {n: n for n in resident}, args.image, resident)
     before = kubelet_totals(cluster.kubelet_metrics(args.node), driver)
     running: list[float] = []
     for wave in range(args.waves):

@@ -11,9 +11,9 @@ Modes (``--modes``, default all):
   checkpoint on the real disk with fsync, CDI specs on a tmpfs as the chart's
   /var/run/cdi is), configured as a pod is (``--client in-cluster``: the official
   in-cluster loader, a bearer token and the CA file) or as a host process
-  (``--client kubeconfig``): it GETs each claim through the official client's
-  transport, enforces the share through the real mps-agent process
-  (``dra-driver mps-agent --mps-control fake``: one fake
+  (``--client kubeconfig``): it GETs each claim through the driver's API transport
+  (aiohttp on its event loop, configured by the official loaders), enforces the
+  share through the real mps-agent process (``dra-driver mps-agent --mps-control fake``: one fake
   ``nvidia-cuda-mps-control`` daemon per GPU and one control shell each),
   writes the CDI spec and the checkpoint, and writes ``status.devices`` and
   Events through the claim reporter (after a lull in the calls). Each round
@@ -55,7 +55,8 @@ by default ``/bin/true``'s CPU as measured at the start of the run).
 Usage:   .venv/bin/python hack/bench/prepare.py [--rounds 100] [--burst 10] [--modes mps,...]
          [--client in-cluster|kubeconfig] [--repeat 1]
 Targets (2 cores): mps prepare p99 <= 50 ms, unprepare p99 <= 30 ms (10 concurrent
-one-claim calls); RSS plugin <= 60 MB, mps-agent <= 35 MB after start and after 100 claims.
+one-claim calls); RSS plugin <= 70 MB (60 before aiohttp), mps-agent <= 35 MB after start
+and after 100 claims.
 """
 
 # ruff: noqa: PLC0415 - imports sit in the functions that need them: the plugin
@@ -92,7 +93,10 @@ WHOLE_GPUS = 16
 """The whole mode's node: more GPUs than a wave's claims, one GPU each."""
 WITHIN_WHOLE = 1.5
 """Target: an MPS share's prepare and unprepare p50 and p99 within this of a whole GPU's."""
-TARGETS = {"prepare_p99": 50.0, "unprepare_p99": 30.0, "plugin_rss": 60.0, "agent_rss": 35.0}
+TARGETS = {"prepare_p99": 50.0, "unprepare_p99": 30.0, "plugin_rss": 70.0, "agent_rss": 35.0}
+"""The plugin's RSS target was 60 MB until its API requests moved onto aiohttp on the
+event loop (issue 34): aiohttp's import adds 7.5-9.7 MB (measured before/after in turns,
+docs/benchmarks.md), an increase the issue allows when stated (README)."""
 NOISY_STEAL = 0.02
 """Steal above this share of the machine's CPU time marks a run as disturbed (the
 least disturbed runs measured so far stayed at 0.1-0.5%, crowded ones 2-4%)."""

@@ -30,6 +30,7 @@ from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.objects import node_object
 from dra_driver.k8s.client import make_api_client
 from dra_driver.k8s.publisher import SlicePublisher
+from dra_driver.k8s.transport import api_transport
 from tests.support.fakekube import FakeKubeApi
 
 DRIVER = "gpu.fractional.dev"
@@ -40,8 +41,8 @@ async def one_round(model: str, gpus: int) -> dict[str, float]:
     caps = Capabilities.for_version(36)
     with FakeKubeApi(kube_minor=36) as api:
         api.create(node_object(NODE))
-        publisher = SlicePublisher(make_api_client(None, host=api.url), driver_name=DRIVER,
-                                   node_name=NODE)  # fmt: skip
+        http = api_transport(make_api_client(None, host=api.url))
+        publisher = SlicePublisher(http, driver_name=DRIVER, node_name=NODE)
         try:
             t0 = time.perf_counter()
             inventory = await FakeGpuBackend(f"{model}:{gpus}:mig", NODE).inventory()
@@ -62,7 +63,7 @@ async def one_round(model: str, gpus: int) -> dict[str, float]:
             after = await publisher.publish(changed)
             t6 = time.perf_counter()
         finally:
-            publisher.close()
+            await http.close()
     assert len(first.created) == len(slices) and not same.changed and after.generation == 2
     devices = sum(len(s.spec.get("devices", ())) for s in slices)
     return {

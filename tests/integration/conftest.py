@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from dra_driver.fakes.objects import resource_claim
-from dra_driver.k8s.client import KubeClient
-from tests.support.chart import plugin_client
+from dra_driver.k8s.transport import ApiTransport
+from tests.support.chart import plugin_transport
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import Node, cleanup, make_node
 from tests.support.node import NodeDirs
@@ -41,12 +41,11 @@ def node_dirs() -> Iterator[NodeDirs]:
 
 
 @pytest.fixture
-def api(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    """The kubelet plugin's API client on node-a: as its ServiceAccount where the module
+def api(fake_kube: FakeKubeApi) -> ApiTransport:
+    """The kubelet plugin's API transport on node-a: as its ServiceAccount where the module
     marks ``fake_kube`` with the chart (``pytest.mark.chart``), else without credentials.
     A module may define its own ``api`` (a fake API server, say) instead."""
-    with plugin_client(fake_kube) as client:
-        yield client
+    return plugin_transport(fake_kube)
 
 
 @pytest.fixture

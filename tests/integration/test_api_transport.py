@@ -95,7 +95,7 @@ def test_a_server_certificate_nobody_vouches_for_is_refused(https_kube: FakeKube
     asyncio.run(scenario())
 
 
-def test_configurations_it_does_not_speak_keep_the_clients_transport() -> None:
+def test_configurations_it_does_not_speak_get_no_transport() -> None:
     socks = Configuration(host="https://127.0.0.1:6443")
     socks.proxy = "socks5://proxy:1080"
     assert target_of(socks) is None

@@ -25,8 +25,8 @@ from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, Register
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.plugin.activity import CallActivity
 from dra_driver.plugin.claim_reporting import COMPONENT, ClaimReporter
 from tests.support.clock import Clock
@@ -64,7 +64,7 @@ class Prepared:
 
 
 def reporter(
-    api: KubeClient,
+    api: ApiTransport,
     clock: Clock,
     *,
     status: bool = True,
@@ -90,7 +90,7 @@ async def _no_sleep(_: float) -> None:
 
 @contextlib.asynccontextmanager
 async def plugin_with(
-    dirs: NodeDirs, api: KubeClient, observer: ClaimReporter
+    dirs: NodeDirs, api: ApiTransport, observer: ClaimReporter
 ) -> AsyncIterator[tuple[Plugin, RegisteredPlugin]]:
     """A plugin on MPS-shared fake GPUs reading claims from the fake API, ``observer`` told,
     with its mps-agent (the fake MPS control daemon)."""
@@ -105,12 +105,11 @@ async def plugin_with(
             await kubelet.close()
             await runtime.stop()
             await observer.close()
-            claims.close()
 
 
 @contextlib.asynccontextmanager
 async def plugin_reporting_to(
-    dirs: NodeDirs, api: KubeClient, reporting: ClaimReporter
+    dirs: NodeDirs, api: ApiTransport, reporting: ClaimReporter
 ) -> AsyncIterator[tuple[Plugin, RegisteredPlugin]]:
     """A plugin wired as ``dra-driver kubelet-plugin`` wires it: ``reporting`` given to
     the plugin, so it hears the health monitor as well as the driver."""
@@ -126,7 +125,6 @@ async def plugin_reporting_to(
         finally:
             await kubelet.close()
             await runtime.stop()  # closes the reporter too
-            claims.close()
 
 
 def _mps_config(dirs: NodeDirs) -> PluginConfig:
@@ -161,7 +159,7 @@ def events_on(fake: FakeKubeApi, kind: str, name: str) -> list[dict[str, Any]]:
 
 
 def test_prepare_writes_status_devices_and_unprepare_removes_them(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     a = share("gpu-0", memory="10Gi", compute_percent=25)
     b = share("gpu-0", memory="20Gi")
@@ -216,7 +214,7 @@ def test_prepare_writes_status_devices_and_unprepare_removes_them(
 
 
 def test_overcommit_refusal_is_one_warning_event_counted_on_repeats(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     ok = fake_kube.create(resource_claim("default", "ok", devices=[share("gpu-0", memory="60Gi")]))
     big = fake_kube.create(
@@ -254,7 +252,7 @@ def test_overcommit_refusal_is_one_warning_event_counted_on_repeats(
 
 def test_forbidden_status_write_warns_once_and_prepare_still_works(
     fake_kube: FakeKubeApi,
-    api: KubeClient,
+    api: ApiTransport,
     node_dirs: NodeDirs,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -285,7 +283,7 @@ def test_forbidden_status_write_warns_once_and_prepare_still_works(
 
 
 def test_status_off_still_records_events(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     bad = fake_kube.create(
         resource_claim("default", "elsewhere", node="node-b", devices=[share("gpu-0")])
@@ -305,7 +303,7 @@ def test_status_off_still_records_events(
 
 
 def test_health_change_events_on_node_and_claims_and_conditions(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     on_gpu0 = fake_kube.create(resource_claim("default", "a", devices=[share("gpu-0")]))
     on_gpu1 = fake_kube.create(resource_claim("default", "b", devices=[Allocated("gpu-1")]))
@@ -353,7 +351,7 @@ def test_health_change_events_on_node_and_claims_and_conditions(
 
 
 def test_device_healthy_is_known_from_the_first_prepare(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     """Devices are healthy unless a fault says otherwise, without waiting for a change.
 
@@ -387,7 +385,7 @@ def test_device_healthy_is_known_from_the_first_prepare(
 
 
 def test_health_change_for_claims_prepared_before_a_restart(
-    fake_kube: FakeKubeApi, api: KubeClient
+    fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     """Claims the monitor passes in (from the checkpoint) are told too."""
     obj = fake_kube.create(resource_claim("default", "old", devices=[Allocated("gpu-0")]))
@@ -415,7 +413,7 @@ def test_health_change_for_claims_prepared_before_a_restart(
 
 
 def test_prepare_then_quick_unprepare_leaves_nothing(
-    fake_kube: FakeKubeApi, api: KubeClient
+    fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     """Status writes of one claim are applied in order, the newest wanted state last."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
@@ -439,7 +437,7 @@ def status_patches(fake: FakeKubeApi) -> int:
 
 
 def test_status_writes_wait_for_the_calls_in_flight(
-    fake_kube: FakeKubeApi, api: KubeClient
+    fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     """A claim answered while others of its wave are still being prepared gets its
     status written once the wave is answered, not while it competes with them."""
@@ -461,7 +459,7 @@ def test_status_writes_wait_for_the_calls_in_flight(
 
 
 def test_a_node_that_never_rests_still_gets_its_status_written(
-    fake_kube: FakeKubeApi, api: KubeClient
+    fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
     activity = CallActivity(max_wait_s=0.2)
@@ -478,7 +476,7 @@ def test_a_node_that_never_rests_still_gets_its_status_written(
 
 
 def test_the_health_models_device_health_is_a_change(
-    fake_kube: FakeKubeApi, api: KubeClient
+    fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     """core.health.DeviceHealth (the health monitor's) is accepted as it is."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))
@@ -501,7 +499,7 @@ def test_the_health_models_device_health_is_a_change(
 
 
 def test_first_healthy_report_updates_conditions_without_events(
-    fake_kube: FakeKubeApi, api: KubeClient
+    fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     """As a health monitor listener: claims remembered from the checkpoint are told."""
     obj = fake_kube.create(resource_claim("default", "c", devices=[Allocated("gpu-0")]))

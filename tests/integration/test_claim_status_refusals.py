@@ -11,7 +11,7 @@ import pytest
 
 from dra_driver.fakes.objects import claim_ref, resource_claim
 from dra_driver.k8s.claim_status import ApplyResult, ClaimStatusWriter
-from tests.support.chart import plugin_client
+from tests.support.chart import plugin_transport
 from tests.support.fakekube import FakeKubeApi
 from tests.support.http import send
 
@@ -46,10 +46,10 @@ def test_apply_on_an_allocation_stored_with_spaces(
     code, written = send(fake_kube, "PUT", f"{CLAIMS}/c/status", body.encode())
     assert code == 200, written
     entry = {"driver": DRIVER, "pool": "node-a", "device": "gpu-0", "data": {"mode": "exclusive"}}
-    with plugin_client(fake_kube) as api:
-        writer = ClaimStatusWriter(api, driver_name=DRIVER, node_name="node-a", sleep=_no_sleep)
-        with caplog.at_level(logging.WARNING):
-            result = asyncio.run(writer.apply(claim_ref(written), [entry]))
+    api = plugin_transport(fake_kube)
+    writer = ClaimStatusWriter(api, driver_name=DRIVER, node_name="node-a", sleep=_no_sleep)
+    with caplog.at_level(logging.WARNING):
+        result = asyncio.run(writer.apply(claim_ref(written), [entry]))
     if not spaced:
         assert result is ApplyResult.WRITTEN
         return

@@ -21,7 +21,7 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.plugin.cdi_store import CdiStore
 from dra_driver.plugin.cleanup import cleanup_node
-from tests.support.chart import chart_api, plugin_client
+from tests.support.chart import chart_api, plugin_transport
 from tests.support.mps import agent_running
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -48,7 +48,7 @@ def test_cleanup_undoes_mig_mps_cdi_and_slices(node_dirs: NodeDirs) -> None:
     async def scenario() -> None:
         with chart_api() as api:  # the plugin as its ServiceAccount
             api.create(node_object(NODE))
-            publisher = SlicePublisher(plugin_client(api), driver_name=DRIVER, node_name=NODE)
+            publisher = SlicePublisher(plugin_transport(api), driver_name=DRIVER, node_name=NODE)
             async with agent_running(agent):
                 runtime = await start_plugin(
                     PluginParts(config, backend, InMemoryClaimSource(claims))
@@ -85,7 +85,6 @@ def test_cleanup_undoes_mig_mps_cdi_and_slices(node_dirs: NodeDirs) -> None:
                 assert len(report.mig_destroyed) == 1 and len(report.shares_released) == 1
                 assert (await backend.inventory()).gpus[1].mig_devices == ()
                 assert await MpsAgentClient(socket).list_shares() == []
-            publisher.close()
             assert node_dirs.cdi_files() == []
             assert not os.path.exists(os.path.join(node_dirs.plugin, "checkpoint.json"))
             assert report.slices_deleted == ("ours",)

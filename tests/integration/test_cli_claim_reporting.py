@@ -15,14 +15,13 @@ from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim
-from dra_driver.k8s.client import KubeClient
-from dra_driver.k8s.official import Configuration
 from dra_driver.observability.claim_log import LOGGER
 from dra_driver.observability.metrics_server import PREFIX as P
 from dra_driver.observability.metrics_server import new_registry
 from dra_driver.plugin.claim_reporting import ClaimReporter, DeviceHealthChange
 from tests.support.eventually import eventually
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
+from tests.support.transport import UNUSED_HOST, transport_to
 
 
 def test_defaults_write_status_and_rate_limit_events(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,7 +29,7 @@ def test_defaults_write_status_and_rate_limit_events(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("EVENT_INTERVAL", raising=False)
     args = build_parser().parse_args(["kubelet-plugin"])
     assert (args.claim_status, args.event_interval) == ("auto", "60")
-    reporter = claim_reporting(args, KubeClient(Configuration()), DRIVER, NODE)
+    reporter = claim_reporting(args, transport_to(UNUSED_HOST), DRIVER, NODE)
     assert reporter.status_writer is not None
     assert reporter.status_writer.field_manager == f"{DRIVER}/{NODE}"
     assert reporter.events is not None and reporter.events.instance == NODE
@@ -40,7 +39,7 @@ def test_claim_status_off_and_env_twins(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("CLAIM_STATUS", "off")
     monkeypatch.setenv("EVENT_INTERVAL", "5")
     args = build_parser().parse_args(["kubelet-plugin"])
-    reporter = claim_reporting(args, KubeClient(Configuration()), DRIVER, NODE)
+    reporter = claim_reporting(args, transport_to(UNUSED_HOST), DRIVER, NODE)
     assert reporter.status_writer is None
     assert reporter.events is not None and reporter.events.interval_s == 5.0
 
@@ -49,7 +48,7 @@ def test_bad_event_interval_names_the_flag(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("EVENT_INTERVAL", raising=False)
     args = build_parser().parse_args(["kubelet-plugin", "--event-interval", "soon"])
     with pytest.raises(ConfigError, match="--event-interval"):
-        claim_reporting(args, KubeClient(Configuration()), DRIVER, NODE)
+        claim_reporting(args, transport_to(UNUSED_HOST), DRIVER, NODE)
 
 
 class HeardReporter(ClaimReporter):
@@ -78,7 +77,7 @@ def test_the_plugin_tells_the_reporter_the_log_and_the_metrics(
     node_dirs: NodeDirs, caplog: pytest.LogCaptureFixture
 ) -> None:
     args = build_parser().parse_args(["kubelet-plugin", "--claim-status", "off"])
-    reporter = HeardReporter(claim_reporting(args, KubeClient(Configuration()), DRIVER, NODE))
+    reporter = HeardReporter(claim_reporting(args, transport_to(UNUSED_HOST), DRIVER, NODE))
     metrics = new_registry("kubelet-plugin")
     claim = resource_claim("ns", "whole", devices=[Allocated("gpu-0")])
     backend = FakeGpuBackend("h100-80gb:1", NODE)

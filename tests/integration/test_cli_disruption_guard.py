@@ -10,10 +10,9 @@ from dra_driver.base.errors import ConfigError
 from dra_driver.cli import build_parser, claim_reporting
 from dra_driver.cli.plugin import disruption_guard
 from dra_driver.core.claim_writes import GuardMode
-from dra_driver.k8s.client import KubeClient
-from dra_driver.k8s.official import Configuration
 from dra_driver.k8s.pods import PodApi
 from tests.support.node import DRIVER, NODE
+from tests.support.transport import UNUSED_HOST, transport_to
 
 
 def _guard(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> GuardOptions | None:
@@ -26,7 +25,7 @@ def _guard(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> GuardOpti
     settings = disruption_guard(args)
     if settings is None:
         return None
-    api = KubeClient(Configuration())
+    api = transport_to(UNUSED_HOST)
     reporter = claim_reporting(args, api, DRIVER, NODE)
     guard = guard_options(api, NODE, settings, reporter)
     assert guard.events is reporter.events  # its warnings are the plugin's Events

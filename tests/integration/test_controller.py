@@ -20,7 +20,7 @@ from dra_driver.base.quantity import parse_quantity
 from dra_driver.controller.informer import CLAIMS, Informer
 from dra_driver.controller.queue import WorkQueue
 from dra_driver.controller.reconcile import FINALIZER, REJECTED_ANNOTATION
-from dra_driver.k8s.transport import ApiTransport
+from dra_driver.k8s.transport import api_transport
 from dra_driver.k8s.watch import MERGE_PATCH
 from tests.support import controller_env
 from tests.support.chart import CONTROLLER_VALUES
@@ -341,15 +341,12 @@ def test_forged_grant_is_refused(fake_kube: FakeKubeApi) -> None:
     assert FINALIZER not in (claim_of(fake_kube, "c1")["metadata"].get("finalizers") or [])
 
 
-@pytest.mark.parametrize("on_loop", [True, False], ids=["loop-transport", "client-thread"])
-def test_informer_resumes_and_relists_after_410(fake_kube: FakeKubeApi, on_loop: bool) -> None:
+def test_informer_resumes_and_relists_after_410(fake_kube: FakeKubeApi) -> None:
     make_claim(fake_kube, "before")
 
     async def scenario() -> None:
-        client = controller_client(fake_kube)
-        transport = ApiTransport.for_client(client) if on_loop else None
-        assert (transport is not None) is on_loop
-        informer = Informer(client, CLAIMS, read_timeout_s=0.3, transport=transport)
+        transport = api_transport(controller_client(fake_kube))
+        informer = Informer(transport, CLAIMS, read_timeout_s=0.3)
         task = asyncio.create_task(informer.run())
         try:
             await asyncio.wait_for(informer.synced.wait(), 10)
@@ -373,8 +370,7 @@ def test_informer_resumes_and_relists_after_410(fake_kube: FakeKubeApi, on_loop:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            if transport is not None:
-                await transport.close()
+            await transport.close()
 
     asyncio.run(scenario())
 

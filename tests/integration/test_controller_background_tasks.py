@@ -11,8 +11,8 @@ import pytest
 from dra_driver.app.controller import build_controller, serve
 from dra_driver.app.tasks import BackgroundTaskFailed
 from dra_driver.cli import main
-from dra_driver.controller import Controller
 from dra_driver.controller.informer import PODS, Informer
+from dra_driver.controller.processing import ClaimProcessor
 from tests.support.chart import CONTROLLER_VALUES, controller_user
 from tests.support.controller_env import (
     DRIVER,
@@ -37,7 +37,7 @@ async def _pods_informer_returns(self: Informer) -> None:
     await _informer_run(self)
 
 
-async def _process_explodes(self: Controller, uid: str, *_: object) -> None:
+async def _process_explodes(self: ClaimProcessor, uid: str, *_: object) -> None:
     raise RuntimeError("the worker exploded")
 
 
@@ -76,7 +76,7 @@ def test_a_failing_worker_ends_the_controller_command_with_an_error(
 ) -> None:
     seed_cluster(fake_kube, {"node-a": "h100-80gb:1"})
     make_claim(fake_kube, "c1", "10Gi")
-    monkeypatch.setattr(Controller, "process", _process_explodes)
+    monkeypatch.setattr(ClaimProcessor, "process", _process_explodes)
     kubeconfig = tmp_path / "kubeconfig"
     write_kubeconfig(kubeconfig, fake_kube.url, fake_kube.token_for(controller_user()))
     argv = [

@@ -1,9 +1,9 @@
 """Pods and claims that come and go leave the controller's memory flat.
 
 A real controller (``build_controller``: its informers, caches, claim/pod index,
-assume cache, sizes and queue) is fed watch events the way its watch threads feed it
-(``Informer._arrive`` in a thread of its own, each object freshly decoded JSON, the
-loop applying them): CYCLES claims with their pods created, allocated, run and
+in-flight records, sizes and queue) is fed watch events the way its watches feed it
+(``Informer._arrive`` on the loop, each object freshly decoded JSON, applied at once):
+CYCLES claims with their pods created, allocated, run and
 deleted, ALIVE of them alive at a time, the claims the controller's own (so each goes
 through its queue: taken and marked done as its worker would). Memory is counted as
 the interpreter's allocated blocks after a full collection (``sys.getallocatedblocks``:
@@ -152,18 +152,17 @@ def _events(n: int) -> Iterator[tuple[str, str, str]]:
         yield "claims", "DELETED", _claim(gone, gone_node, allocated=True)
 
 
-def _feed(informers: dict[str, Informer], loop: asyncio.AbstractEventLoop, cycles: range) -> None:
-    """In a thread, as a watch thread reads events: each one decoded, then handed on."""
+def _feed(informers: dict[str, Informer], cycles: range) -> None:
+    """On the loop, as a watch reads events: each one decoded, then applied."""
     for n in cycles:
         for kind, etype, text in _events(n):
-            informers[kind]._arrive(loop, etype, json.loads(text))
+            informers[kind]._arrive(etype, json.loads(text))
 
 
 async def _applied(controller: Controller) -> None:
-    """Until the loop has applied every event handed to it; the queue's claims taken
-    and done, as the worker does (it would find nothing to do for most)."""
-    while any(i._arrived or i._drain_due for i in (controller.claims, controller.pods)):
-        await asyncio.sleep(0.001)
+    """The queue's claims taken and done, as the worker does (it would find nothing to
+    do for most); a pass of the loop for what the changes scheduled."""
+    await asyncio.sleep(0)
     for uid in controller.queue.take_all():
         controller.queue.done(uid)
 
@@ -171,13 +170,12 @@ async def _applied(controller: Controller) -> None:
 async def _churn(api: FakeKubeApi, cycles: int = CYCLES) -> list[tuple[int, int]]:
     """(cycles done, allocated blocks after a full collection) at each sample."""
     controller = build_controller(controller_client(api), controller_config())
-    loop = asyncio.get_running_loop()
     informers = {"claims": controller.claims, "pods": controller.pods}
     step = (cycles - WARM_UP) // (SAMPLES - 1)
     samples: list[tuple[int, int]] = []
     try:
         for start in range(0, cycles, CHUNK):
-            await asyncio.to_thread(_feed, informers, loop, range(start, start + CHUNK))
+            _feed(informers, range(start, start + CHUNK))
             await _applied(controller)
             done = start + CHUNK
             if done >= WARM_UP and (done - WARM_UP) % step == 0:

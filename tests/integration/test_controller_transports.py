@@ -1,25 +1,25 @@
-"""Where the controller's requests go: on the event loop when the client's configuration
-allows it (:mod:`dra_driver.k8s.transport`: the informers' lists and watches, the
-Lease, the claims' writes, the Events), else through the official client's transport
-in threads. Both paths allocate and write the Event, under the chart's RBAC; on the
-loop, no other thread opens a connection to the API server."""
+"""Where the controller's requests go: every one on the event loop
+(:mod:`dra_driver.k8s.transport`: the informers' lists and watches, the Lease, the
+claims' writes, the Events), under the chart's RBAC; no other thread opens a connection
+to the API server. A configuration the loop transport does not speak is refused when
+the controller is built, by name: there is no thread path to fall back to."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
-from dra_driver.k8s.transport import ApiTransport
+from dra_driver.app.controller import build_controller
+from dra_driver.base.errors import ConfigError
+from dra_driver.k8s.client import KubeClient
+from dra_driver.k8s.official import Configuration
+from tests.support.api_threads import connects_to
 from tests.support.chart import CONTROLLER_VALUES
 from tests.support.controller_env import (
     allocation_of,
+    controller_config,
     events_for,
     make_claim,
     make_pod,
@@ -55,25 +55,8 @@ def _allocate_one(api: FakeKubeApi) -> tuple[bool, int]:
     return seen[0]
 
 
-@contextmanager
-def _connects_to(api: FakeKubeApi, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The names of the threads that open a connection to ``api``, in order."""
-    port = urlsplit(api.url).port
-    threads: list[str] = []
-    connect = socket.socket.connect
-
-    def recorded(sock: socket.socket, address: Any) -> None:
-        if isinstance(address, tuple) and address[1] == port:
-            threads.append(threading.current_thread().name)
-        connect(sock, address)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(socket.socket, "connect", recorded)
-        yield threads
-
-
 def test_the_writes_go_on_the_loop(fake_kube: FakeKubeApi, monkeypatch: pytest.MonkeyPatch) -> None:
-    with _connects_to(fake_kube, monkeypatch) as connects:
+    with connects_to(fake_kube.url, monkeypatch) as connects:
         on_loop, threads = _allocate_one(fake_kube)
     assert on_loop
     # The informers, the Lease, the writes and the Events: from the loop's thread only.
@@ -83,19 +66,9 @@ def test_the_writes_go_on_the_loop(fake_kube: FakeKubeApi, monkeypatch: pytest.M
     assert len(patches) == 2, patches  # the finalizer, then the allocation
 
 
-def test_the_clients_transport_where_the_loop_does_not_speak_its_configuration(
-    fake_kube: FakeKubeApi, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def refuse(cls: type[ApiTransport], api_client: object, *, max_connections: int = 100) -> None:
-        return None  # as for a proxy, socket options, assert_hostname or retries
-
-    monkeypatch.setattr(ApiTransport, "for_client", classmethod(refuse))
-    with _connects_to(fake_kube, monkeypatch) as connects:
-        on_loop, threads = _allocate_one(fake_kube)
-    assert not on_loop
-    assert threads >= 1
-    # What the test above would see if a request went through a thread.
-    assert threading.main_thread().name not in connects
-    assert any(name.startswith("informer-") for name in connects), connects
-    patches = [p for m, p in fake_kube.requests if m == "PATCH" and "/resourceclaims/" in p]
-    assert len(patches) == 2, patches
+def test_a_configuration_the_loop_does_not_speak_is_refused(fake_kube: FakeKubeApi) -> None:
+    configuration = Configuration(host=fake_kube.url)
+    configuration.proxy = "socks5://127.0.0.1:1080"
+    with pytest.raises(ConfigError, match="SOCKS is not spoken"):
+        build_controller(KubeClient(configuration), controller_config())
+    assert fake_kube.requests == []  # refused before any request

@@ -23,9 +23,9 @@ from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import KUBELET_DRA_SERVICES, FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.pods import PodApi
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.observability.metrics_server import MetricsRegistry, new_registry
 from dra_driver.plugin.claim_reporting import COMPONENT
 from dra_driver.plugin.disruption_guard import DisruptionGuard
@@ -102,7 +102,7 @@ def guard_keys_of(fake: FakeKubeApi, name: str) -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def plugin_guarding(
     dirs: NodeDirs,
-    api: KubeClient,
+    api: ApiTransport,
     mode: GuardMode = GuardMode.ANNOTATED,
     *,
     metrics: MetricsRegistry | None = None,
@@ -133,11 +133,10 @@ async def plugin_guarding(
         await kubelet.close()
         await runtime.stop()
         await events.close()
-        claims.close()
 
 
 def test_prepare_guards_the_claims_pods_on_this_node_and_unprepare_releases_them(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     guarded = fake_kube.create(claim("guarded", annotations=OPTED_IN))
     plain = fake_kube.create(claim("plain", "gpu-1"))
@@ -184,7 +183,7 @@ def test_prepare_guards_the_claims_pods_on_this_node_and_unprepare_releases_them
 
 
 def test_a_users_own_annotations_are_never_removed(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     guarded = fake_kube.create(claim("guarded", annotations=OPTED_IN))
     mine = {KARPENTER_DO_NOT_DISRUPT: "true", "team": "llm"}
@@ -222,7 +221,7 @@ def test_a_users_own_annotations_are_never_removed(
 )
 def test_which_claims_are_guarded(
     fake_kube: FakeKubeApi,
-    api: KubeClient,
+    api: ApiTransport,
     node_dirs: NodeDirs,
     case: tuple[GuardMode, dict[str, str], bool],
 ) -> None:
@@ -246,7 +245,7 @@ def test_which_claims_are_guarded(
 @pytest.mark.parametrize("status", [403, 500])
 def test_api_errors_never_fail_a_prepare(
     fake_kube: FakeKubeApi,
-    api: KubeClient,
+    api: ApiTransport,
     node_dirs: NodeDirs,
     caplog: pytest.LogCaptureFixture,
     status: int,
@@ -272,7 +271,7 @@ def test_api_errors_never_fail_a_prepare(
 
 
 def test_a_refused_patch_never_fails_a_prepare(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     obj = fake_kube.create(claim("c", annotations=OPTED_IN))
     fake_kube.create(pod("p", claim_name="c"))
@@ -289,7 +288,7 @@ def test_a_refused_patch_never_fails_a_prepare(
 
 
 def test_a_conflict_is_tried_again_on_a_fresh_read(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     obj = fake_kube.create(claim("c", annotations=OPTED_IN))
     fake_kube.create(pod("p", claim_name="c"))
@@ -305,7 +304,7 @@ def test_a_conflict_is_tried_again_on_a_fresh_read(
 
 
 def test_the_periodic_pass_guards_late_pods_and_drops_stale_claims(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     """A second pod on a prepared claim (the kubelet does not prepare again) is guarded by
     the next pass; a marker naming a claim that is not prepared (unprepared while the
@@ -332,7 +331,7 @@ def test_the_periodic_pass_guards_late_pods_and_drops_stale_claims(
 
 
 def test_a_restarted_plugin_releases_what_it_guarded_before(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs
 ) -> None:
     obj = fake_kube.create(claim("c", annotations=OPTED_IN))
     fake_kube.create(pod("p", claim_name="c"))

@@ -32,9 +32,9 @@ from dra_driver.fakes.kubelet import FakeKubelet, PrepareResult
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim
 from dra_driver.k8s.claim_status import ClaimStatusWriter
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.nodes import read_node
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.plugin.claim_reporting import ClaimReporter
 from dra_driver.plugin.extended_resources import check_extended_resources
 from tests.support.chart import EXTENDED_VALUES, plugin_token
@@ -132,7 +132,7 @@ def spec_devices(dirs: NodeDirs, uid: str) -> list[str]:
 
 
 def test_each_container_gets_the_gpus_of_its_own_requests(
-    node_dirs: NodeDirs, fake_kube: FakeKubeApi, api: KubeClient
+    node_dirs: NodeDirs, fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     """Three containers (one an init container reusing the first one's GPU), one of
     them asking two GPUs: every container gets exactly its devices' CDI ids."""
@@ -196,16 +196,13 @@ def test_each_container_gets_the_gpus_of_its_own_requests(
             await rt.stop()
             await reporting.close()
 
-    try:
-        run_checked(scenario())
-    finally:
-        source.close()
+    run_checked(scenario())
     path = f"/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/{claim['metadata']['name']}"
     assert ("GET", path) in fake_kube.requests  # read through the API, as on a cluster
 
 
 def test_a_pod_mixing_extended_resources_and_a_normal_claim(
-    node_dirs: NodeDirs, fake_kube: FakeKubeApi, api: KubeClient
+    node_dirs: NodeDirs, fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     """One container asks nvidia.com/gpu, nvidia.com/mig-1g.10gb and a claim of its
     own: both claims are prepared in one call (a MIG instance created for the
@@ -254,10 +251,7 @@ def test_a_pod_mixing_extended_resources_and_a_normal_claim(
             await kubelet.close()
             await rt.stop()
 
-    try:
-        run_checked(scenario())
-    finally:
-        source.close()
+    run_checked(scenario())
 
 
 # --- the start-up check -----------------------------------------------------------------
@@ -281,7 +275,7 @@ def node_events(fake: FakeKubeApi) -> list[dict[str, Any]]:
 )
 def test_the_start_up_check_warns_on_the_node(
     fake_kube: FakeKubeApi,
-    api: KubeClient,
+    api: ApiTransport,
     caplog: pytest.LogCaptureFixture,
     allocatable: dict[str, str],
     warned: bool,
@@ -309,7 +303,7 @@ def test_the_start_up_check_warns_on_the_node(
 
 
 def test_an_unreadable_node_is_logged_and_not_fatal(
-    fake_kube: FakeKubeApi, api: KubeClient, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario() -> str | None:
         return await check_extended_resources(

@@ -30,7 +30,7 @@ from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.kubeletplugin.health import Health
 from dra_driver.plugin.health_monitor import HealthMonitor, report_timeout
 from dra_driver.plugin.publishing import SlicePublishing
-from tests.support.chart import chart_api, plugin_client
+from tests.support.chart import chart_api, plugin_transport
 from tests.support.clock import Clock
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
@@ -298,7 +298,7 @@ def test_taints_are_published_and_removed_with_generation_bumps(
     async def scenario() -> None:
         with chart_api(kube_minor=minor) as api:  # the plugin as its ServiceAccount
             api.create(node_object(NODE))
-            client = plugin_client(api)
+            client = plugin_transport(api)
             publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
             config = dataclasses.replace(
                 node_dirs.config(), health=HealthSettings(fatal_effect=TaintEffect.NO_EXECUTE)
@@ -348,7 +348,6 @@ def test_taints_are_published_and_removed_with_generation_bumps(
                 assert generations(api) == ({3} if keeps_taints else {1})
             finally:
                 await runtime.stop()
-                publisher.close()
 
     run_checked(scenario())
 
@@ -361,7 +360,7 @@ def test_server_set_taint_times_are_no_difference_and_are_kept() -> None:
     async def scenario() -> None:
         with chart_api(kube_minor=36) as api:  # the plugin as its ServiceAccount
             node_uid = api.create(node_object(NODE))["metadata"]["uid"]
-            client = plugin_client(api)
+            client = plugin_transport(api)
             inventory = await FakeGpuBackend("h100-80gb:2", NODE).inventory()
 
             def desired(*tainted: str) -> list[Any]:
@@ -380,7 +379,6 @@ def test_server_set_taint_times_are_no_difference_and_are_kept() -> None:
 
             first = publisher()
             assert (await first.publish(desired("gpu-0"))).generation == 1
-            first.close()
             (stored,) = ours(api)
             stored["spec"]["devices"][0]["taints"][0]["timeAdded"] = old  # added long ago
             api.update(stored)
@@ -392,7 +390,6 @@ def test_server_set_taint_times_are_no_difference_and_are_kept() -> None:
             assert more.updated and more.generation == 2
             assert taints_of(api, "gpu-0")[0]["timeAdded"] == old
             assert taints_of(api, "gpu-1")[0]["timeAdded"] != old
-            restarted.close()
 
     run_checked(scenario())
 

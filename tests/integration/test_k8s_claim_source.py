@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import http.client
 import socket
-from collections.abc import Iterator
+import ssl
 from pathlib import Path
 
 import pytest
-import urllib3.exceptions
 
 from dra_driver.base.errors import (
     ApiConflictError,
@@ -29,8 +27,10 @@ from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.errors import BODY_MAX_CHARS, translate_api_errors
 from dra_driver.k8s.official import ApiException, Configuration
-from tests.support.chart import plugin_client
+from dra_driver.k8s.transport import target_of
+from tests.support.chart import plugin_transport
 from tests.support.fakekube import DEFAULT_KINDS, FakeKubeApi
+from tests.support.transport import transport_to
 
 DRIVER = "gpu.fractional.dev"
 
@@ -42,16 +42,8 @@ pytestmark = pytest.mark.chart(())
 
 
 @pytest.fixture
-def api_client(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    with plugin_client(fake_kube) as api:
-        yield api
-
-
-@pytest.fixture
-def source(api_client: KubeClient) -> Iterator[KubernetesClaimSource]:
-    claims = KubernetesClaimSource(api_client, request_timeout_s=5)
-    yield claims
-    claims.close()
+def source(fake_kube: FakeKubeApi) -> KubernetesClaimSource:
+    return KubernetesClaimSource(plugin_transport(fake_kube), request_timeout_s=5)
 
 
 def ref(uid: str, name: str = "c1") -> ClaimRef:
@@ -195,20 +187,17 @@ def test_api_failures_are_translated(
 
 def test_unserved_api_is_not_a_missing_claim() -> None:
     nodes_only = tuple(k for k in DEFAULT_KINDS if k.plural == "nodes")
-    with FakeKubeApi(nodes_only) as fake, make_api_client(None, host=fake.url) as api:
-        claims = KubernetesClaimSource(api)
-        try:
-            with pytest.raises(ApiNotFoundError, match=r"resource\.k8s\.io/v1 served") as err:
-                get(claims, ref("uid-1"))
-        finally:
-            claims.close()
+    with FakeKubeApi(nodes_only) as fake:
+        claims = KubernetesClaimSource(transport_to(fake.url))
+        with pytest.raises(ApiNotFoundError, match=r"resource\.k8s\.io/v1 served") as err:
+            get(claims, ref("uid-1"))
     assert not isinstance(err.value, ClaimNotFoundError)
 
 
 def test_dropped_connections_are_unavailable(
     fake_kube: FakeKubeApi, source: KubernetesClaimSource
 ) -> None:
-    fake_kube.drop_next("GET", "/resourceclaims/c1", times=10)  # beyond urllib3's retries
+    fake_kube.drop_next("GET", "/resourceclaims/c1", times=10)  # beyond the one resend
     with pytest.raises(ApiUnavailableError, match="transport error") as err:
         get(source, ref("uid-1"))
     assert err.value.status is None
@@ -218,13 +207,9 @@ def test_unreachable_server_is_unavailable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again before the call: nothing listens
-    with make_api_client(None, host=f"http://127.0.0.1:{port}") as api:
-        claims = KubernetesClaimSource(api)
-        try:
-            with pytest.raises(ApiUnavailableError, match="GET resourceclaims default/c1"):
-                get(claims, ref("uid-1"))
-        finally:
-            claims.close()
+    claims = KubernetesClaimSource(transport_to(f"http://127.0.0.1:{port}"))
+    with pytest.raises(ApiUnavailableError, match="GET resourceclaims default/c1"):
+        get(claims, ref("uid-1"))
 
 
 # --- The error boundary (pure mapping) -------------------------------------------------
@@ -254,12 +239,12 @@ def test_status_mapping(status: int, expected: type[ApiError]) -> None:
 @pytest.mark.parametrize(
     "transport_error",
     [
-        urllib3.exceptions.MaxRetryError(None, "/x", reason=ConnectionRefusedError()),  # type: ignore[arg-type]
-        urllib3.exceptions.ReadTimeoutError(None, "/x", "read timed out"),  # type: ignore[arg-type]
-        http.client.RemoteDisconnected("closed"),
+        ConnectionRefusedError(111, "Connection refused"),
+        ConnectionError("ServerDisconnectedError: Server disconnected"),  # aiohttp's, as OSError
+        ssl.SSLCertVerificationError("certificate verify failed"),
         TimeoutError("timed out"),
     ],
-    ids=["max-retries", "read-timeout", "remote-disconnected", "socket-timeout"],
+    ids=["refused", "server-disconnected", "tls", "timeout"],
 )
 def test_transport_errors_are_unavailable(transport_error: Exception) -> None:
     with pytest.raises(ApiUnavailableError) as err, translate_api_errors("GET nodes n1"):
@@ -311,8 +296,8 @@ def no_cluster_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_explicit_host_needs_no_configuration(no_cluster_env: Path) -> None:
-    with make_api_client(None, host="http://127.0.0.1:1/") as api:
-        assert api.configuration.host == "http://127.0.0.1:1"
+    api = make_api_client(None, host="http://127.0.0.1:1/")
+    assert api.configuration.host == "http://127.0.0.1:1"
 
 
 @pytest.mark.parametrize("via", ["flag", "env"])
@@ -321,8 +306,8 @@ def test_kubeconfig_file(no_cluster_env: Path, monkeypatch: pytest.MonkeyPatch, 
     path.write_text(KUBECONFIG)
     if via == "env":
         monkeypatch.setenv("KUBECONFIG", str(path))
-    with make_api_client(str(path) if via == "flag" else None) as api:
-        assert api.configuration.host == "https://10.0.0.1:6443"
+    api = make_api_client(str(path) if via == "flag" else None)
+    assert api.configuration.host == "https://10.0.0.1:6443"
 
 
 def test_missing_configuration_names_the_flag(no_cluster_env: Path) -> None:
@@ -355,15 +340,16 @@ def test_in_cluster_without_service_account(
 
 def test_a_host_with_a_path_keeps_it_before_every_api_path() -> None:
     """A proxy in front of the API server (``https://rancher/k8s/clusters/c-1``)."""
-    with make_api_client(None, host="https://rancher.example/k8s/clusters/c-1/") as api:
-        assert api.path_prefix == "/k8s/clusters/c-1"
-        assert api.connection_pool() is not None
-    with make_api_client(None, host="https://10.0.0.1:6443") as api:
-        assert api.path_prefix == ""
+    api = make_api_client(None, host="https://rancher.example/k8s/clusters/c-1/")
+    target = target_of(api.configuration)
+    assert target is not None and target.base_url.endswith("/k8s/clusters/c-1")
+    api = make_api_client(None, host="https://10.0.0.1:6443")
+    target = target_of(api.configuration)
+    assert target is not None and target.base_url == "https://10.0.0.1:6443"
 
 
-def test_behind_an_http_proxy_the_pool_manager_writes_the_requests() -> None:
+def test_behind_an_http_proxy_the_requests_go_through_it() -> None:
     configuration = Configuration(host="https://10.0.0.1:6443")
     configuration.proxy = "http://127.0.0.1:3128"
-    with KubeClient(configuration) as api:
-        assert api.connection_pool() is None
+    target = target_of(KubeClient(configuration).configuration)
+    assert target is not None and target.proxy == "http://127.0.0.1:3128"

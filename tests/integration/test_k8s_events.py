@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
 from typing import Any
 
 import pytest
@@ -19,11 +17,12 @@ from dra_driver.k8s.claim_status import (
     dropped_by_server,
     field_manager,
 )
-from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.events import EventRecorder, InvolvedObject, event_object
+from dra_driver.k8s.transport import ApiTransport
 from tests.support.clock import Clock
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import run_checked
+from tests.support.transport import transport_to
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
@@ -35,7 +34,7 @@ pytestmark = pytest.mark.chart(())
 RBAC and admission policies."""
 
 
-def recorder(api: KubeClient, clock: Clock, **kw: Any) -> EventRecorder:
+def recorder(api: ApiTransport, clock: Clock, **kw: Any) -> EventRecorder:
     return EventRecorder(
         api, component="fractional-gpu-dra-kubelet-plugin", instance=NODE, clock=clock, **kw
     )
@@ -74,7 +73,7 @@ def test_event_on_a_claim_and_on_a_node() -> None:
     assert node["source"] == {"component": "c", "host": "i" * 300}
 
 
-def test_rate_limit_and_aggregation(fake_kube: FakeKubeApi, api: KubeClient) -> None:
+def test_rate_limit_and_aggregation(fake_kube: FakeKubeApi, api: ApiTransport) -> None:
     clock = Clock()
     rec = recorder(api, clock, interval_s=60, aggregate=True)
     node = InvolvedObject.node(NODE)
@@ -99,7 +98,7 @@ def test_rate_limit_and_aggregation(fake_kube: FakeKubeApi, api: KubeClient) -> 
     assert [m for m, _ in fake_kube.requests].count("PATCH") == 1
 
 
-def test_an_expired_event_is_written_again(fake_kube: FakeKubeApi, api: KubeClient) -> None:
+def test_an_expired_event_is_written_again(fake_kube: FakeKubeApi, api: ApiTransport) -> None:
     clock = Clock()
     rec = recorder(api, clock, interval_s=1, aggregate=True)
     claim = InvolvedObject.claim(REF)
@@ -117,7 +116,7 @@ def test_an_expired_event_is_written_again(fake_kube: FakeKubeApi, api: KubeClie
 
 
 def test_forbidden_patch_turns_aggregation_off(
-    fake_kube: FakeKubeApi, api: KubeClient, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
     rec = recorder(api, clock, interval_s=1, aggregate=True)
@@ -138,7 +137,7 @@ def test_forbidden_patch_turns_aggregation_off(
 
 
 def test_forbidden_create_is_logged_once_and_stops_events(
-    fake_kube: FakeKubeApi, api: KubeClient, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     rec = recorder(api, Clock())
     fake_kube.fail_next("POST", "/events", 403, times=5)
@@ -158,7 +157,7 @@ def test_forbidden_create_is_logged_once_and_stops_events(
 
 
 def test_other_failures_are_logged_and_dropped(
-    fake_kube: FakeKubeApi, api: KubeClient, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     rec = recorder(api, Clock())
     fake_kube.fail_next("POST", "/events", 500)
@@ -174,7 +173,7 @@ def test_other_failures_are_logged_and_dropped(
 
 
 def test_emit_never_blocks_and_bounds_what_is_in_flight(
-    fake_kube: FakeKubeApi, api: KubeClient
+    fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     rec = recorder(api, Clock(), max_in_flight=2)
 
@@ -189,7 +188,7 @@ def test_emit_never_blocks_and_bounds_what_is_in_flight(
     assert sorted(e["message"] for e in events(fake_kube)) == ["m0", "m1"]
 
 
-def test_controller_wrapper_keeps_its_api(fake_kube: FakeKubeApi, api: KubeClient) -> None:
+def test_controller_wrapper_keeps_its_api(fake_kube: FakeKubeApi, api: ApiTransport) -> None:
     from dra_driver.controller.events import COMPONENT, ClaimEventRecorder
     from dra_driver.controller.events import event_object as controller_event
 
@@ -218,7 +217,7 @@ class Sleeps:
         self.calls.append(seconds)
 
 
-def writer(api: KubeClient, sleeps: Sleeps | None = None) -> ClaimStatusWriter:
+def writer(api: ApiTransport, sleeps: Sleeps | None = None) -> ClaimStatusWriter:
     return ClaimStatusWriter(
         api, driver_name=DRIVER, node_name=NODE, sleep=sleeps or Sleeps(), backoff_s=0.5
     )
@@ -234,7 +233,7 @@ def claim(fake_kube: FakeKubeApi) -> dict[str, Any]:
 
 
 def test_apply_sends_server_side_apply(
-    fake_kube: FakeKubeApi, api: KubeClient, claim: dict[str, Any]
+    fake_kube: FakeKubeApi, api: ApiTransport, claim: dict[str, Any]
 ) -> None:
     assert run_checked(writer(api).apply(REF, [ours()])) is ApplyResult.WRITTEN
     (request,) = fake_kube.request_log
@@ -249,7 +248,7 @@ def test_apply_sends_server_side_apply(
 
 
 def test_conflicts_and_unavailability_are_retried_with_backoff(
-    fake_kube: FakeKubeApi, api: KubeClient, claim: dict[str, Any]
+    fake_kube: FakeKubeApi, api: ApiTransport, claim: dict[str, Any]
 ) -> None:
     sleeps = Sleeps()
     fake_kube.fail_next("PATCH", "/status", 409)
@@ -265,7 +264,11 @@ def test_conflicts_and_unavailability_are_retried_with_backoff(
     [(404, ApplyResult.GONE), (422, ApplyResult.REFUSED), (400, ApplyResult.REFUSED)],
 )
 def test_permanent_failures_are_not_retried(
-    fake_kube: FakeKubeApi, api: KubeClient, claim: dict[str, Any], status: int, result: ApplyResult
+    fake_kube: FakeKubeApi,
+    api: ApiTransport,
+    claim: dict[str, Any],
+    status: int,
+    result: ApplyResult,
 ) -> None:
     fake_kube.fail_next("PATCH", "/status", status)
     w = writer(api)
@@ -274,7 +277,7 @@ def test_permanent_failures_are_not_retried(
     assert w.enabled
 
 
-def test_a_replaced_claim_is_refused(fake_kube: FakeKubeApi, api: KubeClient) -> None:
+def test_a_replaced_claim_is_refused(fake_kube: FakeKubeApi, api: ApiTransport) -> None:
     fake_kube.create(resource_claim("default", "c1", uid="uid-2"))
     assert run_checked(writer(api).apply(REF, [ours()])) is ApplyResult.REFUSED
     assert "devices" not in fake_kube.get("ResourceClaim", "c1", "default")["status"]
@@ -282,7 +285,7 @@ def test_a_replaced_claim_is_refused(fake_kube: FakeKubeApi, api: KubeClient) ->
 
 def test_forbidden_is_logged_once_with_the_fix(
     fake_kube: FakeKubeApi,
-    api: KubeClient,
+    api: ApiTransport,
     claim: dict[str, Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -315,7 +318,7 @@ def test_field_manager_and_body() -> None:
     assert body["status"] == {"devices": [ours()]}
 
 
-def test_writer_keeps_other_drivers_entries(fake_kube: FakeKubeApi, api: KubeClient) -> None:
+def test_writer_keeps_other_drivers_entries(fake_kube: FakeKubeApi, api: ApiTransport) -> None:
     other = {"driver": "net.example.com", "pool": NODE, "device": "eth0", "data": {"ip": "x"}}
     obj = resource_claim(
         "default",
@@ -334,26 +337,23 @@ def test_writer_keeps_other_drivers_entries(fake_kube: FakeKubeApi, api: KubeCli
 
 def test_status_writes_go_two_at_a_time(fake_kube: FakeKubeApi) -> None:
     """A wave's writes all become due at once; at most ``max_in_flight`` are sent
-    together (each holds a thread of the loop's executor while it runs)."""
-    lock = threading.Lock()
+    together."""
     running, most = [0], [0]
 
-    def slow_patch(ref: ClaimRef, entries: Any) -> dict[str, Any]:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.02)
-        with lock:
-            running[0] -= 1
+    async def slow_patch(ref: ClaimRef, entries: Any) -> dict[str, Any]:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await asyncio.sleep(0.02)
+        running[0] -= 1
         return {"status": {"devices": list(entries)}}
 
-    with make_api_client(None, host=fake_kube.url) as api:
-        writer = ClaimStatusWriter(api, driver_name=DRIVER, node_name="node-a", max_in_flight=2)
-        writer._patch = slow_patch  # type: ignore[method-assign]
-        refs = [ClaimRef("default", f"c{i}", ClaimUID(f"uid-{i}")) for i in range(6)]
+    api = transport_to(fake_kube.url)
+    writer = ClaimStatusWriter(api, driver_name=DRIVER, node_name="node-a", max_in_flight=2)
+    writer._patch = slow_patch  # type: ignore[method-assign]
+    refs = [ClaimRef("default", f"c{i}", ClaimUID(f"uid-{i}")) for i in range(6)]
 
-        async def wave() -> list[ApplyResult]:
-            return list(await asyncio.gather(*(writer.apply(r, []) for r in refs)))
+    async def wave() -> list[ApplyResult]:
+        return list(await asyncio.gather(*(writer.apply(r, []) for r in refs)))
 
-        assert asyncio.run(wave()) == [ApplyResult.WRITTEN] * 6
+    assert asyncio.run(wave()) == [ApplyResult.WRITTEN] * 6
     assert most[0] == 2

@@ -17,6 +17,7 @@ from dra_driver.k8s import client as client_module
 from dra_driver.k8s.claims import KubernetesClaimSource
 from dra_driver.k8s.client import USER_AGENT, KubeClient, make_api_client
 from dra_driver.k8s.official import Configuration
+from dra_driver.k8s.transport import api_transport
 from tests.support.fakekube import FakeKubeApi
 from tests.support.tls import SelfSigned, openssl_missing, self_signed
 
@@ -33,12 +34,17 @@ def trusting(url: str, ca_file: str, **kwargs: Any) -> KubeClient:
 
 
 def read_claim(client: KubeClient) -> str:
-    source = KubernetesClaimSource(client, request_timeout_s=5)
-    try:
-        claim = asyncio.run(source.get_claim(ClaimRef("default", "c1", ClaimUID("uid-1"))))
-    finally:
-        source.close()
-    return claim.ref.name
+    http = api_transport(client)
+
+    async def read() -> str:
+        source = KubernetesClaimSource(http, request_timeout_s=5)
+        try:
+            claim = await source.get_claim(ClaimRef("default", "c1", ClaimUID("uid-1")))
+        finally:
+            await http.close()
+        return claim.ref.name
+
+    return asyncio.run(read())
 
 
 def test_in_cluster_configuration_talks_https_with_the_token(
@@ -53,9 +59,9 @@ def test_in_cluster_configuration_talks_https_with_the_token(
     port = https_kube.url.rsplit(":", 1)[1]
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
-    with make_api_client(None) as client:
-        assert client.configuration.host == f"https://127.0.0.1:{port}"
-        assert read_claim(client) == "c1"
+    client = make_api_client(None)
+    assert client.configuration.host == f"https://127.0.0.1:{port}"
+    assert read_claim(client) == "c1"
     (request,) = [r for r in https_kube.request_log if r.path.endswith("/resourceclaims/c1")]
     # The official loader writes the scheme in lower case; HTTP auth schemes are
     # case-insensitive (RFC 9110), and the API server reads them so.
@@ -77,8 +83,8 @@ def test_kubeconfig_with_the_ca_talks_https(
         f"users: [{{name: u, user: {{token: {TOKEN}}}}}]\n"
         "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
     )
-    with make_api_client(str(kubeconfig)) as client:
-        assert read_claim(client) == "c1"
+    client = make_api_client(str(kubeconfig))
+    assert read_claim(client) == "c1"
     assert {r.authorization for r in https_kube.request_log} == {f"Bearer {TOKEN}"}
 
 
@@ -88,10 +94,8 @@ def test_a_server_certificate_nobody_vouches_for_is_refused(
     """Another CA than the server's: the TLS handshake fails, and it is a transport
     error of that claim, not a crash."""
     other = self_signed(str(tmp_path / "other"))
-    with (
-        trusting(https_kube.url, other.cert) as client,
-        pytest.raises(ApiUnavailableError, match="transport error"),
-    ):
+    client = trusting(https_kube.url, other.cert)
+    with pytest.raises(ApiUnavailableError, match="transport error"):
         read_claim(client)
 
 
@@ -111,13 +115,12 @@ def test_a_rotated_token_is_sent_once_the_reuse_window_ends(
     fresh.configuration.api_key_prefix = {"BearerToken": "Bearer"}
     settings: Any = fresh.configuration  # the client's attributes are typed too narrowly
     settings.refresh_api_key_hook = refresh
-    with fresh:
-        for _ in range(3):
-            assert read_claim(fresh) == "c1"
-        fresh.configuration.api_key = {"BearerToken": "new"}  # the loader re-read the file
-        assert read_claim(fresh) == "c1"  # still inside the window
-        clock[0] += client_module.AUTH_REUSE_S
+    for _ in range(3):
         assert read_claim(fresh) == "c1"
+    fresh.configuration.api_key = {"BearerToken": "new"}  # the loader re-read the file
+    assert read_claim(fresh) == "c1"  # still inside the window
+    clock[0] += client_module.AUTH_REUSE_S
+    assert read_claim(fresh) == "c1"
     sent = [r.authorization for r in https_kube.request_log]
     assert sent == ["Bearer old"] * 4 + ["Bearer new"]
     assert len(asked) == 2

@@ -74,7 +74,7 @@ def candidate(
 ) -> tuple[LeaderElector, StoreApi]:
     api = StoreApi(store)
     elector = LeaderElector(
-        None,
+        api,
         name="l",
         namespace="ns",
         identity=identity,
@@ -82,7 +82,6 @@ def candidate(
         renew_deadline_s=DEADLINE,
         renew_interval_s=RENEW,
         retry_interval_s=RETRY,
-        lease_api=api,
         wall_clock=lambda: datetime.datetime.now(datetime.UTC) + skew,
     )
     return elector, api

@@ -29,8 +29,8 @@ from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.k8s.claims import KubernetesClaimSource
-from dra_driver.k8s.client import KubeClient
 from dra_driver.k8s.events import EventRecorder
+from dra_driver.k8s.transport import ApiTransport
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentUnavailableError
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.chart(())
 GAUGE = "fractional_gpu_dra_mps_waiting_uids"
 
 
-def reporter(api: KubeClient, clock: Clock) -> ClaimReporter:
+def reporter(api: ApiTransport, clock: Clock) -> ClaimReporter:
     events = EventRecorder(
         api, component=COMPONENT, instance=NODE, interval_s=60, aggregate=True, clock=clock
     )
@@ -100,7 +100,7 @@ def cuda_client(agent: AgentConfig, gpu: str, action: str, uid: int) -> str:
 
 @contextlib.asynccontextmanager
 async def mps_plugin(
-    dirs: NodeDirs, agent: AgentConfig, api: KubeClient, observer: ClaimReporter
+    dirs: NodeDirs, agent: AgentConfig, api: ApiTransport, observer: ClaimReporter
 ) -> AsyncIterator[tuple[RegisteredPlugin, str]]:
     """The plugin on two MPS-shared fake GPUs, polling ``agent`` every 50 ms; gpu-0's UUID."""
     config = dataclasses.replace(
@@ -120,7 +120,6 @@ async def mps_plugin(
     finally:
         await kubelet.close()
         await runtime.stop()
-        claims.close()
 
 
 def check_first_wait(fake: FakeKubeApi, gpu: str) -> str:
@@ -143,7 +142,7 @@ def check_first_wait(fake: FakeKubeApi, gpu: str) -> str:
 
 
 def test_a_uid_wait_is_a_warning_on_node_and_claims_until_it_clears(
-    fake_kube: FakeKubeApi, api: KubeClient, node_dirs: NodeDirs, agent: AgentConfig
+    fake_kube: FakeKubeApi, api: ApiTransport, node_dirs: NodeDirs, agent: AgentConfig
 ) -> None:
     refs = [
         claim_ref(fake_kube.create(resource_claim("default", name, devices=[share(device)])))
@@ -277,7 +276,7 @@ def test_waiting_claims_are_those_of_a_waiting_uid_when_every_uid_is_known() -> 
 
 
 def test_only_claims_whose_share_waits_are_told_when_the_uids_are_known(
-    fake_kube: FakeKubeApi, api: KubeClient
+    fake_kube: FakeKubeApi, api: ApiTransport
 ) -> None:
     refs = {n: ClaimRef("default", n, ClaimUID(f"uid-{n}")) for n in "abcd"}
     observer = reporter(api, Clock())

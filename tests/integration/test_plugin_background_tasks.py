@@ -24,7 +24,7 @@ from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin.health_monitor import HealthMonitor
 from dra_driver.plugin.publishing import SlicePublishing
-from tests.support.chart import chart_api, plugin_client, plugin_token
+from tests.support.chart import chart_api, plugin_token, plugin_transport
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
@@ -38,7 +38,7 @@ async def _health_returns(self: HealthMonitor) -> None:
 
 
 def _parts(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginParts, SlicePublisher]:
-    client = plugin_client(api)
+    client = plugin_transport(api)
     publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
     options = SliceOptions(
         publisher=publisher, probe=functools.partial(probe_capabilities, client, DRIVER, NODE)
@@ -68,13 +68,10 @@ def test_a_failed_slice_publisher_stops_the_plugin(
     monkeypatch.setattr(SlicePublishing, "run", _publisher_explodes)
     with chart_api() as api:  # the plugin runs as its ServiceAccount
         api.create(node_object(NODE))
-        parts, publisher = _parts(node_dirs, api)
+        parts, _ = _parts(node_dirs, api)
         started = Started(parts)
-        try:
-            with pytest.raises(BackgroundTaskFailed, match="slice-publisher failed") as raised:
-                run_checked(run_until_signalled(started))
-        finally:
-            publisher.close()
+        with pytest.raises(BackgroundTaskFailed, match="slice-publisher failed") as raised:
+            run_checked(run_until_signalled(started))
     assert isinstance(raised.value.cause, RuntimeError)
     (plugin,) = started.plugins
     assert plugin.failure is raised.value

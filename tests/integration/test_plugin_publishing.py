@@ -18,7 +18,7 @@ from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import Allocated, claim_ref, node_object, resource_claim
 from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.publisher import SlicePublisher
-from tests.support.chart import chart_api, plugin_client
+from tests.support.chart import chart_api, plugin_transport
 from tests.support.eventually import eventually
 from tests.support.fakekube import FakeKubeApi
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
@@ -36,7 +36,7 @@ def api(request: pytest.FixtureRequest) -> Iterator[FakeKubeApi]:
 
 
 def parts_with_slices(dirs: NodeDirs, api: FakeKubeApi) -> tuple[PluginParts, SlicePublisher]:
-    client = plugin_client(api)
+    client = plugin_transport(api)
     publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
     options = SliceOptions(
         publisher=publisher,
@@ -69,7 +69,7 @@ def test_publishes_at_start_and_again_after_each_registration(
     )  # fmt: skip
 
     async def scenario() -> None:
-        parts, publisher = parts_with_slices(node_dirs, api)
+        parts, _ = parts_with_slices(node_dirs, api)
         runtime = await start_plugin(parts)
         try:
             assert runtime.publishing is not None
@@ -102,7 +102,6 @@ def test_publishes_at_start_and_again_after_each_registration(
             await kubelet.close()
         finally:
             await runtime.stop()
-            publisher.close()
         # A normal shutdown leaves the slices to the next pod (or the kubelet).
         assert len(ours(api)) == len(first)
         assert api.get(SLICES, "node-b-other") == foreign
@@ -126,7 +125,7 @@ class ResettableGpus(FakeGpuBackend):
 
 def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) -> None:
     async def scenario() -> None:
-        client = plugin_client(api)
+        client = plugin_transport(api)
         publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
         backend = ResettableGpus()
         runtime = await start_plugin(
@@ -159,7 +158,6 @@ def test_inventory_change_is_republished(node_dirs: NodeDirs, api: FakeKubeApi) 
             assert "gpu-1" not in health and "gpu-1-mig-3g40gb-9-0" in health
         finally:
             await runtime.stop()
-            publisher.close()
 
     run_checked(scenario())
 
@@ -170,7 +168,7 @@ def test_mig_instances_we_create_do_not_change_the_pool(node_dirs: NodeDirs) -> 
     async def scenario() -> None:
         with chart_api(kube_minor=36) as api:
             api.create(node_object(NODE))
-            client = plugin_client(api)
+            client = plugin_transport(api)
             publisher = SlicePublisher(client, driver_name=DRIVER, node_name=NODE)
             backend = FakeGpuBackend("h100-80gb:1:mig", NODE)
             runtime = await start_plugin(
@@ -205,6 +203,5 @@ def test_mig_instances_we_create_do_not_change_the_pool(node_dirs: NodeDirs) -> 
             finally:
                 await kubelet.close()
                 await runtime.stop()
-                publisher.close()
 
     run_checked(scenario())

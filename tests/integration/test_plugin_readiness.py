@@ -27,7 +27,7 @@ from dra_driver.k8s.capabilities import probe_capabilities
 from dra_driver.k8s.publisher import SlicePublisher
 from dra_driver.plugin import readiness
 from dra_driver.plugin.readiness import Readiness, ReadinessServer, check_readiness
-from tests.support.chart import chart_api, plugin_client
+from tests.support.chart import chart_api, plugin_transport
 from tests.support.eventually import eventually
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 from tests.support.processes import stop_process
@@ -95,7 +95,8 @@ def test_unready_until_registered_and_published_and_while_publishes_fail(
     node_dirs: NodeDirs,
 ) -> None:
     # The plugin as its ServiceAccount, under the chart's RBAC and slice policy.
-    with chart_api() as api, plugin_client(api) as client:
+    with chart_api() as api:
+        client = plugin_transport(api)
         api.create(node_object(NODE))
         publisher = SlicePublisher(
             client,
@@ -145,7 +146,6 @@ def test_unready_until_registered_and_published_and_while_publishes_fail(
             finally:
                 await kubelet.close()
                 await runtime.stop()
-                publisher.close()
             assert (await aready(port))[0] == 0  # closed with the plugin
 
         run_checked(scenario())

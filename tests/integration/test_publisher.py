@@ -12,7 +12,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -23,7 +23,6 @@ from dra_driver.core.slices import DesiredSlice, build_slices
 from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.objects import node_object, resource_claim
 from dra_driver.k8s.capabilities import parse_minor, probe_capabilities, read_server_minor
-from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.publisher import (
     FIELD_MANAGER,
     MANAGED_BY,
@@ -36,9 +35,11 @@ from dra_driver.k8s.publisher import (
     missing_fields,
     slice_name,
 )
-from tests.support.chart import plugin_client
+from dra_driver.k8s.transport import ApiTransport
+from tests.support.chart import plugin_transport
 from tests.support.fakekube import FakeKubeApi, JsonObj
 from tests.support.http import send_json
+from tests.support.transport import transport_to
 
 DRIVER = "gpu.fractional.dev"
 NODE = "node-a"
@@ -129,11 +130,10 @@ def http(fake: FakeKubeApi, method: str, path: str, body: Any = None) -> tuple[i
 
 
 @pytest.fixture
-def api_client(fake_kube: FakeKubeApi) -> Iterator[KubeClient]:
-    """The plugin's client: as its ServiceAccount on NODE, under the chart's RBAC and
+def api_client(fake_kube: FakeKubeApi) -> ApiTransport:
+    """The plugin's transport: as its ServiceAccount on NODE, under the chart's RBAC and
     slice policy (``pytestmark``)."""
-    with plugin_client(fake_kube, NODE) as api:
-        yield api
+    return plugin_transport(fake_kube, NODE)
 
 
 @pytest.fixture
@@ -142,16 +142,13 @@ def node_uid(fake_kube: FakeKubeApi) -> str:
 
 
 @contextlib.asynccontextmanager
-async def publisher(api_client: KubeClient, **kwargs: Any) -> AsyncIterator[SlicePublisher]:
+async def publisher(api_client: ApiTransport, **kwargs: Any) -> AsyncIterator[SlicePublisher]:
     pub = SlicePublisher(api_client, driver_name=DRIVER, node_name=NODE, backoff=FAST, **kwargs)
-    try:
-        yield pub
-    finally:
-        pub.close()
+    yield pub
 
 
 def publish_once(
-    api_client: KubeClient, want: Sequence[DesiredSlice], **kwargs: Any
+    api_client: ApiTransport, want: Sequence[DesiredSlice], **kwargs: Any
 ) -> PublishResult:
     async def go() -> PublishResult:
         async with publisher(api_client, **kwargs) as pub:
@@ -182,9 +179,9 @@ def test_probe_reads_what_the_server_keeps(
     minor: int, drop: bool | None, expected: Capabilities
 ) -> None:
     with FakeKubeApi(kube_minor=minor, drop_gated_fields=drop) as fake:
-        with make_api_client(None, host=fake.url) as api:
-            rv = fake.resource_version
-            got = asyncio.run(probe_capabilities(api, DRIVER, NODE, None))
+        api = transport_to(fake.url)
+        rv = fake.resource_version
+        got = asyncio.run(probe_capabilities(api, DRIVER, NODE, None))
         assert got == expected
         # Dry runs only: nothing stored, no watch event (the resourceVersion did not move).
         assert fake.objects("ResourceSlice") == []
@@ -196,7 +193,7 @@ def test_probe_reads_what_the_server_keeps(
 
 
 def test_probe_with_a_known_version_skips_version(
-    fake_kube: FakeKubeApi, api_client: KubeClient
+    fake_kube: FakeKubeApi, api_client: ApiTransport
 ) -> None:
     assert asyncio.run(probe_capabilities(api_client, DRIVER, NODE, 36)) == ALL_ON
     assert [p for _, p in fake_kube.requests if "version" in p] == []
@@ -204,7 +201,7 @@ def test_probe_with_a_known_version_skips_version(
 
 @pytest.mark.parametrize("status", [403, 422, 409])
 def test_refused_probe_falls_back_to_all_off(
-    fake_kube: FakeKubeApi, api_client: KubeClient, status: int, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi, api_client: ApiTransport, status: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake_kube.fail_next("POST", "dryRun=All", status)
     with caplog.at_level(logging.WARNING):
@@ -213,20 +210,20 @@ def test_refused_probe_falls_back_to_all_off(
     assert any("probe" in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
 
 
-def test_refused_version_still_probes(fake_kube: FakeKubeApi, api_client: KubeClient) -> None:
+def test_refused_version_still_probes(fake_kube: FakeKubeApi, api_client: ApiTransport) -> None:
     fake_kube.fail_next("GET", "/version", 403)
     assert asyncio.run(probe_capabilities(api_client, DRIVER, NODE, None)) == ALL_ON
 
 
 def test_unavailable_server_is_raised_not_guessed(
-    fake_kube: FakeKubeApi, api_client: KubeClient
+    fake_kube: FakeKubeApi, api_client: ApiTransport
 ) -> None:
     fake_kube.fail_next("POST", "dryRun=All", 500)
     with pytest.raises(ApiUnavailableError):
         asyncio.run(probe_capabilities(api_client, DRIVER, NODE, 36))
 
 
-def test_server_minor(api_client: KubeClient) -> None:
+def test_server_minor(api_client: ApiTransport) -> None:
     assert asyncio.run(read_server_minor(api_client)) == 36
 
 
@@ -235,7 +232,8 @@ def test_an_emulated_version_is_the_one_in_effect(caplog: pytest.LogCaptureFixtu
     with FakeKubeApi(kube_minor=34, binary_minor=36) as api:
         info = json.loads(urllib.request.urlopen(api.url + "/version", timeout=5).read())
         assert (info["minor"], info["emulationMinor"]) == ("36", "34")
-        with make_api_client(None, host=api.url) as client, caplog.at_level(logging.INFO):
+        with caplog.at_level(logging.INFO):
+            client = transport_to(api.url)
             caps = asyncio.run(probe_capabilities(client, DRIVER, NODE))
     assert not caps.consumable_capacity
     assert "API server 1.34 keeps" in caplog.text
@@ -256,7 +254,7 @@ def test_parse_minor_without_digits() -> None:
 
 
 def test_first_publish_creates_named_owned_slices(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     result = publish_once(api_client, two_gpus())
 
@@ -284,7 +282,7 @@ def test_first_publish_creates_named_owned_slices(
 
 
 def test_unchanged_republish_writes_nothing(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     async def go() -> list[PublishResult]:
         async with publisher(api_client) as pub:
@@ -303,7 +301,7 @@ def test_unchanged_republish_writes_nothing(
 
 
 def test_a_changed_device_bumps_every_slice_of_the_pool(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     result = publish_once(api_client, two_gpus(memory="40Gi"))
@@ -315,7 +313,7 @@ def test_a_changed_device_bumps_every_slice_of_the_pool(
 
 
 def test_a_removed_key_deletes_its_slice(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     result = publish_once(api_client, desired(("gpu-0", [gpu("gpu-0")])))
@@ -330,7 +328,7 @@ def test_a_removed_key_deletes_its_slice(
 
 
 def test_other_nodes_and_drivers_are_untouched(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     other_node = fake_kube.create(foreign_slice("b-slice", node="node-b", driver=DRIVER))
     other_driver = fake_kube.create(foreign_slice("a-other", node=NODE, driver="other.example.com"))
@@ -351,13 +349,13 @@ def ours_names(want: Sequence[DesiredSlice]) -> list[str]:
     return [slice_name(NODE, DRIVER, d.key) for d in want]
 
 
-async def _unpublish(api_client: KubeClient) -> tuple[str, ...]:
+async def _unpublish(api_client: ApiTransport) -> tuple[str, ...]:
     async with publisher(api_client) as pub:
         return await pub.unpublish()
 
 
 def test_conflict_relists_and_succeeds(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     fake_kube.clear_requests()
@@ -370,7 +368,7 @@ def test_conflict_relists_and_succeeds(
 
 
 def test_conflicts_give_up_after_max_conflict_retries(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     fake_kube.fail_next("PUT", "/resourceslices/", 409, times=10)
@@ -379,7 +377,7 @@ def test_conflicts_give_up_after_max_conflict_retries(
 
 
 def test_our_metadata_is_restored_without_a_new_generation(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     name = slice_name(NODE, DRIVER, "gpu-1")
@@ -395,7 +393,7 @@ def test_our_metadata_is_restored_without_a_new_generation(
 
 
 def test_inconsistent_stored_generations_are_repaired(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     """E.g. a publish cut short: every slice moves past the highest stored generation."""
     publish_once(api_client, two_gpus())
@@ -409,7 +407,7 @@ def test_inconsistent_stored_generations_are_repaired(
 
 
 def test_transient_errors_are_retried_with_backoff(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     fake_kube.fail_next("POST", "/resourceslices", 500, times=2)
     result = publish_once(api_client, two_gpus())
@@ -419,7 +417,7 @@ def test_transient_errors_are_retried_with_backoff(
 
 
 def test_transient_errors_give_up_after_max_attempts(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     fake_kube.fail_next("GET", "/resourceslices", 503, times=3)
     with pytest.raises(ApiUnavailableError, match="503"):
@@ -431,7 +429,8 @@ def test_dropped_fields_are_reported_and_do_not_cause_churn(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     shared = desired(("gpu-0", [gpu("gpu-0", shared=True)]))
-    with FakeKubeApi(kube_minor=35) as fake, make_api_client(None, host=fake.url) as api:
+    with FakeKubeApi(kube_minor=35) as fake:
+        api = transport_to(fake.url)
         uid = str(fake.create(node_object(NODE))["metadata"]["uid"])
 
         async def go() -> list[PublishResult]:
@@ -458,7 +457,7 @@ def test_dropped_fields_are_reported_and_do_not_cause_churn(
 
 
 def test_republish_after_the_kubelet_wiped_the_slices(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     built = 0
 
@@ -497,7 +496,10 @@ def test_republish_after_the_kubelet_wiped_the_slices(
 
 
 def test_run_keeps_retrying_after_failures(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str, caplog: pytest.LogCaptureFixture
+    fake_kube: FakeKubeApi,
+    api_client: ApiTransport,
+    node_uid: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # 2 tries per publish: the first publish fails, the loop backs off and tries again.
     fake_kube.fail_next("GET", "/resourceslices", 500, times=3)
@@ -519,7 +521,7 @@ def test_run_keeps_retrying_after_failures(
     assert any("publishing ResourceSlices failed" in r.getMessage() for r in caplog.records)
 
 
-def test_async_desired_fn(fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str) -> None:
+def test_async_desired_fn(fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str) -> None:
     async def desired_fn() -> list[DesiredSlice]:
         await asyncio.sleep(0)
         return two_gpus()
@@ -538,7 +540,7 @@ def test_async_desired_fn(fake_kube: FakeKubeApi, api_client: KubeClient, node_u
     assert asyncio.run(go()).generation == 1
 
 
-def test_missing_node_is_named(fake_kube: FakeKubeApi, api_client: KubeClient) -> None:
+def test_missing_node_is_named(fake_kube: FakeKubeApi, api_client: ApiTransport) -> None:
     with pytest.raises(ApiNotFoundError, match="owned by their Node"):
         publish_once(api_client, two_gpus())
     assert writes(fake_kube) == []
@@ -556,7 +558,7 @@ def test_missing_node_is_named(fake_kube: FakeKubeApi, api_client: KubeClient) -
     ids=["driver", "node", "duplicate", "count"],
 )
 def test_desired_slices_breaking_the_contract_are_refused(
-    fake_kube: FakeKubeApi, api_client: KubeClient, want: list[DesiredSlice], message: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, want: list[DesiredSlice], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
         publish_once(api_client, want)
@@ -564,7 +566,7 @@ def test_desired_slices_breaking_the_contract_are_refused(
 
 
 def test_publishing_nothing_removes_our_slices(
-    fake_kube: FakeKubeApi, api_client: KubeClient, node_uid: str
+    fake_kube: FakeKubeApi, api_client: ApiTransport, node_uid: str
 ) -> None:
     publish_once(api_client, two_gpus())
     result = publish_once(api_client, [])
@@ -576,7 +578,7 @@ def test_publishing_nothing_removes_our_slices(
 def test_probe_build_publish_round_trip_drops_nothing(minor: int) -> None:
     """What the builder makes for the probed capabilities is stored as sent."""
 
-    async def go(api: KubeClient) -> tuple[Capabilities, PublishResult, PublishResult]:
+    async def go(api: ApiTransport) -> tuple[Capabilities, PublishResult, PublishResult]:
         caps = await probe_capabilities(api, DRIVER, NODE)
         inventory = await FakeGpuBackend("h100-80gb:2,h100-80gb:1:mig,l4", NODE).inventory()
         want = build_slices(
@@ -589,7 +591,8 @@ def test_probe_build_publish_round_trip_drops_nothing(minor: int) -> None:
         async with publisher(api) as pub:
             return caps, await pub.publish(want), await pub.publish(want)
 
-    with FakeKubeApi(kube_minor=minor) as fake, make_api_client(None, host=fake.url) as api:
+    with FakeKubeApi(kube_minor=minor) as fake:
+        api = transport_to(fake.url)
         fake.create(node_object(NODE))
         caps, first, second = asyncio.run(go(api))
         assert caps == Capabilities.for_version(minor)

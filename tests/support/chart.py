@@ -25,11 +25,13 @@ import yaml
 
 from dra_driver.k8s.client import KubeClient, make_api_client
 from dra_driver.k8s.official import Configuration
+from dra_driver.k8s.transport import ApiTransport
 from tests.support.fakekube import FakeKubeApi
 from tests.support.fakekube_admission import ApiSecurity
 from tests.support.fakekube_auth import Attributes, User, service_account, service_account_of
 from tests.support.fakekube_types import JsonObj
 from tests.support.node import NODE
+from tests.support.transport import transport_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "fractional-gpu-dra"
@@ -112,6 +114,11 @@ def plugin_client(api: FakeKubeApi, node: str = NODE) -> KubeClient:
     if api.security is not None:
         return client_as(api, plugin_user(node))
     return make_api_client(None, host=api.url)
+
+
+def plugin_transport(api: FakeKubeApi, node: str = NODE) -> ApiTransport:
+    """The kubelet plugin's API transport (:func:`plugin_client`'s, on the event loop)."""
+    return transport_of(plugin_client(api, node))
 
 
 def plugin_token(api: FakeKubeApi, node: str = NODE) -> str | None:

@@ -190,7 +190,7 @@ async def running(
     api: FakeKubeApi, *, claim_watch_lag_s: float = 0.0, **overrides: Any
 ) -> AsyncIterator[Controller]:
     """A running controller; ``claim_watch_lag_s`` delays every claim watch event it
-    sees (a slow watch: only the assume cache shows its own recent writes)."""
+    sees (a slow watch: only its in-flight records show its own recent writes)."""
     controller = build_controller(controller_client(api), controller_config(**overrides))
     if claim_watch_lag_s:
         informer = controller.claims

@@ -103,3 +103,18 @@ def test_the_tally_counts_runs_within_the_target_for_each_method(bench: ModuleTy
     assert lines[1] == "run 2: mps/whole prepare 1.75x, unprepare 1.40x"
     assert lines[-1].endswith("prepare met in 1/2 runs, unprepare in 2/2")
     assert "40.0 ms mean (30 calls)" in runs[0]["whole"].line()
+
+
+def test_each_gpu_gets_a_resident_share_pinned_to_it(bench: ModuleType) -> None:
+    """Four 25% shares fit on a GPU: a wave of ten spreads over several GPUs, and each
+    must have its daemon up (a resident share on it) for the wave to measure prepares,
+    not daemon starts."""
+    _, request = bench.request_of("mps", "4Gi")
+    residents = bench.resident_templates("bench-mps", request, 3)
+    assert list(residents) == [f"bench-mps-resident-{i}" for i in range(3)]
+    for i, pinned in enumerate(residents.values()):
+        assert pinned["capacity"] == request["capacity"]  # the waves' share, pinned
+        assert pinned["selectors"] == [
+            {"cel": {"expression": f'device.attributes["gpu.fractional.dev"].index == {i}'}}
+        ]
+    assert "selectors" not in request

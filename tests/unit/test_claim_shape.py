@@ -76,7 +76,7 @@ def test_every_field_is_read_from_its_place() -> None:
         "u-1",
     )
     assert claim_shape.key(obj) == "u-1"
-    assert claim_shape.resource_version(obj) == "42"
+    assert claim_shape.resource_version(obj) == 42
     assert claim_shape.creation_timestamp(obj) == "2026-01-01T00:00:00Z"
     assert claim_shape.finalizers(obj) == ["resource.kubernetes.io/delete-protection"]
     assert claim_shape.metadata_annotations(obj) == {"a": "b"}
@@ -102,7 +102,8 @@ def test_every_field_is_read_from_its_place() -> None:
 def test_absent_parts_read_as_empty() -> None:
     obj: dict[str, Any] = {}
     assert claim_shape.key(obj) == "/"
-    assert claim_shape.resource_version(obj) is None
+    assert claim_shape.resource_version(obj) == 0
+    assert claim_shape.resource_version({"metadata": {"resourceVersion": "x1"}}) == 0
     assert claim_shape.finalizers(obj) == []
     assert not claim_shape.is_allocated(obj)
     assert not claim_shape.is_allocated({"status": {"allocation": {}}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.controller.claim_index import ClaimPodIndex
+from dra_driver.controller.claim_index import ClaimPodIndex, pod_uses
 
 JsonObj = dict[str, Any]
 
@@ -56,3 +56,24 @@ def test_changes_and_deletions_move_the_entries() -> None:
     # A claim recreated under the same name (a new UID) is found by it again.
     index.claim_changed(claim("u5", "c1"))
     assert index.claims_of(pod("p9", "c1")) == {"u5"}
+
+
+def test_pod_uses_is_the_rule_the_index_holds() -> None:
+    """One rule for "the claims a pod uses": every pair the index gives is one that
+    :func:`pod_uses` accepts, and none other."""
+    claims = [
+        claim("u1", "c1"),
+        claim("u2", "c2"),
+        claim("u3", "gen", owner="p2"),
+        claim("u4", "c1", namespace="elsewhere"),
+        claim("u5", "owned-only", owner="p3"),
+    ]
+    pods = [pod("p1", "c1", "c2"), pod("p2", generated="gen"), pod("p3"), pod("p4", "c9")]
+    index = ClaimPodIndex()
+    index.reset_claims(claims)
+    index.reset_pods(pods)
+    indexed = {(p["metadata"]["uid"], uid) for p in pods for uid in index.claims_of(p)}
+    accepted = {
+        (p["metadata"]["uid"], c["metadata"]["uid"]) for p in pods for c in claims if pod_uses(p, c)
+    }
+    assert indexed == accepted == {("p1", "u1"), ("p1", "u2"), ("p2", "u3"), ("p3", "u5")}

@@ -6,7 +6,6 @@ count starts again after two quiet minutes."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from dra_driver.base.errors import ApiError
 from dra_driver.controller.informer import CLAIMS, REFLECTOR_BACKOFF, Informer
 from dra_driver.k8s.backoff import Backoff
 from dra_driver.k8s.watch import WatchExpiredError
+from tests.support.transport import UNUSED_HOST, transport_to
 
 NO_JITTER = Backoff(
     initial_s=REFLECTOR_BACKOFF.initial_s,
@@ -37,29 +37,27 @@ def run_informer(failure: Exception | None, rounds: int) -> tuple[list[float], i
             sleeps.append(delay)
             await asyncio.sleep(0)
 
-        informer = Informer(None, CLAIMS, backoff=NO_JITTER, sleep=record)
+        informer = Informer(transport_to(UNUSED_HOST), CLAIMS, backoff=NO_JITTER, sleep=record)
 
-        def listed() -> tuple[Any, str]:
+        async def listed() -> tuple[Any, str]:
             counts["list"] += 1
             return informer._new_cache(), "7"
 
-        def watched(loop: asyncio.AbstractEventLoop) -> None:
+        async def watched() -> None:
             counts["watch"] += 1
             if counts["watch"] >= rounds:
-                loop.call_soon_threadsafe(done.set)
-                threading_event.wait(5)
+                done.set()
+                await asyncio.Event().wait()  # the last watch: open until cancelled
             if failure is not None:
                 raise failure
 
         informer._list = listed  # type: ignore[method-assign]
-        informer._watch_once = watched  # type: ignore[method-assign]
+        informer._watch = watched  # type: ignore[method-assign]
         task = asyncio.create_task(informer.run())
         await asyncio.wait_for(done.wait(), 5)
         task.cancel()
-        threading_event.set()
         await asyncio.gather(task, return_exceptions=True)
 
-    threading_event = threading.Event()
     asyncio.run(scenario())
     return sleeps, counts["list"], counts["watch"]
 

@@ -1,5 +1,6 @@
-"""The allocator's state kept across claims: decisions count at once, failed writes and
-freed allocations drop it, a rebuild keeps the writes still in flight."""
+"""The allocator's state kept across claims: decisions count at once (held by their
+in-flight records, :mod:`dra_driver.controller.inflight`), failed writes and freed
+allocations drop it, a rebuild keeps the holds still in flight."""
 
 from __future__ import annotations
 
@@ -7,11 +8,25 @@ import itertools
 from typing import Any
 
 from dra_driver.allocator import Allocation, SelectorCache
+from dra_driver.controller.inflight import InFlight, Phase
 from dra_driver.controller.ledger_cache import LedgerCache, Sources
 from tests.support.allocator import CLASSES, DRIVER, claim, request, slices
 
 JsonObj = dict[str, Any]
 GPUS = {"gpu-0", "gpu-1"}
+
+
+class Seen:
+    """The informer's claims, as the in-flight records read them."""
+
+    def __init__(self, claims: dict[str, JsonObj]) -> None:
+        self._claims = claims
+
+    def get(self, uid: str) -> JsonObj | None:
+        return self._claims.get(uid)
+
+    def uids(self) -> set[str]:
+        return set(self._claims)
 
 
 class Cluster:
@@ -26,9 +41,11 @@ class Cluster:
                 slices=lambda: self.slices,
                 classes=lambda: CLASSES,
                 allocated_claims=lambda: list(self.allocated.values()),
+                holds=lambda: self.inflight.holds,
             ),
             SelectorCache(),
         )
+        self.inflight = InFlight(Seen(self.allocated), self.cache)
         self._ids = (f"00000000-0000-0000-0000-{n:012d}" for n in itertools.count())
 
     def decide(self, uid: str, memory: str) -> Allocation:
@@ -36,7 +53,7 @@ class Cluster:
         obj = self.claim(uid, memory)
         outcome = self.cache.state().allocate(obj, record=False, share_id=lambda: next(self._ids))
         assert outcome.allocation is not None, outcome.reason
-        self.cache.decided(uid, "default", outcome.allocation)
+        self.inflight.decided(uid, "default", outcome.allocation)
         return outcome.allocation
 
     def claim(self, uid: str, memory: str) -> JsonObj:
@@ -48,8 +65,9 @@ class Cluster:
         """The allocation as written: the claim in the caches, allocated."""
         obj = self.claim(uid, "1Gi")
         obj["status"] = {"allocation": allocation.to_status("2026-01-01T00:00:00Z")}
+        self.inflight.writing(uid)
+        self.inflight.written(obj, allocated_on="node-a")
         self.allocated[uid] = obj
-        self.cache.written(uid)
         return obj
 
     def free(self) -> dict[str, int]:
@@ -81,14 +99,15 @@ def test_a_failed_write_gives_its_devices_back() -> None:
     c = Cluster()
     c.decide("a", "70Gi")
     c.decide("b", "70Gi")
-    c.cache.failed("a")
+    c.inflight.failed("a", "conflict")
     free = sorted(c.free().values())
     assert free[0] < gi(10) and free[1] > gi(70), free
-    # Failing twice (a conflict, then the retry's error) changes nothing more.
+    # Failing twice (a move the table refuses) changes nothing more.
     builds = c.cache.builds
-    c.cache.failed("a")
+    c.inflight.failed("a", "again")
     c.free()
     assert c.cache.builds == builds
+    assert c.inflight.refused == {(Phase.FAILED, Phase.FAILED): 1}
 
 
 def test_the_state_is_kept_across_claims_and_rebuilt_only_when_something_is_freed() -> None:

@@ -11,9 +11,9 @@ import pytest
 
 from dra_driver.allocator import why_node_unfit
 from dra_driver.controller.cache import PackedCache, PlainCache
-from dra_driver.controller.claim_index import ClaimPodIndex
+from dra_driver.controller.claim_index import ClaimPodIndex, pod_uses
 from dra_driver.controller.readonly import ReadOnlyDict, ReadOnlyList, read_only
-from dra_driver.controller.reconcile import pod_is_live, pod_uses
+from dra_driver.controller.reconcile import pod_is_live
 from dra_driver.controller.slim import (
     Strings,
     Subtrees,

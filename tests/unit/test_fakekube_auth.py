@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from dra_driver.k8s.watch import send_json
 from tests.support.chart import CONTROLLER_VALUES, chart_api, client_as, plugin_user
 from tests.support.fakekube import FakeKubeApi, RecordedRequest
 from tests.support.fakekube_admission import ApiSecurity
@@ -24,6 +24,7 @@ from tests.support.fakekube_auth import (
 )
 from tests.support.fakekube_types import FakeApiError
 from tests.support.http import send
+from tests.support.transport import transport_of
 
 SA = service_account("ns", "robot")
 
@@ -205,9 +206,9 @@ def test_the_chart_installed_fake_answers_401_403_and_422_over_http() -> None:
         )
         code, body = send(api, "POST", slices, slice_obj.encode(), user=plugin_user("node-a"))
         assert code == 201, body
-        # The official client's transport, as the plugin's identity, lists what it wrote.
-        with client_as(api, plugin_user("node-a")) as client:
-            listed = send_json(client, "GET", slices)
+        # The driver's transport, as the plugin's identity, lists what it wrote.
+        client = transport_of(client_as(api, plugin_user("node-a")))
+        listed = asyncio.run(client.send_json("GET", slices))
         assert [i["metadata"]["name"] for i in listed["items"]] == ["s"]
 
 

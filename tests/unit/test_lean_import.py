@@ -128,8 +128,8 @@ import dra_driver.cli
 dra_driver.cli.build_parser()
 import dra_driver.app.plugin
 from dra_driver.k8s.client import make_api_client
-with make_api_client(None, host="http://127.0.0.1:1") as client:
-    assert client.rest_client.pool_manager is not None
+from dra_driver.k8s.transport import api_transport
+assert api_transport(make_api_client(None, host="http://127.0.0.1:1")) is not None
 heavy = {"pydantic", "requests", "oauthlib", "kubernetes_validate", "websocket"}
 heavy = {m.split(".")[0] for m in sys.modules} & heavy
 heavy |= {m for m in sys.modules if m.startswith((
@@ -177,8 +177,8 @@ with open(path, "w") as f:
         "users: [{name: u, user: {token: t}}]\\n"
         "contexts: [{name: x, context: {cluster: c, user: u}}]\\ncurrent-context: x\\n"
     )
-with make_api_client(path) as client:
-    assert client.auth_headers() == {"authorization": "Bearer t"}, client.auth_headers()
+client = make_api_client(path)
+assert client.auth_headers() == {"authorization": "Bearer t"}, client.auth_headers()
 loaded = ("pydantic", "kubernetes.client.api_client", "requests", "oauthlib.oauth2.rfc6749")
 print(*(name in sys.modules for name in loaded))
 from kubernetes.config import kube_config

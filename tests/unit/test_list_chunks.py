@@ -3,14 +3,17 @@ does, and the informers' list reads them one chunk at a time."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from dra_driver.base.errors import ApiError
 from dra_driver.fakes.objects import node_object
-from dra_driver.k8s.client import make_api_client
-from dra_driver.k8s.watch import list_in_chunks, list_objects
+from dra_driver.k8s.rest import JsonObj
+from dra_driver.k8s.watch_loop import list_in_chunks
 from tests.support.fakekube import FakeKubeApi
 from tests.support.http import send_json
+from tests.support.transport import transport_to
 
 NODES = "/api/v1/nodes"
 
@@ -53,22 +56,25 @@ def test_a_spent_or_unknown_token_is_expired_and_a_bad_limit_refused(
 
 def test_list_in_chunks_reads_every_object_once(fake_kube: FakeKubeApi) -> None:
     seed(fake_kube, 7)
-    client = make_api_client(None, host=fake_kube.url)
+    client = transport_to(fake_kube.url)
     got: list[str] = []
-    version = list_in_chunks(client, NODES, 3, lambda o: got.append(o["metadata"]["name"]))
+    version = asyncio.run(
+        list_in_chunks(client, NODES, 3, lambda o: got.append(o["metadata"]["name"]))
+    )
     assert got == [f"n{i}" for i in range(7)]
     assert version == str(fake_kube.resource_version)
     lists = [r for r in fake_kube.request_log if r.path == NODES]
     assert [r.query.get("limit") for r in lists] == [["3"]] * 3
-    items, whole = list_objects(client, NODES)
+    items: list[JsonObj] = []
+    whole = asyncio.run(list_in_chunks(client, NODES, 0, items.append))
     assert [i["metadata"]["name"] for i in items] == got and whole == version
     assert all(i["kind"] == "Node" and i["apiVersion"] == "v1" for i in items)
 
 
 def test_a_token_that_expires_mid_list_fails_the_list(fake_kube: FakeKubeApi) -> None:
     seed(fake_kube, 4)
-    client = make_api_client(None, host=fake_kube.url)
+    client = transport_to(fake_kube.url)
     fake_kube.fail_next("GET", "continue=", 410)
     with pytest.raises(ApiError) as caught:
-        list_in_chunks(client, NODES, 2, lambda o: None)
+        asyncio.run(list_in_chunks(client, NODES, 2, lambda o: None))
     assert caught.value.status == 410

@@ -116,8 +116,8 @@ def test_the_driver_own_kubeconfig_load_leaves_the_client_whole(tmp_path: Path) 
             f"""
             import sys
             from dra_driver.k8s.client import make_api_client
-            with make_api_client({str(kubeconfig)!r}) as made:
-                assert made.auth_headers()["authorization"].startswith("Bearer "), "no token"
+            made = make_api_client({str(kubeconfig)!r})
+            assert made.auth_headers()["authorization"].startswith("Bearer "), "no token"
             import kubernetes, requests_oauthlib
             from kubernetes.config import kube_config
             print(kubernetes.__version__ == sys.modules["kubernetes"].__version__,

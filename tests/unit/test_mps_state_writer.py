@@ -1,0 +1,58 @@
+"""One state-file write for the changes made at once (:mod:`dra_driver.mpsagent.state_writer`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dra_driver.mpsagent.state_writer import CoalescedWrite
+
+
+def test_saves_asked_at_once_share_one_write_holding_every_change() -> None:
+    async def scenario() -> None:
+        shares: list[str] = []
+        written: list[list[str]] = []
+        writer = CoalescedWrite(lambda: written.append(list(shares)))
+
+        async def change(name: str) -> None:
+            shares.append(name)
+            await writer.save()
+            assert name in written[-1]  # returned only once its change is on file
+
+        await asyncio.gather(*(change(f"s{i}") for i in range(5)))
+        assert written == [["s0", "s1", "s2", "s3", "s4"]]
+        await change("late")
+        assert written[-1] == ["s0", "s1", "s2", "s3", "s4", "late"]
+        assert writer.writes == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_is_raised_to_every_waiting_caller() -> None:
+    async def scenario() -> None:
+        def full() -> None:
+            raise OSError(28, "No space left on device")
+
+        writer = CoalescedWrite(full)
+        results = await asyncio.gather(writer.save(), writer.save(), return_exceptions=True)
+        assert [type(r) for r in results] == [OSError, OSError]
+        assert writer.writes == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_caller_does_not_cancel_the_others_write() -> None:
+    async def scenario() -> None:
+        written: list[int] = []
+        writer = CoalescedWrite(lambda: written.append(1))
+        first = asyncio.create_task(writer.save())
+        second = asyncio.create_task(writer.save())
+        await asyncio.sleep(0)
+        first.cancel()
+        await second
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert written == [1]
+
+    asyncio.run(scenario())
