@@ -380,20 +380,12 @@ def _transport_error(err: aiohttp.ClientError) -> OSError:
 
 def target_of(configuration: Any) -> Target | None:
     """Where and how to connect, from the official client's ``Configuration``; None
-    for settings this transport leaves to the client's own."""
-    if (
-        getattr(configuration, "socket_options", None) is not None
-        or getattr(configuration, "assert_hostname", None) is not None
-        or getattr(configuration, "retries", None) is not None
-    ):
+    for a setting this transport does not speak (:func:`unsupported_setting` names it)."""
+    if unsupported_setting(configuration) is not None:
         return None
-    host = str(configuration.host)
-    url = urlsplit(host)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        return None
+    url = urlsplit(str(configuration.host))
+    assert url.hostname is not None  # unsupported_setting refuses a URL without one
     proxy = _proxy_for(configuration, url.netloc, url.hostname)
-    if proxy is not None and urlsplit(proxy).scheme not in ("http", "https"):
-        return None  # SOCKS: not spoken here
     https = url.scheme == "https"
     return Target(
         base_url=f"{url.scheme}://{url.netloc}{url.path.rstrip('/')}",
