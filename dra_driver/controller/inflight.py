@@ -192,9 +192,7 @@ class InFlight:
     def refreshed(self, claim: JsonObj) -> None:
         """The claim as read back after its write failed (a conflict): laid over as an
         answer is, so the next decision reads it even before the watch shows it."""
-        flight = self._flights.get(claim_shape.key(claim))
-        if flight is not None and flight.phase is not Phase.RELEASED:
-            self._assume(flight, claim)
+        self.answered(claim)
 
     def written(self, claim: JsonObj, *, allocated_on: str | None = None) -> bool:
         """The write is answered with ``claim``; ``allocated_on``: it wrote an allocation

@@ -135,7 +135,7 @@ class MpsAgent:
         return state_path(self.config.state_dir)
 
     def _save(self) -> None:
-        save_state(self.state_path, self.protocol, [s for _, s in sorted(self._shares.items())])
+        save_state(self.state_path, self.protocol, self.list_shares())
 
     def _load(self) -> None:
         """Take the recorded shares, each laid out as this agent lays it out."""
