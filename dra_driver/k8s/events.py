@@ -42,6 +42,7 @@ from dra_driver.base.errors import ApiError, ApiNotFoundError
 from dra_driver.base.ids import ClaimRef
 from dra_driver.k8s.rest import JsonObj
 from dra_driver.k8s.transport import ApiTransport
+from dra_driver.k8s.watch import MERGE_PATCH
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +316,7 @@ class EventRecorder:
                 instance=self.instance,
             )
             namespace = involved.event_namespace
-            await self._request("POST", f"/api/v1/namespaces/{namespace}/events", event)
+            await self._http.send_json("POST", f"/api/v1/namespaces/{namespace}/events", event)
             self._written[key] = _Written(event["metadata"]["name"], namespace, 1)
         except ApiError as err:
             if err.status == 403:
@@ -334,7 +335,7 @@ class EventRecorder:
         }
         path = f"/api/v1/namespaces/{prior.namespace}/events/{prior.name}"
         try:
-            await self._request("PATCH", path, patch, "application/merge-patch+json")
+            await self._http.send_json("PATCH", path, patch, content_type=MERGE_PATCH)
         except ApiNotFoundError:
             return False  # expired (Events live an hour by default): write a fresh one
         except ApiError as err:
@@ -350,12 +351,6 @@ class EventRecorder:
             return False
         prior.count += 1
         return True
-
-    async def _request(
-        self, method: str, path: str, body: JsonObj, content_type: str = "application/json"
-    ) -> None:
-        """One write on the loop; raises ``ApiError``."""
-        await self._http.send_json(method, path, body, content_type=content_type)
 
     def _refused(self, err: ApiError) -> None:
         if self._forbidden:

@@ -20,8 +20,7 @@ from typing import Any
 
 from dra_driver.k8s.rest import DEFAULT_REQUEST_TIMEOUT_S, JsonObj
 from dra_driver.k8s.transport import ApiTransport
-
-MERGE_PATCH = "application/merge-patch+json"
+from dra_driver.k8s.watch import MERGE_PATCH
 
 
 def pods_path(namespace: str | None) -> str:
