@@ -180,3 +180,17 @@ def test_a_hung_control_command_is_reported_as_before(tmp_path: Path) -> None:
     )
     with pytest.raises(DaemonError, match=r"^GPU GPU-0: `.*` timed out after 0.3s$"):
         asyncio.run(control.run_process(ControlCall(stdin="get_server_list\n")))
+
+
+def test_a_command_gets_its_three_descriptors_and_nothing_else(path: str) -> None:
+    """Not even one the agent inherited without close-on-exec (``posix_spawn`` closes
+    nothing itself): a control command must not hold the agent's sockets or files."""
+    leaked = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(leaked, True)
+    command_process._inherited_made_cloexec.cache_clear()  # as at the agent's start
+    try:
+        done = run(["sh", "-c", "ls /proc/$$/fd"])
+    finally:
+        os.close(leaked)
+    assert done.returncode == 0, done
+    assert sorted(done.stdout.split()) == [b"0", b"1", b"2"]
