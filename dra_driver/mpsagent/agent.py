@@ -13,6 +13,16 @@ daemon a previous agent left running, or starts a fresh one, and restores the
 recorded shares' namespaces and limits. A supervisor per GPU waits for the daemon's exit; when
 it dies unasked, the agent logs what was lost with it and restarts it with
 every live share restored, retrying with backoff.
+
+A v3 release answers once the state file no longer holds the share; its namespace's
+``namespace delete`` runs after the answer (:meth:`MpsAgent._delete_namespace`). By
+then the claim's containers are gone (the kubelet unprepares after them), and a
+namespace holds caps, not memory or SMs (docs:mpsv3-namespaces), so one left a moment
+longer serves no one and takes nothing from the next share. A failed delete is
+logged, counted and retried; a daemon that dies or stops takes the namespace with it;
+an agent that dies first leaves it to the next agent's restore, which deletes every
+namespace of ours the state file does not hold. An ensure of the same share waits for
+the delete's try in flight, so a namespace is never deleted under its new share.
 """
 
 from __future__ import annotations
@@ -39,6 +49,11 @@ from dra_driver.mpsagent.server import AgentRequestError, AgentServer
 from dra_driver.mpsagent.state_writer import CoalescedWrite
 
 log = logging.getLogger(__name__)
+
+DELETE_RETRY_FIRST_S = 0.5
+"""A released share's failed namespace delete is tried again after this, doubling..."""
+DELETE_RETRY_MAX_S = 30.0
+"""...up to this."""
 
 
 class ShareFields(Protocol):
@@ -125,6 +140,10 @@ class MpsAgent:
         self._restarts: dict[str, int] = {}
         self._gates: dict[str, GpuGate] = {}
         self._share_locks = ShareLocks()
+        self._deleting: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """Released v3 shares whose namespace delete has not succeeded yet."""
+        self._between_tries: set[tuple[str, str]] = set()
+        self._delete_failures: dict[str, int] = {}
         self._state = CoalescedWrite(self._save)
         self._server = AgentServer(self, config.socket_path)
 
@@ -224,6 +243,12 @@ class MpsAgent:
 
     async def close(self) -> None:
         await self._server.close()
+        # A delete not done is the next agent's: its restore deletes what no share holds.
+        pending = list(self._deleting.values())
+        self._deleting.clear()
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         if self.config.stop_daemons_on_exit:
             for gpu_uuid in sorted(self._daemons):
                 async with self._gate(gpu_uuid).exclusive():
@@ -330,6 +355,7 @@ class MpsAgent:
         holds it. A v3 share's commands run beside other shares' of its GPU; a
         daemon to start, and every legacy share, have the GPU to themselves."""
         key = (req.gpu_uuid, req.share_id)
+        await self._no_delete_pending(key)
         async with self._share_locks.hold(key):
             existing = self._shares.get(key)
             if existing is not None and existing.claim_uid != req.claim_uid:
@@ -455,23 +481,77 @@ class MpsAgent:
             del self._shares[key]
             gate = self._gate(req.gpu_uuid)
             legacy = cmd.daemon_protocol(self.protocol, req.gpu_uuid) == "legacy"
+            deferred = False
             try:
                 if legacy or not self._gpu_shares(req.gpu_uuid):
                     async with gate.exclusive():
                         await self._remove_alone(share)
-                else:
-                    async with gate.shared():
-                        daemon = self._running_daemon(req.gpu_uuid)
-                        if daemon is not None:  # down: its restart restores the others
-                            await daemon.remove(_limits(share), [])
+                elif self._running_daemon(req.gpu_uuid) is not None:
+                    # Down: its restart restores only the shares still held.
+                    deferred = True
             except DaemonError as err:
                 self._shares[key] = share
                 # Another share's write may have dropped it from the file meanwhile.
                 await self._save_logged(f"share {req.share_id} kept after its release failed")
                 raise AgentRequestError("daemon_failed", str(err)) from err
             await self._state.save()
+            if deferred:
+                self._deleting[key] = asyncio.create_task(
+                    self._delete_namespace(key, share), name=f"delete-{share.share_id}"
+                )
             log.info("share %s on GPU %s released", req.share_id, req.gpu_uuid)
             return True
+
+    async def _no_delete_pending(self, key: tuple[str, str]) -> None:
+        """Before a share is ensured: the delete of its released namespace, if one is
+        pending, ends first (a try in flight finishes; none is tried after it, since
+        the share is wanted again: the ensure then finds the namespace and sets its
+        limits, or creates it)."""
+        pending = self._deleting.get(key)
+        if pending is None:
+            return
+        self._deleting.pop(key, None)
+        if key in self._between_tries:
+            pending.cancel()
+        await asyncio.wait({pending})  # not cancelled with this ensure: it is no one's
+
+    async def _delete_namespace(self, key: tuple[str, str], share: ShareInfo) -> None:
+        """A released share's ``namespace delete``, after the answer; retried with
+        backoff while its daemon runs and the share is not wanted again."""
+        gpu_uuid = share.gpu_uuid
+        backoff = DELETE_RETRY_FIRST_S
+        try:
+            while self._deleting.get(key) is asyncio.current_task():
+                try:
+                    async with self._gate(gpu_uuid).shared():
+                        daemon = self._running_daemon(gpu_uuid)
+                        if daemon is None:  # gone with its daemon
+                            return
+                        await daemon.remove(_limits(share), [])
+                    return
+                except DaemonError as err:
+                    self._delete_failures[gpu_uuid] = self._delete_failures.get(gpu_uuid, 0) + 1
+                    again = self._deleting.get(key) is asyncio.current_task()
+                    log.error(
+                        "GPU %s: the namespace of released share %s (claim %s) was not "
+                        "deleted (%s; it serves no one meanwhile): %s",
+                        gpu_uuid,
+                        share.share_id,
+                        share.claim_uid,
+                        f"retrying in {backoff:g}s" if again else "the share is wanted again",
+                        err,
+                    )
+                    if not again:
+                        return
+                self._between_tries.add(key)
+                try:
+                    await asyncio.sleep(backoff)
+                finally:
+                    self._between_tries.discard(key)
+                backoff = min(backoff * 2, DELETE_RETRY_MAX_S)
+        finally:
+            if self._deleting.get(key) is asyncio.current_task():
+                del self._deleting[key]
 
     async def _remove_alone(self, share: ShareInfo) -> None:
         """With the GPU's gate held exclusive: the last share stops the daemon (counted
@@ -494,7 +574,9 @@ class MpsAgent:
         return [s for _, s in sorted(self._shares.items())]
 
     def status(self) -> wire.AgentStatus:
-        gpus = sorted({gpu for gpu, _ in self._shares} | set(self._daemons))
+        gpus = sorted(
+            {gpu for gpu, _ in self._shares} | set(self._daemons) | {g for g, _ in self._deleting}
+        )
         daemons = []
         for gpu in gpus:
             daemon = self._daemons.get(gpu)
@@ -508,6 +590,8 @@ class MpsAgent:
                     shares=len(self._gpu_shares(gpu)),
                     server_uid=waits.server_uid if waits is not None else None,
                     waiting_uids=waits.waiting_uids if waits is not None else (),
+                    namespaces_deleting=sum(1 for g, _ in self._deleting if g == gpu),
+                    namespace_delete_failures=self._delete_failures.get(gpu, 0),
                 )
             )
         return wire.AgentStatus(wire.PROTOCOL_VERSION, self.protocol, tuple(daemons))

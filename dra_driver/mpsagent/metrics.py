@@ -35,6 +35,8 @@ METRICS = {
     PREFIX + "mps_daemon_restarts_total": "counter{gpu_uuid}",
     PREFIX + "mps_agent_shares": "gauge{gpu_uuid}",
     PREFIX + "mps_waiting_uids": "gauge{gpu_uuid}, legacy MPS only",
+    PREFIX + "mps_namespaces_deleting": "gauge{gpu_uuid}, MPS v3 only",
+    PREFIX + "mps_namespace_delete_failures_total": "counter{gpu_uuid}, MPS v3 only",
 }
 
 
@@ -78,12 +80,27 @@ def agent_metrics(status: AgentStatus) -> list[Metric]:
         "under MPS v3.",
         labels=["gpu_uuid"],
     )
+    deleting = GaugeMetricFamily(
+        PREFIX + "mps_namespaces_deleting",
+        "MPS v3: namespaces of released shares not deleted yet (the release answers once "
+        "the state file no longer holds the share; the delete follows, retried until it "
+        "works). Staying above 0 means the daemon refuses the deletes: see the agent's log.",
+        labels=["gpu_uuid"],
+    )
+    delete_failures = CounterMetricFamily(
+        PREFIX + "mps_namespace_delete_failures",
+        "MPS v3: failed tries at deleting a released share's namespace, since the agent "
+        "started (each is retried).",
+        labels=["gpu_uuid"],
+    )
     for daemon in status.daemons:
         running.add_metric([daemon.gpu_uuid], 1 if daemon.running else 0)
         restarts.add_metric([daemon.gpu_uuid], daemon.restarts)
         shares.add_metric([daemon.gpu_uuid], daemon.shares)
         waiting.add_metric([daemon.gpu_uuid], len(set(daemon.waiting_uids)))
-    return [info, running, restarts, shares, waiting]
+        deleting.add_metric([daemon.gpu_uuid], daemon.namespaces_deleting)
+        delete_failures.add_metric([daemon.gpu_uuid], daemon.namespace_delete_failures)
+    return [info, running, restarts, shares, waiting, deleting, delete_failures]
 
 
 class _AgentCollector(Collector):

@@ -133,6 +133,10 @@ class DaemonStatus:
     """Legacy MPS, while a client waits: the UID its running server serves."""
     waiting_uids: tuple[int, ...] = ()
     """Legacy MPS: UIDs of clients waiting until that server exits (one UID at a time)."""
+    namespaces_deleting: int = 0
+    """MPS v3: namespaces of released shares whose delete has not succeeded yet."""
+    namespace_delete_failures: int = 0
+    """MPS v3: failed tries at those deletes since the agent started (each is retried)."""
 
 
 @dataclass(frozen=True)
@@ -327,6 +331,8 @@ def status_from_json(doc: dict[str, Any]) -> AgentStatus:
                 # Absent from an older agent's answer.
                 server_uid=None if d.get("server_uid") is None else int(d["server_uid"]),
                 waiting_uids=tuple(int(u) for u in d.get("waiting_uids", ())),
+                namespaces_deleting=int(d.get("namespaces_deleting", 0)),
+                namespace_delete_failures=int(d.get("namespace_delete_failures", 0)),
             )
             for d in doc["daemons"]
         )

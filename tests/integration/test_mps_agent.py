@@ -115,7 +115,11 @@ def test_v3_daemon_and_namespaces_follow_the_shares(v3_node: Node) -> None:
             assert err.value.kind == "conflict"
 
             assert await client.release_share(GPU0, "share-a") is True
-            assert held_limits(node, GPU0) == {b.namespace: ("2048M", 50)}
+            # Its namespace's delete follows the answer (the claim's containers are gone).
+            await eventually(
+                lambda: held_limits(node, GPU0) == {b.namespace: ("2048M", 50)},
+                "share-a's namespace deleted",
+            )
             assert await daemon_pid(client, GPU0) == pid and alive(pid)
 
             assert await client.release_share(GPU0, "share-b") is True

@@ -127,10 +127,13 @@ def test_shares_of_different_claims_on_one_gpu_prepare_at_once(slow_v3: Node) ->
             since = wall(node)
             gone = await asyncio.gather(*(client.release_share(GPU0, n) for n in names))
             assert gone == [True] * WAVE
+            assert recorded(node) == {"resident"}  # answered once the file is written
+            await eventually(  # the deletes follow the answers (recorded once done)
+                lambda: len(spans(node, GPU0, since=since)) == WAVE, "the deletes"
+            )
+            assert set(held(node, GPU0)) == {namespace_name("resident")}
             deletes = spans(node, GPU0, since=since)
             assert most_at_once(deletes) >= 3, [r["span"] for r in deletes]
-            assert set(held(node, GPU0)) == {namespace_name("resident")}
-            assert recorded(node) == {"resident"}
 
     asyncio.run(scenario())
 
@@ -183,8 +186,8 @@ def test_a_release_waits_for_the_ensure_of_its_share(slow_v3: Node) -> None:
             released = await client.release_share(GPU0, "raced")
             assert (await creating).share_id == "raced"
             assert released is True
-            assert namespace_name("raced") not in held(node, GPU0)
             assert recorded(node) == {"resident"}
+            await eventually(lambda: namespace_name("raced") not in held(node, GPU0), "delete")
             assert {s.share_id for s in await client.list_shares()} == {"resident"}
 
     asyncio.run(scenario())
