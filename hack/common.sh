@@ -10,7 +10,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${PYTHON:=python3}"
 
 # ensure_venv EXTRAS: create the venv if missing and install the project
-# (editable) with the given extras, e.g. "test"; quiet unless it fails.
+# (editable) with the given extras, e.g. "test"; quiet unless it fails. Then
+# build the fake MPS control's native client where a C compiler exists (one
+# line on stderr where not: the sh client serves).
 ensure_venv() {
   local extras="${1:-}"
   if [[ ! -x "${VENV}/bin/python" ]]; then
@@ -20,4 +22,5 @@ ensure_venv() {
   local target="${ROOT}"
   [[ -n "${extras}" ]] && target="${ROOT}[${extras}]"
   "${VENV}/bin/python" -m pip install --quiet --disable-pip-version-check -e "${target}"
+  "${ROOT}/hack/build-fake-mps-client.sh"
 }

@@ -4,7 +4,10 @@ Run through the shipped ``dra_driver/fakes/bin/nvidia-cuda-mps-control``: a
 POSIX sh client that starts as a native binary does and reaches the daemon over
 the FIFO slots it serves (:mod:`.mps_fifo`), running this module (``python -m
 dra_driver.fakes.mps_control``, the Python client, over the control socket) for
-the daemon itself and whatever it cannot frame. Both clients end in the same
+the daemon itself and whatever it cannot frame. Where a C compiler built it
+(``hack/build-fake-mps-client.sh``), a native client (``fakes/native/fifo_client.c``)
+speaks the sh client's fast path for a command line and hands the rest to the sh
+one (:func:`fake_control_path` picks it). All clients end in the same
 code in the daemon (:func:`_one`), so they answer and record alike. It speaks both
 protocols as the NVIDIA docs describe them (docs.nvidia.com/deploy/mps, release
 615/620: "Legacy MPS v2 Interface", "MPS v3 Interface", "MPS v3 Namespaces"):
@@ -147,11 +150,41 @@ from typing import Any
 from dra_driver.fakes.mps_fifo import FifoAnswer, FifoRequest, FifoSlots
 from dra_driver.mpsagent.sockets import answers, is_socket
 
+_FAKES = os.path.dirname(__file__)
+NATIVE_SOURCE = os.path.join(_FAKES, "native", "fifo_client.c")
+"""The native client's source (``fakes/native/``; not in the wheel)."""
+NATIVE_BUILD = os.path.join(_FAKES, "native", "build", "nvidia-cuda-mps-control")
+"""Where ``hack/build-fake-mps-client.sh`` puts the native client (gitignored)."""
+
 
 def fake_control_path() -> str:
-    """The launcher of this fake, ``fakes/bin/nvidia-cuda-mps-control``: the control
-    binary the mps-agent runs with ``--mps-control fake``."""
-    return os.path.join(os.path.dirname(__file__), "bin", "nvidia-cuda-mps-control")
+    """The control binary the mps-agent runs with ``--mps-control fake``: the native
+    client where a current build exists (:func:`native_control_path`), else the sh
+    launcher (:func:`shell_control_path`). Both hand what they do not serve on: native
+    to sh, sh to the Python client."""
+    return native_control_path() or shell_control_path()
+
+
+def shell_control_path() -> str:
+    """The launcher of this fake, ``fakes/bin/nvidia-cuda-mps-control``: the POSIX sh
+    client over the daemon's FIFO slots, which runs the Python client for the rest."""
+    return os.path.join(_FAKES, "bin", "nvidia-cuda-mps-control")
+
+
+def native_control_path(binary: str | None = None, source: str | None = None) -> str | None:
+    """``binary`` (default :data:`NATIVE_BUILD`: the native client,
+    ``fakes/native/fifo_client.c``) when it is an executable file not older than
+    ``source`` (default :data:`NATIVE_SOURCE`); None otherwise: not built (no compiler),
+    or built from an older source (a stale build must not answer for the new one)."""
+    binary = binary or NATIVE_BUILD
+    source = source or NATIVE_SOURCE
+    try:
+        built, written = os.stat(binary), os.stat(source)
+    except OSError:
+        return None
+    if built.st_mtime_ns < written.st_mtime_ns or not os.access(binary, os.X_OK):
+        return None
+    return binary
 
 
 PID_FILE = "nvidia-cuda-mps-control.pid"

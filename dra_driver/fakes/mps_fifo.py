@@ -3,6 +3,8 @@
 A command of the fake ``nvidia-cuda-mps-control`` is a POSIX ``sh`` script
 (``fakes/bin/nvidia-cuda-mps-control``) so that it starts as a native process
 does: dash cannot open a unix socket, so the daemon also serves named pipes.
+(Where a compiler exists, a C client speaks the same protocol for a command line:
+``fakes/native/fifo_client.c``.)
 In its pipe directory it makes :data:`SLOTS_DIR` (mode 0700: only its own user,
 and root, can enter it, the FIFO analogue of the ``SO_PEERCRED`` check on the
 ``control`` socket, which stays the daemon's interface for everything else).

@@ -9,8 +9,12 @@ starts it) through the packaged launcher and times, in one run, interleaved in
 blocks:
 
 * ``/bin/true``: a native process start, the floor;
-* ``sh client``: the packaged ``fakes/bin/nvidia-cuda-mps-control`` (the POSIX sh
-  client over the daemon's FIFO slots), running the agent's three commands in turn;
+* ``native client``: the C client over the daemon's FIFO slots
+  (``fakes/native/fifo_client.c``, built by ``hack/build-fake-mps-client.sh``; what
+  ``fake_control_path()`` returns where it is built), running the agent's three
+  commands in turn; left out where it is not built;
+* ``sh client``: the POSIX sh launcher ``fakes/bin/nvidia-cuda-mps-control`` over the
+  same slots (what serves where no compiler built the native one), the same commands;
 * ``python client``: the same commands through the Python client over the control
   socket (``python -S -m dra_driver.fakes.mps_control``, what the launcher ran
   before), for the record.
@@ -20,13 +24,14 @@ Printed per variant: wall time per command (p50, p99), the command process's CPU
 (its rusage), the daemon's CPU over the variant's commands (the scheduler's
 count for each of its threads, /proc/<pid>/task/*/schedstat) per command, and
 their sum against ``/bin/true``'s CPU; the
-target is the sh client's sum within 2x of ``/bin/true``'s.
+target is the sum of the client ``fake_control_path()`` picks (native where built)
+within 2x of ``/bin/true``'s.
 
 The daemon's directories are on a tmpfs (``--dir``), as the chart keeps the
 agent's state (on a disk, each state change's rename costs the daemon more).
 
 Usage: .venv/bin/python hack/bench/mps_control.py [--commands 3000] [--python-commands 150]
-       [--dir /dev/shm]
+       [--dir /dev/shm] [--native PATH]
 """
 
 from __future__ import annotations
@@ -44,7 +49,11 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from dra_driver.fakes.mps_control import fake_control_path  # noqa: E402
+from dra_driver.fakes.mps_control import (  # noqa: E402
+    fake_control_path,
+    native_control_path,
+    shell_control_path,
+)
 
 BLOCK = 50
 """Commands per block; the variants take turns block by block, so a change in the
@@ -79,9 +88,10 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def agent_commands(i: int) -> list[str]:
-    """The agent's three commands of a v3 share, in turn (a name per share)."""
-    name = f"bench_{i // 3}"
+def agent_commands(variant: str, i: int) -> list[str]:
+    """The agent's three commands of a v3 share, in turn (a name per share and variant:
+    a block may end between a share's commands, while another variant's block runs)."""
+    name = f"{variant.split(maxsplit=1)[0]}_{i // 3}"
     return [
         ["namespace", "create", name, "--server=shares"],
         ["namespace", "set", name, "--server=shares", "--pinned-memory-limit=4G",
@@ -95,7 +105,7 @@ def run_block(variant: Variant, daemon: int, env: dict[str, str], count: int) ->
     for _ in range(count):
         argv = variant.argv_prefix
         if variant.takes_commands:
-            argv = [*argv, *agent_commands(variant.done)]
+            argv = [*argv, *agent_commands(variant.name, variant.done)]
         start = time.perf_counter()
         pid = os.posix_spawn(argv[0], argv, env)
         _, status = os.waitpid(pid, 0)
@@ -115,12 +125,15 @@ def percentile(values: list[float], pct: float) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commands", type=int, default=3000,
-                        help="commands of /bin/true and of the sh client")  # fmt: skip
+                        help="commands of /bin/true and of each FIFO client")  # fmt: skip
     parser.add_argument("--python-commands", type=int, default=150,
                         help="commands of the Python client (0: skip it)")  # fmt: skip
     parser.add_argument("--dir", default="/dev/shm",
                         help="where the pipe and log directories go (default: a tmpfs, as the "
                         "chart keeps the agent's state)")  # fmt: skip
+    parser.add_argument("--native", default=native_control_path(),
+                        help="the native client to time (default: the build "
+                        "fake_control_path() would pick; none: left out)")  # fmt: skip
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="mpsb-", dir=args.dir)
@@ -150,7 +163,8 @@ def main() -> int:
         python = [sys.executable, "-S", "-m", "dra_driver.fakes.mps_control"]
         variants = [
             Variant("/bin/true", ["/bin/true"], args.commands, takes_commands=False),
-            Variant("sh client", [control], args.commands),
+            *([Variant("native client", [args.native], args.commands)] if args.native else []),
+            Variant("sh client", [shell_control_path()], args.commands),
             Variant("python client", python, args.python_commands),
         ]
         for variant in variants:  # warm the page cache and the daemon's threads
@@ -191,13 +205,14 @@ def report(variants: list[Variant]) -> None:
         print(f"{v.name:14} {n:5d} {percentile(v.walls, 50) * 1e3:9.3f} "
               f"{percentile(v.walls, 99) * 1e3:9.3f} {own:8.3f} {daemon:11.3f} {total:7.3f} "
               f"{total / floor:7.2f}x")  # fmt: skip
-    sh = next(v for v in variants if v.name == "sh client")
     true = variants[0]
-    ratio = (sh.own_cpu + sh.daemon_cpu) / len(sh.walls) / (true.own_cpu / len(true.walls))
-    wall = percentile(sh.walls, 50) / percentile(true.walls, 50)
-    verdict = "met" if ratio <= 2 else "MISSED"
-    print(f"target: the sh client's CPU per command (own + daemon) within 2x of /bin/true's: "
-          f"{ratio:.2f}x, {verdict}; wall p50 {wall:.2f}x")  # fmt: skip
+    for client in (v for v in variants if v.name in ("native client", "sh client")):
+        ratio = (client.own_cpu + client.daemon_cpu) / len(client.walls)
+        ratio /= true.own_cpu / len(true.walls)
+        wall = percentile(client.walls, 50) / percentile(true.walls, 50)
+        verdict = "met" if ratio <= 2 else "MISSED"
+        print(f"target: the {client.name}'s CPU per command (own + daemon) within 2x of "
+              f"/bin/true's: {ratio:.2f}x, {verdict}; wall p50 {wall:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.fakes.mps_control import shell_control_path
 from dra_driver.fakes.objects import resource_claim
 from dra_driver.k8s.transport import ApiTransport
 from tests.support.chart import plugin_transport
+from tests.support.fake_mps_clients import NativeBuild, build_native_client
 from tests.support.fakekube import FakeKubeApi
 from tests.support.mps import Node, cleanup, make_node
 from tests.support.node import NodeDirs
@@ -38,6 +40,24 @@ def node_dirs() -> Iterator[NodeDirs]:
     dirs.set_boot_id("boot-1")
     yield dirs
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def native_build(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
+    """The fake MPS control's native client, built once for the session where a C
+    compiler exists (``hack/build-fake-mps-client.sh``)."""
+    return build_native_client(str(tmp_path_factory.mktemp("native-mps-client")))
+
+
+@pytest.fixture(params=["sh", "native"])
+def fifo_client(request: pytest.FixtureRequest, native_build: NativeBuild) -> str:
+    """Each FIFO client of the fake MPS control in turn: the sh launcher, and the native
+    client (skipped, with the build's reason, where none could be built)."""
+    if request.param == "sh":
+        return shell_control_path()
+    if native_build.path is None:
+        pytest.skip(f"no native client: {native_build.why_not}")
+    return native_build.path
 
 
 @pytest.fixture

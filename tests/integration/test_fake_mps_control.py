@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -31,10 +31,12 @@ class Fake:
     env: dict[str, str]
     root: str = ""
     daemon: subprocess.Popen[bytes] | None = None
+    control: str = field(default_factory=fake_control_path)
+    """The control binary its commands run (the daemon is started with the packaged one)."""
 
     def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [fake_control_path(), *args],
+            [self.control, *args],
             env=self.env,
             input=stdin or "",
             capture_output=True,
@@ -59,7 +61,12 @@ class Fake:
 
     def elsewhere(self, pipe: str) -> Fake:
         """This fake's commands run with ``pipe`` as their pipe directory."""
-        return Fake({**self.env, "CUDA_MPS_PIPE_DIRECTORY": pipe}, self.root, self.daemon)
+        return Fake({**self.env, "CUDA_MPS_PIPE_DIRECTORY": pipe}, self.root, self.daemon,
+                    self.control)  # fmt: skip
+
+    def through(self, control: str) -> Fake:
+        """This fake's commands run through the control binary ``control``."""
+        return Fake(self.env, self.root, self.daemon, control)
 
 
 @contextlib.contextmanager
@@ -232,18 +239,27 @@ def _copy_as_cp_a(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def test_without_the_control_socket_the_state_file_commands_nothing(v3: Fake) -> None:
+def test_without_the_control_socket_the_state_file_commands_nothing(
+    v3: Fake, fifo_client: str
+) -> None:
     """A copy of the daemon's files without its socket finds no daemon: not through
-    the copied state, nor through copies of the FIFO slots (the client checks that the
-    live daemon holds the directory it found)."""
+    the copied state, nor through copies of the FIFO slots (each FIFO client checks that
+    the live daemon holds the directory it found)."""
     v3.ok("server", "create", "shares")
+    # The daemon frees the command's slot (its lock file) just after the reply: a
+    # copy made meanwhile would find the lock gone under it.
+    slots = os.path.join(v3.env["CUDA_MPS_PIPE_DIRECTORY"], SLOTS_DIR)
+    deadline = time.monotonic() + 10
+    while any(name.endswith(".lock") for name in os.listdir(slots)):
+        assert time.monotonic() < deadline, "a slot stayed taken"
+        time.sleep(0.02)
     other = os.path.join(v3.root, "copy")
     shutil.copytree(
         v3.env["CUDA_MPS_PIPE_DIRECTORY"], other, ignore=shutil.ignore_patterns("control"),
         copy_function=_copy_as_cp_a,
     )  # fmt: skip
     assert os.path.exists(os.path.join(other, SLOTS_DIR, DAEMON_FILE))
-    done = v3.elsewhere(other).run("server", "delete", "shares")
+    done = v3.elsewhere(other).through(fifo_client).run("server", "delete", "shares")
     assert done.returncode == 1 and "Cannot find MPS control daemon" in done.stderr
     assert "shares" in _server_rows(v3)
 
