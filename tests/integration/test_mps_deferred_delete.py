@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def held(node: Node) -> dict[str, tuple[str | None, int | None]]:
     }
 
 
-def commands_of(node: Node, name: str, verb: str) -> list[dict[str, object]]:
+def commands_of(node: Node, name: str, verb: str) -> list[dict[str, Any]]:
     return [
         r
         for r in node.records(GPU0)
