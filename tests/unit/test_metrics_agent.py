@@ -18,7 +18,15 @@ STATUS = AgentStatus(
     version=1,
     protocol="v3",
     daemons=(
-        DaemonStatus("GPU-0", pid=41, running=True, restarts=2, shares=3),
+        DaemonStatus(
+            "GPU-0",
+            pid=41,
+            running=True,
+            restarts=2,
+            shares=3,
+            namespaces_deleting=2,
+            namespace_delete_failures=7,
+        ),
         DaemonStatus("GPU-1", pid=None, running=False, restarts=5, shares=1),
     ),
 )
@@ -51,6 +59,9 @@ def test_a_scrape_from_another_thread_reads_the_status_on_the_agents_loop() -> N
     assert got.get(P + "mps_daemon_running", gpu_uuid="GPU-1") == 0
     assert got.get(P + "mps_daemon_restarts_total", gpu_uuid="GPU-1") == 5
     assert got.get(P + "mps_agent_shares", gpu_uuid="GPU-0") == 3
+    assert got.get(P + "mps_namespaces_deleting", gpu_uuid="GPU-0") == 2
+    assert got.get(P + "mps_namespace_delete_failures_total", gpu_uuid="GPU-0") == 7
+    assert got.get(P + "mps_namespace_delete_failures_total", gpu_uuid="GPU-1") == 0
 
 
 def test_a_scrape_on_the_loop_itself_reads_directly() -> None:

@@ -172,3 +172,19 @@ def test_status_carries_a_uid_wait_and_reads_an_older_agents_answer() -> None:
     }  # fmt: skip
     (daemon,) = wire.status_from_json(older).daemons
     assert (daemon.server_uid, daemon.waiting_uids) == (None, ())
+    assert (daemon.namespaces_deleting, daemon.namespace_delete_failures) == (0, 0)
+
+
+def test_status_carries_the_pending_namespace_deletes() -> None:
+    status = wire.AgentStatus(
+        wire.PROTOCOL_VERSION,
+        "v3",
+        (wire.DaemonStatus("GPU-1", 7, True, 0, 2, namespaces_deleting=1,
+                           namespace_delete_failures=4),),
+    )  # fmt: skip
+    doc = json.loads(json.dumps(wire.status_to_json(status)))
+    assert (
+        doc["daemons"][0]["namespaces_deleting"],
+        doc["daemons"][0]["namespace_delete_failures"],
+    ) == (1, 4)
+    assert wire.status_from_json(doc) == status
