@@ -28,9 +28,10 @@ the delete's try in flight, so a namespace is never deleted under its new share.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,12 @@ DELETE_RETRY_FIRST_S = 0.5
 """A released share's failed namespace delete is tried again after this, doubling..."""
 DELETE_RETRY_MAX_S = 30.0
 """...up to this."""
+DELETE_IDLE_S = 0.1
+"""A released share's namespace delete waits until no ensure or release has run for
+this long: the plugin's calls come in waves (a node's pods start and stop together),
+and a delete's processes would take the cores from the calls still waiting..."""
+DELETE_IDLE_MAX_WAIT_S = 2.0
+"""...but never longer than this (a node never idle still gets its deletes)."""
 
 
 class ShareFields(Protocol):
@@ -144,6 +151,10 @@ class MpsAgent:
         """Released v3 shares whose namespace delete has not succeeded yet."""
         self._between_tries: set[tuple[str, str]] = set()
         self._delete_failures: dict[str, int] = {}
+        self._changing = 0
+        """Ensures and releases running now."""
+        self._last_change = 0.0
+        """When the last of them ended (the loop's clock)."""
         self._state = CoalescedWrite(self._save)
         self._server = AgentServer(self, config.socket_path)
 
@@ -355,6 +366,10 @@ class MpsAgent:
         holds it. A v3 share's commands run beside other shares' of its GPU; a
         daemon to start, and every legacy share, have the GPU to themselves."""
         key = (req.gpu_uuid, req.share_id)
+        with self._change():
+            return await self._ensure_share(key, req)
+
+    async def _ensure_share(self, key: tuple[str, str], req: wire.EnsureShare) -> ShareInfo:
         await self._no_delete_pending(key)
         async with self._share_locks.hold(key):
             existing = self._shares.get(key)
@@ -471,7 +486,10 @@ class MpsAgent:
     async def release_share(self, req: wire.ReleaseShare) -> bool:
         """Drop the share (its namespace, or the daemon with the GPU's last share);
         answered once the state file no longer holds it."""
-        key = (req.gpu_uuid, req.share_id)
+        with self._change():
+            return await self._release_share((req.gpu_uuid, req.share_id), req)
+
+    async def _release_share(self, key: tuple[str, str], req: wire.ReleaseShare) -> bool:
         async with self._share_locks.hold(key):
             share = self._shares.get(key)
             if share is None:
@@ -502,6 +520,28 @@ class MpsAgent:
             log.info("share %s on GPU %s released", req.share_id, req.gpu_uuid)
             return True
 
+    @contextlib.contextmanager
+    def _change(self) -> Iterator[None]:
+        """Around an ensure or a release: what the deletes wait out."""
+        self._changing += 1
+        try:
+            yield
+        finally:
+            self._changing -= 1
+            self._last_change = asyncio.get_running_loop().time()
+
+    async def _until_idle(self) -> None:
+        """Until no ensure or release has run for :data:`DELETE_IDLE_S`, at most
+        :data:`DELETE_IDLE_MAX_WAIT_S`."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + DELETE_IDLE_MAX_WAIT_S
+        while (now := loop.time()) < give_up:
+            quiet_at = self._last_change + DELETE_IDLE_S
+            if not self._changing and now >= quiet_at:
+                return
+            busy = self._changing or quiet_at - now < DELETE_IDLE_S / 4
+            await asyncio.sleep(DELETE_IDLE_S / 4 if busy else quiet_at - now)
+
     async def _no_delete_pending(self, key: tuple[str, str]) -> None:
         """Before a share is ensured: the delete of its released namespace, if one is
         pending, ends first (a try in flight finishes; none is tried after it, since
@@ -521,6 +561,11 @@ class MpsAgent:
         gpu_uuid = share.gpu_uuid
         backoff = DELETE_RETRY_FIRST_S
         try:
+            self._between_tries.add(key)
+            try:
+                await self._until_idle()
+            finally:
+                self._between_tries.discard(key)
             while self._deleting.get(key) is asyncio.current_task():
                 try:
                     async with self._gate(gpu_uuid).shared():

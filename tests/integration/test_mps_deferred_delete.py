@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from dra_driver.fakes.mps_control import DELAY_ENV, fake_control_path
+from dra_driver.mpsagent import agent as agent_module
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.commands import namespace_name
 from dra_driver.mpsagent.protocol import DaemonStatus
@@ -118,9 +119,13 @@ async def _deleting_is(client: MpsAgentClient, count: int) -> bool:
     return (await gpu_status(client)).namespaces_deleting == count
 
 
+def sent_for(node: Node, name: str) -> list[dict[str, Any]]:
+    return [r for r in node.records(GPU0) if namespace_name(name) in (r.get("argv") or [])]
+
+
 def test_an_ensure_of_a_share_being_deleted_waits_for_the_delete(slow_v3: Node) -> None:
-    """Ensured again at once, the share's namespace is deleted first, then created
-    with the new limits: never deleted under the new share."""
+    """Ensured again while its delete runs, the share's namespace is deleted first,
+    then created with the new limits: never deleted under the new share."""
     node = slow_v3
 
     async def scenario() -> None:
@@ -129,17 +134,69 @@ def test_an_ensure_of_a_share_being_deleted_waits_for_the_delete(slow_v3: Node) 
             await ensure(client, "resident")
             await ensure(client, "again", gib=1, pct=20)
             assert await client.release_share(GPU0, "again") is True
+            # The fake daemon drops the namespace, then takes COMMAND_S: mid-delete.
+            await eventually(lambda: namespace_name("again") not in held(node), "the delete")
             await ensure(client, "again", gib=2, pct=30)
             assert held(node)[namespace_name("again")] == ("2048M", 30)
-            sent = [
-                r for r in node.records(GPU0) if namespace_name("again") in (r.get("argv") or [])
-            ]
+            sent = sent_for(node, "again")
             assert all(r["ok"] for r in sent), sent  # no set of a namespace mid-delete
             (delete,) = commands_of(node, "again", "delete")
             creates = commands_of(node, "again", "create")
             assert len(creates) == 2
             assert float(delete["t"]) <= float(creates[1]["busy_since"])
             assert (await gpu_status(client)).namespaces_deleting == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_share_ensured_again_before_its_delete_ran_keeps_its_namespace(
+    slow_v3: Node,
+) -> None:
+    """The delete waits until no ensure or release has run for a moment (the plugin's
+    calls come in waves); ensured again before that, the share keeps its namespace,
+    with the new limits, and no delete is sent."""
+    node = slow_v3
+
+    async def scenario() -> None:
+        async with agent_running(node.config):
+            client = node.client()
+            await ensure(client, "resident")
+            await ensure(client, "back", gib=1, pct=20)
+            assert await client.release_share(GPU0, "back") is True
+            await ensure(client, "back", gib=2, pct=30)
+            assert (await gpu_status(client)).namespaces_deleting == 0
+            await asyncio.sleep(3 * agent_module.DELETE_IDLE_S)
+            assert held(node)[namespace_name("back")] == ("2048M", 30)
+            verbs = [r["argv"][1] for r in sent_for(node, "back")]
+            assert verbs == ["create", "set", "set"], verbs
+
+    asyncio.run(scenario())
+
+
+def test_the_deletes_wait_for_a_wave_of_releases_to_end(
+    slow_v3: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Releases that follow each other closely are all answered before any delete
+    starts: the deletes' processes do not take the cores from the calls. (A quiet
+    spell of 1 s here, not 0.1: a loaded machine must not split the wave.)"""
+    node = slow_v3
+    monkeypatch.setattr(agent_module, "DELETE_IDLE_S", 1.0)
+    monkeypatch.setattr(agent_module, "DELETE_IDLE_MAX_WAIT_S", 20.0)
+
+    async def scenario() -> None:
+        async with agent_running(node.config):
+            client = node.client()
+            await ensure(client, "resident")
+            names = [f"w{i}" for i in range(4)]
+            for name in names:
+                await ensure(client, name)
+            answered = []
+            for name in names:  # one after another, as a kubelet tearing pods down
+                assert await client.release_share(GPU0, name) is True
+                answered.append(time.time())
+            await eventually(lambda: _deleting_is(client, 0), "the deletes")
+            starts = [float(commands_of(node, n, "delete")[0]["busy_since"]) for n in names]
+            assert min(starts) > max(answered), (starts, answered)
 
     asyncio.run(scenario())
 

@@ -42,9 +42,9 @@ GPUS = 10
 COMMAND_S = 0.3
 
 
-def most_busy_at_once(dirs: NodeDirs, *, since: float, verb: str) -> int:
-    """The most ``namespace <verb>`` commands the fake daemons were busy with at one
-    moment since ``since`` (wall time), from their command records."""
+def busy_spans(dirs: NodeDirs, *, since: float, verb: str) -> list[tuple[float, float]]:
+    """When the fake daemons were busy with each ``namespace <verb>`` command since
+    ``since`` (wall time), from their command records (a command is recorded once done)."""
     spans: list[tuple[float, float]] = []
     for path in glob.glob(os.path.join(dirs.root, "**", RECORD_FILE), recursive=True):
         with open(path, encoding="utf-8") as f:
@@ -53,6 +53,13 @@ def most_busy_at_once(dirs: NodeDirs, *, since: float, verb: str) -> int:
                 argv = entry.get("argv") or []
                 if argv[:2] == ["namespace", verb] and entry.get("busy_since", 0) >= since:
                     spans.append((entry["busy_since"], entry["t"]))
+    return spans
+
+
+def most_busy_at_once(dirs: NodeDirs, *, since: float, verb: str) -> int:
+    """The most ``namespace <verb>`` commands the fake daemons were busy with at one
+    moment since ``since`` (wall time)."""
+    spans = busy_spans(dirs, since=since, verb=verb)
     edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
     busy = most = 0
     for _, step in edges:  # an end sorts before a start at the same instant
@@ -134,7 +141,11 @@ def test_ten_claims_on_ten_gpus_are_enforced_at_once(node_dirs: NodeDirs, calls:
             groups = [[r] for r in refs] if calls == "one call per claim" else [refs]
             gone = await asyncio.gather(*(plugin.unprepare(g) for g in groups))
             assert not any(e for errors in gone for e in errors.values()), gone
-            # Namespace delete: one command each, also at once.
+            # Namespace delete: one command each, after the answers, also at once.
+            await eventually(
+                lambda: len(busy_spans(node_dirs, since=wall_start, verb="delete")) == GPUS,
+                "the namespace deletes",
+            )
             at_once = most_busy_at_once(node_dirs, since=wall_start, verb="delete")
             assert at_once >= GPUS // 2, at_once
 
