@@ -22,7 +22,9 @@ longer serves no one and takes nothing from the next share. A failed delete is
 logged, counted and retried; a daemon that dies or stops takes the namespace with it;
 an agent that dies first leaves it to the next agent's restore, which deletes every
 namespace of ours the state file does not hold. An ensure of the same share waits for
-the delete's try in flight, so a namespace is never deleted under its new share.
+the delete's try in flight, so a namespace is never deleted under its new share. The
+delete waits for a quiet spell of the plugin's calls (they come in waves), so its
+processes do not take the cores from the calls still waiting.
 """
 
 from __future__ import annotations
@@ -485,7 +487,8 @@ class MpsAgent:
 
     async def release_share(self, req: wire.ReleaseShare) -> bool:
         """Drop the share (its namespace, or the daemon with the GPU's last share);
-        answered once the state file no longer holds it."""
+        answered once the state file no longer holds it. A v3 namespace of a GPU with
+        other shares is deleted after the answer (:meth:`_delete_namespace`)."""
         with self._change():
             return await self._release_share((req.gpu_uuid, req.share_id), req)
 
@@ -505,7 +508,8 @@ class MpsAgent:
                     async with gate.exclusive():
                         await self._remove_alone(share)
                 elif self._running_daemon(req.gpu_uuid) is not None:
-                    # Down: its restart restores only the shares still held.
+                    # The namespace goes after the answer. (A daemon that is down needs
+                    # nothing: its restart restores only the shares still held.)
                     deferred = True
             except DaemonError as err:
                 self._shares[key] = share
