@@ -410,13 +410,19 @@ def test_a_stale_native_build_is_not_chosen(tmp_path: str, monkeypatch: pytest.M
     assert fake_control_path() == shell_control_path()  # no source to judge it by
 
 
+def run_build(out: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The build script into ``out`` with ``env`` added; it always exits 0."""
+    done = subprocess.run(
+        [BUILD_SCRIPT, out], env={**os.environ, **env},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done
+    return done
+
+
 def test_the_build_without_a_compiler_says_so_and_goes_on(tmp_path: str) -> None:
     out = os.path.join(str(tmp_path), "nvidia-cuda-mps-control")
-    done = subprocess.run(
-        [BUILD_SCRIPT, out], env={**os.environ, "CC": "no-such-cc"},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0
+    done = run_build(out, CC="no-such-cc")
     assert done.stderr.count("\n") == 1 and "no C compiler" in done.stderr, done.stderr
     assert not os.path.exists(out)
 
@@ -424,10 +430,6 @@ def test_the_build_without_a_compiler_says_so_and_goes_on(tmp_path: str) -> None
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc)")
 def test_the_build_of_a_broken_source_says_so_and_keeps_no_file(tmp_path: str) -> None:
     out = os.path.join(str(tmp_path), "nvidia-cuda-mps-control")
-    done = subprocess.run(
-        [BUILD_SCRIPT, out], env={**os.environ, "CFLAGS": "-DNOT_A_FLAG -include /nonexistent.h"},
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0
+    done = run_build(out, CFLAGS="-DNOT_A_FLAG -include /nonexistent.h")
     assert done.stderr.count("\n") == 1 and "failed" in done.stderr, done.stderr
     assert os.listdir(str(tmp_path)) == []  # neither the output nor a temporary file

@@ -74,6 +74,14 @@ async def ensure(client: MpsAgentClient, name: str, gib: int = 1, pct: int = 20)
     )  # fmt: skip
 
 
+async def ensured_then_released(client: MpsAgentClient, name: str) -> None:
+    """A resident share keeps the daemon up; ``name`` (1 GiB, 20%) is ensured and
+    released: its namespace's delete is then pending."""
+    await ensure(client, "resident")
+    await ensure(client, name)
+    assert await client.release_share(GPU0, name) is True
+
+
 def held(node: Node) -> dict[str, tuple[str | None, int | None]]:
     spaces = node.fake_state(GPU0)["servers"]["shares"]["namespaces"]
     return {
@@ -100,9 +108,7 @@ def test_a_release_answers_before_its_namespace_delete_ends(slow_v3: Node) -> No
     async def scenario() -> None:
         async with agent_running(node.config):
             client = node.client()
-            await ensure(client, "resident")
-            await ensure(client, "done")
-            assert await client.release_share(GPU0, "done") is True
+            await ensured_then_released(client, "done")
             answered = time.time()
             assert {s.share_id for s in await client.list_shares()} == {"resident"}
             await eventually(lambda: commands_of(node, "done", "delete"), "the delete")
@@ -131,9 +137,7 @@ def test_an_ensure_of_a_share_being_deleted_waits_for_the_delete(slow_v3: Node) 
     async def scenario() -> None:
         async with agent_running(node.config):
             client = node.client()
-            await ensure(client, "resident")
-            await ensure(client, "again", gib=1, pct=20)
-            assert await client.release_share(GPU0, "again") is True
+            await ensured_then_released(client, "again")
             # The fake daemon drops the namespace, then takes COMMAND_S: mid-delete.
             await eventually(lambda: namespace_name("again") not in held(node), "the delete")
             await ensure(client, "again", gib=2, pct=30)
@@ -160,9 +164,7 @@ def test_a_share_ensured_again_before_its_delete_ran_keeps_its_namespace(
     async def scenario() -> None:
         async with agent_running(node.config):
             client = node.client()
-            await ensure(client, "resident")
-            await ensure(client, "back", gib=1, pct=20)
-            assert await client.release_share(GPU0, "back") is True
+            await ensured_then_released(client, "back")
             await ensure(client, "back", gib=2, pct=30)
             assert (await gpu_status(client)).namespaces_deleting == 0
             await asyncio.sleep(3 * agent_module.DELETE_IDLE_S)
@@ -210,9 +212,7 @@ def test_a_refused_delete_is_logged_counted_and_retried(
     async def scenario() -> None:
         async with agent_running(node.config):
             client = node.client()
-            await ensure(client, "resident")
-            await ensure(client, "stuck")
-            assert await client.release_share(GPU0, "stuck") is True
+            await ensured_then_released(client, "stuck")
             await eventually(lambda: _failures_at_least(client, 2), "two refused tries", timeout=15)
             status = await gpu_status(client)
             assert status.namespaces_deleting == 1
@@ -242,9 +242,7 @@ def test_a_share_wanted_again_stops_the_retries_and_keeps_its_namespace(
     async def scenario() -> None:
         async with agent_running(node.config):
             client = node.client()
-            await ensure(client, "resident")
-            await ensure(client, "back", gib=1, pct=20)
-            assert await client.release_share(GPU0, "back") is True
+            await ensured_then_released(client, "back")
             await eventually(lambda: _failures_at_least(client, 1), "a refused try")
             await ensure(client, "back", gib=3, pct=40)
             assert (await gpu_status(client)).namespaces_deleting == 0
