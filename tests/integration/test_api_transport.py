@@ -112,13 +112,7 @@ def test_configurations_it_does_not_speak_get_no_transport() -> None:
 
 def test_the_configurations_proxy_unless_no_proxy_names_the_host() -> None:
     seen: list[bytes] = []
-
-    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            seen.append(await _read_request(reader))
-            writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n{"p":1}')
-            await writer.drain()
-        writer.close()
+    proxy = _replying(b'HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n{"p":1}', seen)
 
     async def scenario() -> None:
         async with _server(proxy) as proxy_url:
@@ -161,6 +155,35 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
         if line.lower().startswith(b"content-length:"):
             await reader.readexactly(int(line.split(b":", 1)[1]))
     return head
+
+
+def _replying(
+    reply: bytes, seen: list[bytes] | None = None, *, keep_alive: bool = False
+) -> Handler:
+    """A server that answers a request with ``reply`` (every request of the connection
+    with ``keep_alive``, else the first), keeping each request's head in ``seen``."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await _read_request(reader)
+                if seen is not None:
+                    seen.append(head)
+                writer.write(reply)
+                await writer.drain()
+                if not keep_alive:
+                    break
+        writer.close()
+
+    return handler
+
+
+async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A server that reads a request and never answers (until the client gives up)."""
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+        await _read_request(reader)
+        await reader.read()
+    writer.close()
 
 
 def test_chunked_and_close_and_unframed_answers() -> None:
@@ -222,21 +245,10 @@ def test_a_kept_connection_closed_while_idle_is_replaced() -> None:
 
 
 def test_no_answer_is_a_timeout_and_garbage_is_unavailable() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            await _read_request(reader)
-            await reader.read()  # never answers; until the client gives up
-        writer.close()
-
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            await _read_request(reader)
-            writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
-            await writer.drain()
-        writer.close()
+    garbage = _replying(b"SSH-2.0-OpenSSH\r\n\r\n")
 
     async def scenario() -> None:
-        async with _server(silent) as url:
+        async with _server(_silent) as url:
             http = _http(_client(url))
             loop = asyncio.get_running_loop()
             started = loop.time()
@@ -255,14 +267,7 @@ def test_no_answer_is_a_timeout_and_garbage_is_unavailable() -> None:
 
 def test_requests_and_watches_ask_for_json_uncompressed() -> None:
     heads: list[bytes] = []
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                heads.append(await _read_request(reader))
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-                await writer.drain()
-        writer.close()
+    handler = _replying(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", heads, keep_alive=True)
 
     async def scenario() -> None:
         async with _server(handler) as url:
@@ -285,14 +290,8 @@ def test_requests_and_watches_ask_for_json_uncompressed() -> None:
 
 
 def test_a_callers_cancellation_is_not_a_timeout() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            await _read_request(reader)
-            await reader.read()
-        writer.close()
-
     async def scenario() -> None:
-        async with _server(silent) as url:
+        async with _server(_silent) as url:
             http = _http(_client(url))
             request = asyncio.create_task(http.send_json("GET", "/x", timeout_s=0.3))
             await asyncio.sleep(0.1)
