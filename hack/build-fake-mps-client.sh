@@ -21,6 +21,10 @@ OUTPUT="${1:-${ROOT}/dra_driver/fakes/native/build/nvidia-cuda-mps-control}"
 : "${CC:=cc}"
 : "${CFLAGS:=-O2 -Wall -Wextra}"
 
+# Current already (the rule fake_control_path() applies): nothing to do at each set-up.
+if [[ -x "${OUTPUT}" && ! "${SOURCE}" -nt "${OUTPUT}" ]]; then
+  exit 0
+fi
 if ! command -v "${CC}" >/dev/null 2>&1; then
   echo "build-fake-mps-client: no C compiler (${CC}); the sh client serves" >&2
   exit 0
