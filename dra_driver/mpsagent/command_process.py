@@ -123,7 +123,8 @@ def _executable(name: str, env: Env) -> str:
     raises."""
     if os.sep in name:
         return name
-    path = next((os.fsdecode(v) for k, v in env.items() if os.fsdecode(k) == "PATH"), os.defpath)
+    # Compared as they are (bytes or str): no decoding of every variable per spawn.
+    path = next((os.fsdecode(v) for k, v in env.items() if k in (b"PATH", "PATH")), os.defpath)
     for directory in path.split(os.pathsep):
         candidate = os.path.join(directory or ".", name)
         if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
