@@ -572,8 +572,9 @@ def main() -> None:
         cluster.delete_slices(DRIVER, args.node)
         if "example" in phases:
             cluster.delete_slices(EXAMPLE_DRIVER, args.node)
-        if agent_state_dir(work).startswith("/dev/shm/"):  # memory: not left behind
-            shutil.rmtree(os.path.dirname(agent_state_dir(work)), ignore_errors=True)
+        state = os.path.dirname(agent_state_dir(work))
+        if state != work:  # on the tmpfs: memory, not left behind
+            shutil.rmtree(state, ignore_errors=True)
     for line in summary(runs):
         print(line)
 
