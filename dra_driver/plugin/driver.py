@@ -5,6 +5,7 @@ in :meth:`Driver._prepare_claim` and :meth:`Driver._carry_out`::
 
     GET (the call's claims in parallel, outside any lock)
     plan ─ record PrepareStarted          one journal pass: every claim deciding now, one write
+                                          (a plain MPS share's ensure starts as it is written)
     side effects                          MPS share, MIG instance (none for whole GPUs)
     CDI spec                              rendered once, written
     record PrepareCompleted               group commit: with every completion waiting, one write
@@ -17,7 +18,9 @@ the side effects (a failure records the entry again, for the kubelet's retry).
 
 The :class:`~dra_driver.plugin.journal.CheckpointJournal` alone holds the node
 lock (task + ``flock``) and writes the checkpoint: decisions are serialised, a
-PrepareStarted entry is durable before any side effect, and a claim whose side
+PrepareStarted entry is durable before any side effect but a plain MPS share's
+ensure, which runs while it is written (:mod:`~dra_driver.plugin.early_shares`:
+the agent's state and the start-up reconcile cover a crash), and a claim whose side
 effects are in flight is not decided again until its transaction ends (a repeated
 or crossing prepare/unprepare waits for it). Side effects run outside the lock,
 so claims on different GPUs (and MPS v3 shares of one GPU: the mps-agent runs
@@ -69,6 +72,7 @@ from dra_driver.plugin.claim_decisions import (
     decide_unprepare,
 )
 from dra_driver.plugin.current_inventory import CurrentInventory
+from dra_driver.plugin.early_shares import EarlyShares
 from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.plugin.journal import CheckpointJournal, Update
 from dra_driver.plugin.startup_reconcile import ReconcileReport, reconcile_files
@@ -252,20 +256,34 @@ class Driver:
             )
             return decide_prepare(checkpoint, inputs)
 
+        early = self.enforcer.early_shares(ref) if self.enforcer is not None else None
+
+        def on_decided(decided: Answered | Started) -> None:
+            # While PrepareStarted is written: the claim's plain MPS shares (see
+            # early_shares for why they need no entry on disk first).
+            if early is not None and isinstance(decided, Started) and decided.spec is not None:
+                early.start(decided.entry.devices)
+
         try:
-            async with self.journal.decision(ref.uid, decide) as decided:
+            async with self.journal.decision(ref.uid, decide, on_decided) as decided:
                 if isinstance(decided, Answered):
                     return decided.outcome
-                return await self._carry_out(decided)
+                return await self._carry_out(decided, early)
         except Exception as err:  # the pass failed (lock, checkpoint): nothing is on disk
+            if early is not None:
+                await early.abandon()
             return self._failed(ref, err)
+        except BaseException:
+            if early is not None:
+                early.abandon_later()
+            raise
 
-    async def _carry_out(self, started: Started) -> ClaimOutcome:
+    async def _carry_out(self, started: Started, early: EarlyShares | None) -> ClaimOutcome:
         """The rest of a prepare once its PrepareStarted entry is durable."""
         ref = started.entry.ref
         entry: CheckpointClaim | None = None
         try:
-            entry = await self._apply_side_effects(started)
+            entry = await self._apply_side_effects(started, early)
             await self._write_spec(entry)
         except Exception as err:
             # A lost spec's side effects serve the claim's running containers: kept
@@ -285,7 +303,9 @@ class Driver:
         )
         return ClaimOutcome(devices=done.devices)
 
-    async def _apply_side_effects(self, started: Started) -> CheckpointClaim:
+    async def _apply_side_effects(
+        self, started: Started, early: EarlyShares | None
+    ) -> CheckpointClaim:
         """The entry with what its side effects made and its CDI spec (rendered once);
         on failure the enforcer has undone this claim's and raises."""
         entry, spec = started.entry, started.spec
@@ -294,7 +314,7 @@ class Driver:
         devices = entry.devices
         if self.enforcer is not None and _has_side_effects(devices):
             async with self._gpu_locks(devices):
-                devices, spec = await self.enforcer.apply(entry.ref, devices, spec)
+                devices, spec = await self.enforcer.apply(entry.ref, devices, spec, early)
         return replace(entry, devices=devices, cdi_spec=render_spec(spec))
 
     async def _write_spec(self, entry: CheckpointClaim) -> None:

@@ -79,6 +79,7 @@ from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.mpsagent.commands import share_cdi_edits
 from dra_driver.mpsagent.layout import is_mig_uuid
 from dra_driver.mpsagent.port import MpsAgentPort
+from dra_driver.plugin.early_shares import EarlyShares
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +144,30 @@ class Enforcer:
         self.mps = mps
         self.settings = settings or NodeSettings()
 
+    def early_shares(self, claim: ClaimRef) -> EarlyShares:
+        """What :meth:`apply` takes for ``claim``'s MPS shares started before it
+        (:mod:`~dra_driver.plugin.early_shares`)."""
+
+        async def ensure(claim: ClaimRef, namespace: MpsNamespace) -> ContainerEdits:
+            return await self._ensure_share(claim, namespace, namespace.gpu_uuid)
+
+        async def release(namespace: MpsNamespace) -> None:
+            if self.mps is not None and namespace.key is not None:
+                await self.mps.release_share(namespace.gpu_uuid, namespace.key)
+
+        return EarlyShares(claim, ensure, release)
+
     async def apply(
-        self, claim: ClaimRef, devices: Sequence[PlannedDevice], spec: CdiSpec
+        self,
+        claim: ClaimRef,
+        devices: Sequence[PlannedDevice],
+        spec: CdiSpec,
+        early: EarlyShares | None = None,
     ) -> tuple[tuple[PlannedDevice, ...], CdiSpec]:
-        """Run each device's side effects; on failure undo this claim's and raise."""
+        """Run each device's side effects; on failure undo this claim's and raise.
+
+        ``early``: the claim's MPS shares already asked of the agent, taken instead
+        of asking again."""
         done: list[PlannedDevice] = []
         cdi_devices = list(spec.devices)
         namespaces = mps_namespaces(devices)
@@ -168,9 +189,12 @@ class Enforcer:
                         # a container sees one pipe directory.
                         namespace = namespace_of(namespaces, device)
                         if namespace not in shares:
-                            shares[namespace] = await self._ensure_share(
-                                claim, namespace, namespace.gpu_uuid
-                            )
+                            taken = await early.take(namespace) if early is not None else None
+                            if taken is None:
+                                taken = await self._ensure_share(
+                                    claim, namespace, namespace.gpu_uuid
+                                )
+                            shares[namespace] = taken
                         applied, extra = device, shares[namespace]
                     case MigInstance():
                         plan, _, extra = await self._instance(device.gpu_uuid, device.mig)
@@ -185,6 +209,8 @@ class Enforcer:
                     )
         except Exception:
             await self.release(claim, done)
+            if early is not None:
+                await early.abandon()  # ensured early but not reached: released too
             raise
         return tuple(done), dataclasses.replace(spec, devices=tuple(cdi_devices))
 

@@ -11,9 +11,13 @@ time::
   it is on disk (with the decisions before it in the same pass), and answers only
   once the pass's write is durable: a PrepareStarted entry is on disk before any
   side effect. Every claim waiting when a pass takes the lock is decided in that
-  pass, in arrival order (one write for all of them). The claim then stays *held*
-  until its caller leaves the ``async with``: a second decision of it (a repeated
-  or crossing prepare/unprepare) waits for its side effects to finish.
+  pass, in arrival order (one write for all of them). Its ``on_decided``, if
+  given, hears the result as soon as the pass has decided, while the write is
+  still in progress: the caller may start what is safe to start before the entry
+  is durable (an MPS share's ensure, :mod:`~dra_driver.plugin.early_shares`).
+  The claim then stays *held* until its caller leaves the ``async with``: a
+  second decision of it (a repeated or crossing prepare/unprepare) waits for its
+  side effects to finish.
 * :meth:`CheckpointJournal.record` writes one claim's change (PrepareCompleted, a
   removal) with every other change waiting: those that arrive while a pass is
   writing go together into the next (a group commit), with that pass's decisions.
@@ -49,11 +53,17 @@ Update = Callable[[Checkpoint], Checkpoint]
 """One claim's recorded change."""
 
 
+OnDecided = Callable[[Any], None]
+"""Told a decision's result on the event loop before the pass's write is durable;
+not told when the decision raised. It must not raise (what it raises is logged)."""
+
+
 @dataclass(eq=False)
 class _Decision:
     uid: ClaimUID
     decide: Decide[Any]
     answer: asyncio.Future[Any]
+    on_decided: OnDecided | None = None
 
 
 @dataclass(eq=False)
@@ -73,12 +83,16 @@ class CheckpointJournal:
         self._writer: asyncio.Task[None] | None = None
 
     @contextlib.asynccontextmanager
-    async def decision(self, uid: ClaimUID, decide: Decide[T]) -> AsyncIterator[T]:
+    async def decision(
+        self, uid: ClaimUID, decide: Decide[T], on_decided: OnDecided | None = None
+    ) -> AsyncIterator[T]:
         """``decide``'s result once it is on disk; ``uid`` is held until the block exits.
 
+        ``on_decided`` hears the result before the write is durable (it may then
+        still fail: the block is not entered and the pass's error raised).
         Raises the pass's error (lock, checkpoint) or ``decide``'s own."""
         answer: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._decisions.append(_Decision(uid, decide, answer))
+        self._decisions.append(_Decision(uid, decide, answer, on_decided))
         self._wake_writer()
         try:
             result = await answer
@@ -158,7 +172,8 @@ class CheckpointJournal:
                 # Taken once the lock is ours: whatever arrived while we waited for
                 # it goes into this write.
                 decisions, records = self._take()
-                results = await asyncio.to_thread(self._apply, decisions, records)
+                loop = asyncio.get_running_loop()
+                results = await asyncio.to_thread(self._apply, decisions, records, loop)
         except Exception as err:  # lock timeout, checkpoint unreadable or unwritable
             if not decisions and not records:
                 decisions, records = self._take()
@@ -182,9 +197,13 @@ class CheckpointJournal:
             _settle(decision.answer, value, error)
 
     def _apply(
-        self, decisions: list[_Decision], records: list[_Record]
+        self,
+        decisions: list[_Decision],
+        records: list[_Record],
+        loop: asyncio.AbstractEventLoop,
     ) -> list[tuple[Any, Exception | None]]:
-        """In a worker thread, under the lock: load, apply, decide, save once."""
+        """In a worker thread, under the lock: load, apply, decide, tell the
+        ``on_decided`` listeners (on the loop), save once."""
         loaded = checkpoint = self.store.load()
         for record in records:
             checkpoint = record.update(checkpoint)
@@ -197,9 +216,25 @@ class CheckpointJournal:
                 results.append((None, err))
                 continue
             results.append((value, None))
+        told = [
+            (decision.on_decided, value)
+            for decision, (value, error) in zip(decisions, results, strict=True)
+            if decision.on_decided is not None and error is None
+        ]
+        if told:
+            # Before the save: what the listeners start runs while it is written.
+            loop.call_soon_threadsafe(_tell, told)
         if records or checkpoint is not loaded:
             self.store.save(checkpoint)
         return results
+
+
+def _tell(told: list[tuple[OnDecided, Any]]) -> None:
+    for on_decided, value in told:
+        try:
+            on_decided(value)
+        except Exception as err:  # a listener's bug: its claim goes on without it
+            log.error("a decision's listener failed: %r", err, exc_info=err)
 
 
 def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:

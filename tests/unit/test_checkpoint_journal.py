@@ -9,6 +9,7 @@ by events: nothing here waits for a time to pass."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -216,3 +217,70 @@ def test_a_decision_that_raises_fails_only_its_claim(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert store.written == [{"good": STARTED}]
+
+
+class GatedStore(RecordingStore):
+    """A store whose writes wait (in the writer's thread) until ``opened`` is set."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.opened = threading.Event()
+        self.writing = threading.Event()
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        self.writing.set()
+        assert self.opened.wait(30), "never opened"
+        super().save(checkpoint)
+
+
+def test_on_decided_hears_the_decision_while_it_is_written(tmp_path: Path) -> None:
+    store = GatedStore(str(tmp_path / "checkpoint.json"))
+    journal = CheckpointJournal(store, NodeLock(str(tmp_path / "serialize.lock")))
+
+    async def scenario() -> None:
+        heard: list[tuple[str, ClaimState | None, bool]] = []
+
+        def on_decided(name: str) -> Callable[[ClaimState | None], None]:
+            def told(found: ClaimState | None) -> None:
+                # Told on the event loop, before the write is on disk.
+                asyncio.get_running_loop()
+                heard.append((name, found, bool(store.written)))
+                store.opened.set()
+
+            return told
+
+        async def prepare(name: str) -> None:
+            async with journal.decision(ref(name).uid, start(name), on_decided(name)):
+                pass
+
+        await asyncio.gather(prepare("a"), prepare("b"))
+        assert heard == [("a", None, False), ("b", None, False)]
+        await journal.close()
+
+    asyncio.run(scenario())
+    assert store.written == [{"a": STARTED, "b": STARTED}]
+
+
+def test_on_decided_is_not_told_of_a_failed_decision_and_a_failed_write_still_fails(
+    tmp_path: Path,
+) -> None:
+    journal, store = journal_on(tmp_path)
+
+    def broken(checkpoint: Checkpoint) -> tuple[Checkpoint, None]:
+        raise ValueError("a bug in this claim's plan")
+
+    async def scenario() -> None:
+        heard: list[str] = []
+        with pytest.raises(ValueError, match="a bug"):
+            async with journal.decision(ref("a").uid, broken, lambda _: heard.append("a")):
+                pass
+        assert heard == []
+        store.fail_next = True
+        with pytest.raises(CheckpointError, match="no space left"):
+            async with journal.decision(ref("b").uid, start("b"), lambda _: heard.append("b")):
+                pass
+        assert heard == ["b"], "told before the write, which then failed"
+        await journal.close()
+
+    asyncio.run(scenario())
+    assert store.written == []

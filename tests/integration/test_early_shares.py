@@ -1,0 +1,197 @@
+"""An MPS share's ensure runs while its claim's PrepareStarted entry is written, and a
+failed write releases what it made: the plugin over its real socket, the mps-agent
+with the fake control binary (real processes), the checkpoint's writes gated."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from dra_driver.app.plugin import Plugin, start_plugin
+from dra_driver.base.errors import CheckpointError
+from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
+from dra_driver.fakes.objects import claim_ref, resource_claim, share
+from dra_driver.mpsagent.client import MpsAgentClient
+from dra_driver.mpsagent.port import MpsAgentPort
+from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
+from dra_driver.state.checkpoint import Checkpoint, ClaimState
+from tests.support.mps import agent_config, agent_running, mps_parts
+from tests.support.node import DRIVER, NodeDirs, run_checked
+
+WAIT_S = 20.0
+
+
+class WatchedAgent:
+    """The real agent client; ``ensured`` is set (from any thread's view) once a share
+    of ``claim_uid`` has been ensured, ``asked`` once it is asked for."""
+
+    def __init__(self, agent: MpsAgentPort, claim_uid: str) -> None:
+        self.agent = agent
+        self.claim_uid = claim_uid
+        self.asked = threading.Event()
+        self.ensured = threading.Event()
+
+    async def ensure_share(self, gpu_uuid: str, share_id: str, **limits: Any) -> ShareInfo:
+        mine = limits.get("claim_uid") == self.claim_uid
+        if mine:
+            self.asked.set()
+        info = await self.agent.ensure_share(gpu_uuid, share_id, **limits)
+        if mine:
+            self.ensured.set()
+        return info
+
+    async def release_share(self, gpu_uuid: str, share_id: str) -> bool:
+        return await self.agent.release_share(gpu_uuid, share_id)
+
+    async def list_shares(self) -> list[ShareInfo]:
+        return await self.agent.list_shares()
+
+    async def status(self) -> AgentStatus:
+        return await self.agent.status()
+
+
+@asynccontextmanager
+async def serving(
+    dirs: NodeDirs, claims: list[dict[str, Any]]
+) -> AsyncIterator[tuple[Plugin, RegisteredPlugin]]:
+    async with agent_running(agent_config(dirs)):
+        runtime = await start_plugin(mps_parts(dirs, InMemoryClaimSource(claims)))
+        kubelet = FakeKubelet(dirs.registry)
+        try:
+            yield runtime, await kubelet.wait_for_plugin(DRIVER)
+        finally:
+            await kubelet.close()
+            await runtime.stop()
+
+
+def gate_started_write(
+    runtime: Plugin, claim_uid: str, at_write: Callable[[], None]
+) -> WatchedAgent:
+    """Watch the agent, and run ``at_write`` (in the writer's thread) before the
+    checkpoint write that records ``claim_uid`` PrepareStarted."""
+    driver = runtime.driver
+    assert driver is not None and driver.enforcer is not None and driver.enforcer.mps is not None
+    watched = WatchedAgent(driver.enforcer.mps, claim_uid)
+    driver.enforcer.mps = watched
+    store = driver.journal.store
+    save = store.save
+
+    def gated(checkpoint: Checkpoint) -> None:
+        entry = checkpoint.claims.get(claim_uid)  # type: ignore[call-overload]
+        if entry is not None and entry.state is ClaimState.PREPARE_STARTED:
+            at_write()
+        save(checkpoint)
+
+    store.save = gated  # type: ignore[method-assign]
+    return watched
+
+
+def test_the_share_is_ensured_while_its_prepare_started_entry_is_written(
+    node_dirs: NodeDirs,
+) -> None:
+    claim = resource_claim("a", "early", devices=[share("gpu-0", memory="10Gi")])
+    ref = claim_ref(claim)
+    seen_during_write: list[bool] = []
+
+    async def scenario() -> None:
+        async with serving(node_dirs, [claim]) as (runtime, plugin):
+            watched: WatchedAgent | None = None
+
+            def at_write() -> None:
+                assert watched is not None
+                # Waits in the writer's thread: the ensure, on the loop, goes on meanwhile.
+                seen_during_write.append(watched.ensured.wait(WAIT_S))
+
+            watched = gate_started_write(runtime, ref.uid, at_write)
+            answer = await plugin.prepare([ref])
+            assert answer[ref.uid].error == ""
+            (made,) = await MpsAgentClient(agent_config(node_dirs).socket_path).list_shares()
+            assert made.claim_uid == ref.uid
+            # A repeated prepare finds it recorded: nothing is asked of the agent again.
+            watched.asked.clear()
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            assert not watched.asked.is_set()
+
+    run_checked(scenario())
+    assert seen_during_write == [True], "the ensure waited for the entry's write"
+
+
+def test_a_failed_prepare_started_write_releases_the_share_ensured_for_it(
+    node_dirs: NodeDirs, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = resource_claim("a", "unlucky", devices=[share("gpu-0", memory="10Gi")])
+    ref = claim_ref(claim)
+    caplog.set_level(logging.INFO, logger="dra_driver.plugin.early_shares")
+
+    async def scenario() -> None:
+        async with serving(node_dirs, [claim]) as (runtime, plugin):
+            watched: WatchedAgent | None = None
+
+            def at_write() -> None:
+                assert watched is not None
+                assert watched.ensured.wait(WAIT_S), "no ensure during the write"
+                raise CheckpointError("cannot write checkpoint: no space left on device")
+
+            watched = gate_started_write(runtime, ref.uid, at_write)
+            answer = await plugin.prepare([ref])
+            assert "no space left" in answer[ref.uid].error
+            agent = MpsAgentClient(agent_config(node_dirs).socket_path)
+            assert await agent.list_shares() == [], "the early share outlived its claim"
+            # The kubelet's retry, once the disk has room, prepares it afresh.
+            watched.ensured.clear()
+            driver = runtime.driver
+            assert driver is not None
+            driver.journal.store.save = type(driver.journal.store).save.__get__(  # type: ignore[method-assign]
+                driver.journal.store
+            )
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            assert [s.claim_uid for s in await agent.list_shares()] == [ref.uid]
+
+    run_checked(scenario())
+    assert any(
+        "released MPS share" in r.getMessage() and "before its prepare failed" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+
+
+def test_a_share_inside_a_mig_instance_keeps_the_write_ahead_order() -> None:
+    """Only plain shares start early: a MIG instance's changes wait for the entry."""
+    from dra_driver.plugin.early_shares import EarlyShares
+    from tests.support.planned import mig_instance, mps_in_mig, mps_share
+
+    asked: list[str] = []
+
+    async def ensure(claim: Any, namespace: Any) -> Any:
+        asked.append(namespace.key)
+        raise AssertionError("not for this claim")
+
+    async def release(namespace: Any) -> None:
+        raise AssertionError("nothing to release")
+
+    async def scenario() -> None:
+        for devices in (
+            [mps_in_mig("gpu-0-mig", share_id="s1")],
+            [mps_share("gpu-0", share_id="s1"), mig_instance("gpu-1-mig", gpu="GPU-1")],
+            [mps_share("gpu-0", share_id=None)],  # no key: the side effects say why
+            [],
+        ):
+            early = EarlyShares(claim_ref(resource_claim("a", "x", devices=[])), ensure, release)
+            early.start(devices)
+            assert early.started == 0, devices
+            await asyncio.sleep(0)
+        early = EarlyShares(claim_ref(resource_claim("a", "y", devices=[])), ensure, release)
+        early.start([mps_share("gpu-0", share_id="s2")])
+        assert early.started == 1
+        with pytest.raises(AssertionError, match="not for this claim"):
+            await early.take(next(iter(early._tasks)))
+        await early.abandon()  # nothing left: nothing released
+
+    asyncio.run(scenario())
+    assert asked == ["s2"]
