@@ -67,6 +67,8 @@ from tests.support.processes import live_socket, stop_process  # noqa: E402  (RO
 
 DRIVER = "gpu.fractional.dev"
 EXAMPLE_DRIVER = "gpu.example.com"
+CHART_NAME = "fractional-gpu-dra"
+"""The chart's app.kubernetes.io/name label (deploy/helm: fgd.name)."""
 NAMESPACE = "fgd-bench-kubelet"
 METRIC = "dra_grpc_operations_duration_seconds"
 PREPARE = "NodePrepareResources"
@@ -178,6 +180,15 @@ class Cluster:
         if self.kubelet is not None:
             return self.kubelet.metrics()
         return str(self.core.connect_get_node_proxy_with_path(node, "metrics"))
+
+    def chart_pods(self, node: str) -> list[str]:
+        """The chart's pods on ``node`` (its kubelet plugin's or agent's would take the
+        sockets this script's processes serve)."""
+        pods = self.core.list_pod_for_all_namespaces(
+            label_selector=f"app.kubernetes.io/name={CHART_NAME}",
+            field_selector=f"spec.nodeName={node}",
+        )
+        return [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods.items]
 
     def create_class(self, obj: JsonObj) -> bool:
         """Create a DeviceClass; False when one of that name is already there."""
@@ -545,6 +556,12 @@ def main() -> None:
         if len(nodes) != 1:
             raise SystemExit(f"--node: the cluster has {len(nodes)} nodes {nodes[:5]}")
         args.node = nodes[0]
+    if running := cluster.chart_pods(args.node):
+        raise SystemExit(
+            f"the chart's pods run on node {args.node} ({', '.join(running)}): their plugin and "
+            "mps-agent would serve the sockets this benchmark's processes use; "
+            "`helm uninstall` the release first"
+        )
     work = tempfile.mkdtemp(prefix="fgd-bench-kubelet-")
     classes = chart_classes(DRIVER) + ([example_class()] if "example" in phases else [])
     made = [c["metadata"]["name"] for c in classes if cluster.create_class(c)]

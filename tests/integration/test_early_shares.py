@@ -18,12 +18,15 @@ from dra_driver.base.errors import CheckpointError
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
+from dra_driver.core.prepare import PlannedDevice
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.port import MpsAgentPort
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
+from dra_driver.plugin.early_shares import EarlyShares
 from dra_driver.state.checkpoint import Checkpoint, ClaimState
 from tests.support.mps import agent_config, agent_running, mps_parts
 from tests.support.node import DRIVER, NodeDirs, run_checked
+from tests.support.planned import mig_instance, mps_in_mig, mps_share
 
 WAIT_S = 20.0
 
@@ -163,8 +166,6 @@ def test_a_failed_prepare_started_write_releases_the_share_ensured_for_it(
 
 def test_a_share_inside_a_mig_instance_keeps_the_write_ahead_order() -> None:
     """Only plain shares start early: a MIG instance's changes wait for the entry."""
-    from dra_driver.plugin.early_shares import EarlyShares
-    from tests.support.planned import mig_instance, mps_in_mig, mps_share
 
     asked: list[str] = []
 
@@ -176,12 +177,13 @@ def test_a_share_inside_a_mig_instance_keeps_the_write_ahead_order() -> None:
         raise AssertionError("nothing to release")
 
     async def scenario() -> None:
-        for devices in (
+        cases: list[list[PlannedDevice]] = [
             [mps_in_mig("gpu-0-mig", share_id="s1")],
             [mps_share("gpu-0", share_id="s1"), mig_instance("gpu-1-mig", gpu="GPU-1")],
             [mps_share("gpu-0", share_id=None)],  # no key: the side effects say why
             [],
-        ):
+        ]
+        for devices in cases:
             early = EarlyShares(claim_ref(resource_claim("a", "x", devices=[])), ensure, release)
             early.start(devices)
             assert early.started == 0, devices

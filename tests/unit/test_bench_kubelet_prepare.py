@@ -118,3 +118,30 @@ def test_each_gpu_gets_a_resident_share_pinned_to_it(bench: ModuleType) -> None:
             {"cel": {"expression": f'device.attributes["gpu.fractional.dev"].index == {i}'}}
         ]
     assert "selectors" not in request
+
+
+def test_the_charts_pods_on_the_node_are_found_by_its_label(bench: ModuleType) -> None:
+    """The chart's plugin and agent would take the sockets the benchmark's own processes
+    serve: it looks for them by the chart's name label on the node before it starts."""
+    asked: list[dict[str, str]] = []
+
+    class Pod:
+        def __init__(self, namespace: str, name: str) -> None:
+            self.metadata = type("Meta", (), {"namespace": namespace, "name": name})()
+
+    class Core:
+        def list_pod_for_all_namespaces(self, **selectors: str) -> Any:
+            asked.append(selectors)
+            return type("PodList", (), {"items": [Pod("fractional-gpu-dra", "agent-x")]})()
+
+    cluster = bench.Cluster.__new__(bench.Cluster)
+    cluster.core = Core()
+    assert cluster.chart_pods("node-1") == ["fractional-gpu-dra/agent-x"]
+    assert asked == [
+        {
+            "label_selector": "app.kubernetes.io/name=fractional-gpu-dra",
+            "field_selector": "spec.nodeName=node-1",
+        }
+    ]
+    with open(os.path.join(ROOT, "deploy", "helm", "fractional-gpu-dra", "Chart.yaml")) as f:
+        assert "name: fractional-gpu-dra\n" in f.read()  # the label's value: fgd.name
