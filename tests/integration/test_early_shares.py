@@ -15,10 +15,10 @@ import pytest
 
 from dra_driver.app.plugin import Plugin, start_plugin
 from dra_driver.base.errors import CheckpointError
+from dra_driver.core.prepare import PlannedDevice
 from dra_driver.fakes.claims import InMemoryClaimSource
 from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
-from dra_driver.core.prepare import PlannedDevice
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.port import MpsAgentPort
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
