@@ -13,8 +13,9 @@ in :meth:`Driver._prepare_claim` and :meth:`Driver._carry_out`::
 A failure is answered with :meth:`ClaimOutcome.failed` (the claim's alone; the others
 go on) once what was done is undone and the entry dropped; a failed PrepareCompleted
 write leaves PrepareStarted, which the kubelet's retry plans again. An
-unprepare is the same shape: drop the entry (one pass), remove the CDI spec, undo
-the side effects (a failure records the entry again, for the kubelet's retry).
+unprepare is the same shape: drop the entry (one pass; a plain MPS share's release
+starts as it is written), remove the CDI spec, undo the side effects (a failure
+records the entry again, for the kubelet's retry).
 
 The :class:`~dra_driver.plugin.journal.CheckpointJournal` alone holds the node
 lock (task + ``flock``) and writes the checkpoint: decisions are serialised, a
@@ -72,7 +73,7 @@ from dra_driver.plugin.claim_decisions import (
     decide_unprepare,
 )
 from dra_driver.plugin.current_inventory import CurrentInventory
-from dra_driver.plugin.early_shares import EarlyShares
+from dra_driver.plugin.early_shares import EarlyShares, plain_mps
 from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.plugin.journal import CheckpointJournal, Update
 from dra_driver.plugin.startup_reconcile import ReconcileReport, reconcile_files
@@ -343,18 +344,29 @@ class Driver:
         def decide(checkpoint: Checkpoint) -> tuple[Checkpoint, CheckpointClaim | None]:
             return decide_unprepare(checkpoint, ref)
 
+        early: list[asyncio.Task[None]] = []
+
+        def on_decided(leaving: CheckpointClaim | None) -> None:
+            # While the entry's removal is written: a plain MPS share's release
+            # (early_shares says why that is safe).
+            if leaving is not None and self.enforcer is not None and plain_mps(leaving.devices):
+                early.append(asyncio.create_task(self._release(leaving)))
+
         try:
-            async with self.journal.decision(ref.uid, decide) as leaving:
+            async with self.journal.decision(ref.uid, decide, on_decided) as leaving:
                 if leaving is None:
                     return ClaimOutcome()
                 try:
                     await self._remove_spec(leaving)
-                    await self._release(leaving)
+                    await (early.pop() if early else self._release(leaving))
                 except Exception:
                     # Keep the claim so the kubelet's retry releases what is left.
                     await self._record_quietly(ref, lambda cp: cp.with_claim(leaving))
                     raise
         except Exception as err:
+            for release in early:  # the removal failed: the kubelet's retry releases again
+                with contextlib.suppress(Exception):  # logged by the enforcer
+                    await release
             return self._failed(ref, err)
         log.debug("unprepared claim %s", ref)
         return ClaimOutcome()

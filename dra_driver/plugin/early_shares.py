@@ -11,6 +11,11 @@ decided, and runs while the entry is written; the prepare then takes its answer
 instead of asking again. On one call at a time that hides the checkpoint write
 (1.2-1.4 ms with fsync in ``hack/bench/prepare.py``) behind the agent's ensure.
 
+An unprepare likewise releases a plain share while the entry's removal is written
+(:meth:`~dra_driver.plugin.driver.Driver._unprepare_claim`): the kubelet unprepares
+a claim only once its containers are gone, and if the write fails the entry stays
+for the kubelet's retry, whose release of a released share is a no-op.
+
 What could go wrong, and what happens:
 
 * the entry's write fails: the claim fails, and the shares ensured for it are
@@ -68,9 +73,7 @@ class EarlyShares:
         of theirs is a plain MPS share (anything else keeps the write-ahead order).
         On the event loop; never raises (a claim that cannot be served is left to
         the side effects, which fail it with their message)."""
-        if any(isinstance(d, MpsInMig | MigInstance) for d in devices) or not any(
-            isinstance(d, MpsShare) for d in devices
-        ):
+        if not plain_mps(devices):
             return
         namespaces = mps_namespaces(devices)
         if mps_daemon_conflict(namespaces) is not None or any(n.key is None for n in namespaces):
@@ -125,6 +128,15 @@ class EarlyShares:
 
 
 _background: set[asyncio.Task[None]] = set()
+
+
+def plain_mps(devices: Sequence[PlannedDevice]) -> bool:
+    """``devices`` have MPS shares of whole GPUs and no MIG side effect: what may be
+    ensured before PrepareStarted is on disk, or released before the entry's removal
+    is (a MIG instance's changes keep the write-ahead order)."""
+    return any(isinstance(d, MpsShare) for d in devices) and not any(
+        isinstance(d, MpsInMig | MigInstance) for d in devices
+    )
 
 
 async def _awaited(ensure: Awaitable[ContainerEdits]) -> ContainerEdits:

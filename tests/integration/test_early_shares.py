@@ -33,13 +33,15 @@ WAIT_S = 20.0
 
 class WatchedAgent:
     """The real agent client; ``ensured`` is set (from any thread's view) once a share
-    of ``claim_uid`` has been ensured, ``asked`` once it is asked for."""
+    of ``claim_uid`` has been ensured, ``asked`` once it is asked for, ``released``
+    once a share was released."""
 
     def __init__(self, agent: MpsAgentPort, claim_uid: str) -> None:
         self.agent = agent
         self.claim_uid = claim_uid
         self.asked = threading.Event()
         self.ensured = threading.Event()
+        self.released = threading.Event()
 
     async def ensure_share(self, gpu_uuid: str, share_id: str, **limits: Any) -> ShareInfo:
         mine = limits.get("claim_uid") == self.claim_uid
@@ -51,7 +53,9 @@ class WatchedAgent:
         return info
 
     async def release_share(self, gpu_uuid: str, share_id: str) -> bool:
-        return await self.agent.release_share(gpu_uuid, share_id)
+        done = await self.agent.release_share(gpu_uuid, share_id)
+        self.released.set()
+        return done
 
     async def list_shares(self) -> list[ShareInfo]:
         return await self.agent.list_shares()
@@ -75,10 +79,11 @@ async def serving(
 
 
 def gate_started_write(
-    runtime: Plugin, claim_uid: str, at_write: Callable[[], None]
+    runtime: Plugin, claim_uid: str, at_write: Callable[[], None], *, removal: bool = False
 ) -> WatchedAgent:
     """Watch the agent, and run ``at_write`` (in the writer's thread) before the
-    checkpoint write that records ``claim_uid`` PrepareStarted."""
+    checkpoint write that records ``claim_uid`` PrepareStarted (``removal``: the
+    write that drops its entry)."""
     driver = runtime.driver
     assert driver is not None and driver.enforcer is not None and driver.enforcer.mps is not None
     watched = WatchedAgent(driver.enforcer.mps, claim_uid)
@@ -88,7 +93,10 @@ def gate_started_write(
 
     def gated(checkpoint: Checkpoint) -> None:
         entry = checkpoint.claims.get(claim_uid)  # type: ignore[call-overload]
-        if entry is not None and entry.state is ClaimState.PREPARE_STARTED:
+        if removal:
+            if entry is None and claim_uid in store.load().claims:
+                at_write()
+        elif entry is not None and entry.state is ClaimState.PREPARE_STARTED:
             at_write()
         save(checkpoint)
 
@@ -162,6 +170,58 @@ def test_a_failed_prepare_started_write_releases_the_share_ensured_for_it(
         "released MPS share" in r.getMessage() and "before its prepare failed" in r.getMessage()
         for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
+
+
+def test_an_unprepare_releases_the_share_while_the_entrys_removal_is_written(
+    node_dirs: NodeDirs,
+) -> None:
+    claim = resource_claim("a", "leaving", devices=[share("gpu-0", memory="10Gi")])
+    ref = claim_ref(claim)
+    seen_during_write: list[bool] = []
+
+    async def scenario() -> None:
+        async with serving(node_dirs, [claim]) as (runtime, plugin):
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            watched: WatchedAgent | None = None
+
+            def at_write() -> None:
+                assert watched is not None
+                seen_during_write.append(watched.released.wait(WAIT_S))
+
+            watched = gate_started_write(runtime, ref.uid, at_write, removal=True)
+            assert (await plugin.unprepare([ref]))[ref.uid] == ""
+            assert await MpsAgentClient(agent_config(node_dirs).socket_path).list_shares() == []
+
+    run_checked(scenario())
+    assert seen_during_write == [True], "the release waited for the entry's removal"
+
+
+def test_a_failed_removal_keeps_the_entry_for_the_kubelets_retry(node_dirs: NodeDirs) -> None:
+    claim = resource_claim("a", "stuck", devices=[share("gpu-0", memory="10Gi")])
+    ref = claim_ref(claim)
+
+    async def scenario() -> None:
+        async with serving(node_dirs, [claim]) as (runtime, plugin):
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            watched: WatchedAgent | None = None
+
+            def at_write() -> None:
+                assert watched is not None
+                assert watched.released.wait(WAIT_S), "no release during the write"
+                raise CheckpointError("cannot write checkpoint: no space left on device")
+
+            watched = gate_started_write(runtime, ref.uid, at_write, removal=True)
+            assert "no space left" in (await plugin.unprepare([ref]))[ref.uid]
+            driver = runtime.driver
+            assert driver is not None
+            store = driver.journal.store
+            assert ref.uid in store.load().claims, "the entry went with the failed write"
+            store.save = type(store).save.__get__(store)  # type: ignore[method-assign]
+            assert (await plugin.unprepare([ref]))[ref.uid] == ""  # the retry: a no-op release
+            assert ref.uid not in store.load().claims
+            assert await MpsAgentClient(agent_config(node_dirs).socket_path).list_shares() == []
+
+    run_checked(scenario())
 
 
 def test_a_share_inside_a_mig_instance_keeps_the_write_ahead_order() -> None:
