@@ -7,7 +7,9 @@ this turn of the event loop; that write runs on the next turn, after every
 change made before it was asked for, so each caller returns only once a file
 holding its change is in place (as the plugin is answered after it). The write
 itself is synchronous (no fsync, see :func:`.agent_state.save_state`): no change
-can slip in while it runs.
+can slip in while it runs. A caller that says it is ``alone`` (no other change
+is under way, so none can join) has the file written at once, not a turn of the
+loop later: one call at a time is the plugin's common case.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from collections.abc import Callable
 
 
 class CoalescedWrite:
-    def __init__(self, write: Callable[[], None]) -> None:
+    def __init__(self, write: Callable[[], None], *, alone: Callable[[], bool]) -> None:
         self._write = write
+        self._alone = alone
+        """True when no other change is under way (none could join a later write)."""
         self._next: asyncio.Future[None] | None = None
         self.writes = 0
         """How many times the file was written (tests, benchmarks)."""
@@ -26,6 +30,10 @@ class CoalescedWrite:
     async def save(self) -> None:
         """Return once the state, as it is now, is written; raise what the write raised."""
         pending = self._next
+        if pending is None and self._alone():
+            self._write()
+            self.writes += 1
+            return
         if pending is None:
             loop = asyncio.get_running_loop()
             pending = self._next = loop.create_future()
