@@ -156,8 +156,7 @@ class MpsAgent:
         self._delete_failures: dict[str, int] = {}
         self._calls = QuietSpell(DELETE_IDLE_S, DELETE_IDLE_MAX_WAIT_S)
         """Ensures and releases: what the deletes wait out."""
-        # Alone: this call's is the only ensure or release under way.
-        self._state = CoalescedWrite(self._save, alone=lambda: self._calls.running <= 1)
+        self._state = CoalescedWrite(self._save)
         self._server = AgentServer(self, config.socket_path)
 
     # -- state ----------------------------------------------------------------------
@@ -389,7 +388,10 @@ class MpsAgent:
                     info = await self._apply_alone(req, self._checked_info(req))
             else:
                 info = await self._apply_v3(req, self._checked_info(req))
-            await self._state.save()
+            # Alone (the only call under way, as when the plugin's calls come one at a
+            # time): written now. An ensure in a wave ends among the others' commands,
+            # so it seldom is; releases, which run no command, never say so.
+            await self._state.save(alone=self._calls.running == 1)
             if existing is None:
                 log.info(
                     "share %s (claim %s) on GPU %s ensured: %s, %d%% threads",

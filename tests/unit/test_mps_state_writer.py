@@ -13,7 +13,7 @@ def test_saves_asked_at_once_share_one_write_holding_every_change() -> None:
     async def scenario() -> None:
         shares: list[str] = []
         written: list[list[str]] = []
-        writer = CoalescedWrite(lambda: written.append(list(shares)), alone=lambda: False)
+        writer = CoalescedWrite(lambda: written.append(list(shares)))
 
         async def change(name: str) -> None:
             shares.append(name)
@@ -34,7 +34,7 @@ def test_a_failed_write_is_raised_to_every_waiting_caller() -> None:
         def full() -> None:
             raise OSError(28, "No space left on device")
 
-        writer = CoalescedWrite(full, alone=lambda: False)
+        writer = CoalescedWrite(full)
         results = await asyncio.gather(writer.save(), writer.save(), return_exceptions=True)
         assert [type(r) for r in results] == [OSError, OSError]
         assert writer.writes == 0
@@ -45,7 +45,7 @@ def test_a_failed_write_is_raised_to_every_waiting_caller() -> None:
 def test_a_cancelled_caller_does_not_cancel_the_others_write() -> None:
     async def scenario() -> None:
         written: list[int] = []
-        writer = CoalescedWrite(lambda: written.append(1), alone=lambda: False)
+        writer = CoalescedWrite(lambda: written.append(1))
         first = asyncio.create_task(writer.save())
         second = asyncio.create_task(writer.save())
         await asyncio.sleep(0)
@@ -64,9 +64,9 @@ def test_a_caller_alone_has_the_file_written_before_the_loop_turns() -> None:
 
     async def scenario() -> None:
         order: list[str] = []
-        writer = CoalescedWrite(lambda: order.append("written"), alone=lambda: True)
+        writer = CoalescedWrite(lambda: order.append("written"))
         asyncio.get_running_loop().call_soon(order.append, "next turn")
-        await writer.save()
+        await writer.save(alone=True)
         assert order == ["written"]
         await asyncio.sleep(0)
         assert order == ["written", "next turn"]
@@ -80,9 +80,9 @@ def test_a_caller_alone_raises_the_failed_write_itself() -> None:
         def full() -> None:
             raise OSError(28, "No space left on device")
 
-        writer = CoalescedWrite(full, alone=lambda: True)
+        writer = CoalescedWrite(full)
         with pytest.raises(OSError, match="No space left"):
-            await writer.save()
+            await writer.save(alone=True)
         assert writer.writes == 0
 
     asyncio.run(scenario())
@@ -95,14 +95,12 @@ def test_a_caller_alone_joins_a_write_already_scheduled() -> None:
     async def scenario() -> None:
         shares: list[str] = []
         written: list[list[str]] = []
-        alone = [False]
-        writer = CoalescedWrite(lambda: written.append(list(shares)), alone=lambda: alone[0])
+        writer = CoalescedWrite(lambda: written.append(list(shares)))
         shares.append("a")
         first = asyncio.create_task(writer.save())
         await asyncio.sleep(0)  # the first caller's write is scheduled, not run
-        alone[0] = True
         shares.append("b")
-        await writer.save()
+        await writer.save(alone=True)
         await first
         assert written == [["a", "b"]]
         assert writer.writes == 1
