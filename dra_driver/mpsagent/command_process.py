@@ -83,11 +83,11 @@ async def run_command(
     loop = asyncio.get_running_loop()
     child = _Child.spawn(argv, env, takes_input=stdin is not None)
     child.hold_pidfd()
-    out = _read_to_end(loop, child, child.stdout)
-    err = _read_to_end(loop, child, child.stderr)
-    if child.stdin is not None:
-        _write_all(loop, child, stdin or b"")
     try:
+        out = _read_to_end(loop, child, child.stdout)
+        err = _read_to_end(loop, child, child.stderr)
+        if child.stdin is not None:
+            _write_all(loop, child, stdin or b"")
         async with asyncio.timeout(timeout):
             stdout, stderr = await out, await err
             # Shielded: a timeout here must leave the exit watch to reap the child.
@@ -99,7 +99,7 @@ async def run_command(
         raise
     finally:
         child.close_pipes(loop)
-        if child.returncode is None:  # cancelled: the exit watch reaps it once it ends
+        if child.returncode is None:  # cancelled (or failed): the exit watch reaps it
             child.watch_exit(loop)
             child.kill()
     return Finished(child.returncode or 0, stdout, stderr)
