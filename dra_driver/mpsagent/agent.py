@@ -23,17 +23,17 @@ logged, counted and retried; a daemon that dies or stops takes the namespace wit
 an agent that dies first leaves it to the next agent's restore, which deletes every
 namespace of ours the state file does not hold. An ensure of the same share waits for
 the delete's try in flight, so a namespace is never deleted under its new share. The
-delete waits for a quiet spell of the plugin's calls (they come in waves), so its
-processes do not take the cores from the calls still waiting.
+delete waits for a quiet spell of the plugin's calls (they come in waves;
+:mod:`.quiet_spell`), so its processes do not take the cores from the calls still
+waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,6 +48,7 @@ from dra_driver.mpsagent.gpu_gate import GpuGate, ShareLocks
 from dra_driver.mpsagent.layout import SocketPathTooLong, check_state_dir
 from dra_driver.mpsagent.migrate import retire_old_gpu_dirs
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
+from dra_driver.mpsagent.quiet_spell import QuietSpell
 from dra_driver.mpsagent.server import AgentRequestError, AgentServer
 from dra_driver.mpsagent.state_writer import CoalescedWrite
 
@@ -153,10 +154,8 @@ class MpsAgent:
         """Released v3 shares whose namespace delete has not succeeded yet."""
         self._between_tries: set[tuple[str, str]] = set()
         self._delete_failures: dict[str, int] = {}
-        self._changing = 0
-        """Ensures and releases running now."""
-        self._last_change = 0.0
-        """When the last of them ended (the loop's clock)."""
+        self._calls = QuietSpell(DELETE_IDLE_S, DELETE_IDLE_MAX_WAIT_S)
+        """Ensures and releases: what the deletes wait out."""
         self._state = CoalescedWrite(self._save)
         self._server = AgentServer(self, config.socket_path)
 
@@ -368,7 +367,7 @@ class MpsAgent:
         holds it. A v3 share's commands run beside other shares' of its GPU; a
         daemon to start, and every legacy share, have the GPU to themselves."""
         key = (req.gpu_uuid, req.share_id)
-        with self._change():
+        with self._calls.call():
             return await self._ensure_share(key, req)
 
     async def _ensure_share(self, key: tuple[str, str], req: wire.EnsureShare) -> ShareInfo:
@@ -389,7 +388,10 @@ class MpsAgent:
                     info = await self._apply_alone(req, self._checked_info(req))
             else:
                 info = await self._apply_v3(req, self._checked_info(req))
-            await self._state.save()
+            # Alone (the only call under way, as when the plugin's calls come one at a
+            # time): written now. An ensure in a wave ends among the others' commands,
+            # so it seldom is; releases, which run no command, never say so.
+            await self._state.save(alone=self._calls.running == 1)
             if existing is None:
                 log.info(
                     "share %s (claim %s) on GPU %s ensured: %s, %d%% threads",
@@ -489,7 +491,7 @@ class MpsAgent:
         """Drop the share (its namespace, or the daemon with the GPU's last share);
         answered once the state file no longer holds it. A v3 namespace of a GPU with
         other shares is deleted after the answer (:meth:`_delete_namespace`)."""
-        with self._change():
+        with self._calls.call():
             return await self._release_share((req.gpu_uuid, req.share_id), req)
 
     async def _release_share(self, key: tuple[str, str], req: wire.ReleaseShare) -> bool:
@@ -524,28 +526,6 @@ class MpsAgent:
             log.info("share %s on GPU %s released", req.share_id, req.gpu_uuid)
             return True
 
-    @contextlib.contextmanager
-    def _change(self) -> Iterator[None]:
-        """Around an ensure or a release: what the deletes wait out."""
-        self._changing += 1
-        try:
-            yield
-        finally:
-            self._changing -= 1
-            self._last_change = asyncio.get_running_loop().time()
-
-    async def _until_idle(self) -> None:
-        """Until no ensure or release has run for :data:`DELETE_IDLE_S`, at most
-        :data:`DELETE_IDLE_MAX_WAIT_S`."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + DELETE_IDLE_MAX_WAIT_S
-        while (now := loop.time()) < give_up:
-            quiet_at = self._last_change + DELETE_IDLE_S
-            if not self._changing and now >= quiet_at:
-                return
-            busy = self._changing or quiet_at - now < DELETE_IDLE_S / 4
-            await asyncio.sleep(DELETE_IDLE_S / 4 if busy else quiet_at - now)
-
     async def _no_delete_pending(self, key: tuple[str, str]) -> None:
         """Before a share is ensured: the delete of its released namespace, if one is
         pending, ends first (a try in flight finishes; none is tried after it, since
@@ -567,7 +547,7 @@ class MpsAgent:
         try:
             self._between_tries.add(key)
             try:
-                await self._until_idle()
+                await self._calls.wait()
             finally:
                 self._between_tries.discard(key)
             while self._deleting.get(key) is asyncio.current_task():

@@ -7,7 +7,9 @@ it (``ThreadedChildWatcher``). Here the child is started with ``os.posix_spawn``
 (glibc's clone-and-exec: the loop waits only for the exec, and none of
 ``subprocess.Popen``'s Python around it, about 0.2 ms of CPU a command), its pipes
 are read with ``loop.add_reader`` and its exit is seen through a pidfd (Linux
-5.3+): the pidfd becomes readable when the child exits, and the callback reaps it.
+5.3+), taken at its start: once its pipes are at end of file the child has mostly
+exited, and is reaped then (a ``waitpid`` that does not wait); one still running
+is watched through the pidfd, which becomes readable when it exits.
 Where ``os.pidfd_open`` is missing or refused, the asyncio path runs instead.
 
 ``posix_spawn`` cannot close the parent's other descriptors as ``Popen`` does.
@@ -30,7 +32,7 @@ import functools
 import logging
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 log = logging.getLogger(__name__)
@@ -80,24 +82,25 @@ async def run_command(
         return await run_command_asyncio(argv, env, stdin, timeout)
     loop = asyncio.get_running_loop()
     child = _Child.spawn(argv, env, takes_input=stdin is not None)
-    exited = child.watch_exit(loop)
-    out = _read_to_end(loop, child.stdout)
-    err = _read_to_end(loop, child.stderr)
-    if child.stdin is not None:
-        _write_all(loop, child, stdin or b"")
+    child.hold_pidfd()
     try:
+        out = _read_to_end(loop, child, child.stdout)
+        err = _read_to_end(loop, child, child.stderr)
+        if child.stdin is not None:
+            _write_all(loop, child, stdin or b"")
         async with asyncio.timeout(timeout):
             stdout, stderr = await out, await err
             # Shielded: a timeout here must leave the exit watch to reap the child.
-            await asyncio.shield(exited)
+            await asyncio.shield(child.watch_exit(loop))
     except TimeoutError:
         child.close_pipes(loop)
         child.kill()
-        await exited
+        await child.watch_exit(loop)
         raise
     finally:
         child.close_pipes(loop)
-        if not exited.done():  # cancelled: the exit watch reaps it once it ends
+        if child.returncode is None:  # cancelled (or failed): the exit watch reaps it
+            child.watch_exit(loop)
             child.kill()
     return Finished(child.returncode or 0, stdout, stderr)
 
@@ -142,7 +145,10 @@ class _Child:
         self.stderr = stderr
         self.returncode: int | None = None
         self.pidfd: int | None = None
+        self._exited: asyncio.Future[None] | None = None
         self._open = [fd for fd in (stdin, stdout, stderr) if fd is not None]
+        self._watched: set[int] = set()
+        """Our pipe ends the loop watches now (a reader, or the stdin's writer)."""
 
     @classmethod
     def spawn(cls, argv: Sequence[str], env: Env, *, takes_input: bool) -> _Child:
@@ -177,14 +183,35 @@ class _Child:
                 os.close(fd)
         return cls(pid, ours[0] if takes_input else None, out_r, err_r)
 
-    def watch_exit(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-        """A future done once the child has exited and been reaped."""
-        exited: asyncio.Future[None] = loop.create_future()
+    def hold_pidfd(self) -> None:
+        """Take the child's pidfd at once, while it cannot have been reaped: through it
+        :meth:`kill` never hits a reused pid. (Not watched yet: see :meth:`watch_exit`.)"""
         try:
-            pidfd = os.pidfd_open(self.pid)
+            self.pidfd = os.pidfd_open(self.pid)
         except OSError as err:
-            # Out of descriptors, say: wait in a thread for this one child.
+            # Out of descriptors, say: its exit is waited for in a thread.
             log.warning("os.pidfd_open(%d) failed (%s): waiting for it in a thread", self.pid, err)
+
+    def watch_exit(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A future done once the child has exited and been reaped (the same one on
+        every call).
+
+        Asked once its pipes are at end of file, the child has mostly exited: it is
+        looked for (a ``waitpid`` that does not wait) and reaped at once, with no
+        pidfd registered with the loop nor a turn of it to wait for its wake-up.
+        One still running is watched through its pidfd, or without one by a thread
+        (which alone then reaps it)."""
+        if self._exited is not None:
+            return self._exited
+        exited: asyncio.Future[None] = loop.create_future()
+        self._exited = exited
+        self._reap(os.WNOHANG)
+        if self.returncode is not None:
+            self._drop_pidfd()
+            exited.set_result(None)
+            return exited
+        pidfd = self.pidfd
+        if pidfd is None:
             waited = asyncio.ensure_future(asyncio.to_thread(self._reap, 0))
 
             def on_waited(_: object) -> None:
@@ -193,18 +220,22 @@ class _Child:
 
             waited.add_done_callback(on_waited)
             return exited
-        self.pidfd = pidfd
 
         def on_exit() -> None:
             loop.remove_reader(pidfd)
-            self.pidfd = None
-            os.close(pidfd)
             self._reap(os.WNOHANG)  # the pidfd is readable: the child is a zombie
+            self._drop_pidfd()
             if not exited.done():
                 exited.set_result(None)
 
         loop.add_reader(pidfd, on_exit)
         return exited
+
+    def _drop_pidfd(self) -> None:
+        """Reaped: the pidfd has served (closed only now, see :meth:`hold_pidfd`)."""
+        pidfd, self.pidfd = self.pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
 
     def _reap(self, flags: int) -> None:
         try:
@@ -225,13 +256,32 @@ class _Child:
             else:
                 os.kill(self.pid, signal.SIGKILL)
 
+    def watch(self, loop: asyncio.AbstractEventLoop, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when ``fd`` (one of our ends) is ready: readable, or
+        writable for the stdin); already watched, it stays as it is."""
+        if fd in self._watched:
+            return
+        if fd == self.stdin:
+            loop.add_writer(fd, callback)
+        else:
+            loop.add_reader(fd, callback)
+        self._watched.add(fd)
+
+    def unwatch(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        """Stop :meth:`watch`; a descriptor not watched costs the loop nothing."""
+        if fd in self._watched:
+            self._watched.discard(fd)
+            if fd == self.stdin:
+                loop.remove_writer(fd)
+            else:
+                loop.remove_reader(fd)
+
     def close_pipe(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         """Close one of our ends (unwatched first: a selector must not watch a closed
         descriptor)."""
         if fd in self._open:
             self._open.remove(fd)
-            loop.remove_reader(fd)
-            loop.remove_writer(fd)
+            self.unwatch(loop, fd)
             os.close(fd)
 
     def close_pipes(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -242,30 +292,34 @@ class _Child:
         return fd in self._open
 
 
-def _read_to_end(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.Future[bytes]:
-    """A future with everything read from ``fd`` up to end of file."""
+def _read_to_end(loop: asyncio.AbstractEventLoop, child: _Child, fd: int) -> asyncio.Future[bytes]:
+    """A future with everything read from ``fd`` (one of ``child``'s pipes) up to end
+    of file."""
     os.set_blocking(fd, False)
     done: asyncio.Future[bytes] = loop.create_future()
     chunks: list[bytes] = []
 
     def on_readable() -> None:
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError as err:
-            loop.remove_reader(fd)
-            if not done.done():
-                done.set_exception(err)
-            return
-        if data:
+        # Read until the pipe is empty: a command's output and its end of file mostly
+        # come together, and are then taken in one wake-up, not two.
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError as err:
+                child.unwatch(loop, fd)
+                if not done.done():
+                    done.set_exception(err)
+                return
+            if not data:
+                break
             chunks.append(data)
-            return
-        loop.remove_reader(fd)
+        child.unwatch(loop, fd)
         if not done.done():
             done.set_result(b"".join(chunks))
 
-    loop.add_reader(fd, on_readable)
+    child.watch(loop, fd, on_readable)
     return done
 
 
@@ -286,7 +340,7 @@ def _write_all(loop: asyncio.AbstractEventLoop, child: _Child, data: bytes) -> N
             while view:
                 view = view[os.write(fd, view) :]
         except BlockingIOError:
-            loop.add_writer(fd, write_some)
+            child.watch(loop, fd, write_some)
             return
         except (BrokenPipeError, ConnectionResetError):
             pass

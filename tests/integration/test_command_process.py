@@ -9,7 +9,7 @@ import asyncio
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -194,3 +194,55 @@ def test_a_command_gets_its_three_descriptors_and_nothing_else(path: str) -> Non
         os.close(leaked)
     assert done.returncode == 0, done
     assert sorted(done.stdout.split()) == [b"0", b"1", b"2"]
+
+
+def run_noting_pidfd_watches(argv: list[str], timeout: float = 10.0) -> tuple[Finished, int]:
+    """The command's result, and how many pidfds the loop was asked to watch."""
+    watched: list[int] = []
+
+    async def scenario() -> Finished:
+        loop = asyncio.get_running_loop()
+        add_reader = loop.add_reader
+
+        def noting(fd: int, callback: Callable[..., object], *args: object) -> None:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]":
+                watched.append(fd)
+            add_reader(fd, callback, *args)
+
+        loop.add_reader = noting  # type: ignore[method-assign,assignment]
+        return await run_command(argv, ENV, None, timeout)
+
+    return asyncio.run(scenario()), len(watched)
+
+
+def test_a_child_exited_when_its_pipes_close_is_reaped_with_no_pidfd_watch() -> None:
+    """Its pipes held open by a grandchild, the command has long exited when they
+    reach end of file: it is reaped then, its status kept, the loop never asked to
+    watch its pidfd, and nothing left open."""
+    fds = set(os.listdir("/proc/self/fd"))
+    done, watches = run_noting_pidfd_watches(["sh", "-c", "(sleep 0.3) & exit 7"])
+    assert done == Finished(7, b"", b"")
+    assert watches == 0
+    assert set(os.listdir("/proc/self/fd")) <= fds, "a pipe or pidfd left open"
+
+
+def test_a_child_that_closes_its_pipes_and_runs_on_is_waited_for_by_its_pidfd(
+    tmp_path: Path,
+) -> None:
+    """End of file on both pipes is not the exit: a child still running then is
+    watched through its pidfd, and its status comes from there."""
+    pidfile = tmp_path / "pid"
+    argv = ["sh", "-c", f"echo $$ > {pidfile}; exec >&- 2>&-; sleep 0.3; exit 5"]
+    done, watches = run_noting_pidfd_watches(argv)
+    assert (done, watches) == (Finished(5, b"", b""), 1)
+    assert gone(int(pidfile.read_text()))
+
+
+def test_a_child_that_closes_its_pipes_and_hangs_is_killed_and_reaped(tmp_path: Path) -> None:
+    """Its pipes at end of file, the child still runs: the timeout kills it through
+    the pidfd held since its start, and the watch reaps it."""
+    pidfile = tmp_path / "pid"
+    with pytest.raises(TimeoutError):
+        run(["sh", "-c", f"echo $$ > {pidfile}; exec >&- 2>&-; exec sleep 30"], timeout=0.5)
+    pid = int(pidfile.read_text())
+    assert gone(pid), f"pid {pid} left behind"

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from dra_driver.fakes.mps_control import DELAY_ENV
-from dra_driver.mpsagent.agent_state import load_state, state_path
+from dra_driver.mpsagent import agent as agent_module
+from dra_driver.mpsagent.agent_state import load_state, save_state, state_path
 from dra_driver.mpsagent.client import MpsAgentClient, MpsAgentError
 from dra_driver.mpsagent.commands import namespace_name
 from dra_driver.mpsagent.protocol import ShareInfo
@@ -281,3 +282,41 @@ def test_legacy_changes_stay_one_at_a_time(slow_legacy: Node) -> None:
             assert recorded(node) == {"resident", *sizes}
 
     asyncio.run(scenario())
+
+
+def test_one_at_a_time_each_change_is_written_and_a_wave_of_releases_shares_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ensure alone has its own write, made before its answer; a wave of releases
+    (no command of theirs runs before the answer) shares writes rather than each
+    writing the whole file."""
+    node = make_node("v3")
+    writes: list[set[str]] = []
+
+    def counted(path: str, protocol: Any, shares: Any) -> None:
+        shares = list(shares)
+        writes.append({s.share_id for s in shares})
+        save_state(path, protocol, shares)
+
+    monkeypatch.setattr(agent_module, "save_state", counted)
+
+    async def scenario() -> None:
+        async with agent_running(node.config):
+            client = node.client()
+            names = [f"share-{i}" for i in range(8)]
+            await ensure(client, "resident")
+            before = len(writes)
+            for name in names:
+                await ensure(client, name)
+                assert name in writes[-1] and recorded(node) >= {name}
+            assert len(writes) - before == len(names)
+            before = len(writes)
+            gone = await asyncio.gather(*(client.release_share(GPU0, n) for n in names))
+            assert gone == [True] * len(names)
+            assert recorded(node) == {"resident"}
+            assert len(writes) - before < len(names) // 2, writes[before:]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        cleanup(node)
