@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from types import ModuleType
 from typing import Any
 
@@ -71,3 +72,21 @@ def test_wave_floor_spreads_the_waves_cpu_over_the_cores(bench: ModuleType) -> N
     # 10 claims x 6 ms of CPU on 2 cores: 30 ms at the least.
     assert bench.wave_floor_ms(per_claim, 10, 2) == pytest.approx(30.0)
     assert bench.wave_floor_ms(per_claim, 10, 1) == pytest.approx(60.0)
+
+
+def test_the_kubelets_cpu_leaves_out_the_readings_own(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the other processes' CPU costs this process CPU too (the MPS modes read
+    the agent's daemons, four times a round): not the kubelet's."""
+
+    def slow_read(pid: int, children: bool = False) -> float:
+        end = time.process_time() + 0.02
+        while time.process_time() < end:  # a read that takes 20 ms of CPU
+            pass
+        return 0.0
+
+    monkeypatch.setattr(bench, "cpu_s", slow_read)
+    first = bench.cpu_now(1, None, 2)
+    second = bench.cpu_now(1, None, 2)
+    assert second["kubelet"] - first["kubelet"] < 0.01  # two reads: 40 ms, left out
