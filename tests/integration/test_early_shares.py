@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -78,30 +78,40 @@ async def serving(
             await runtime.stop()
 
 
-def gate_started_write(
-    runtime: Plugin, claim_uid: str, at_write: Callable[[], None], *, removal: bool = False
-) -> WatchedAgent:
-    """Watch the agent, and run ``at_write`` (in the writer's thread) before the
-    checkpoint write that records ``claim_uid`` PrepareStarted (``removal``: the
-    write that drops its entry)."""
-    driver = runtime.driver
-    assert driver is not None and driver.enforcer is not None and driver.enforcer.mps is not None
-    watched = WatchedAgent(driver.enforcer.mps, claim_uid)
-    driver.enforcer.mps = watched
-    store = driver.journal.store
-    save = store.save
+class HeldWrite:
+    """The agent watched, and the checkpoint write that records a claim PrepareStarted
+    (``removal``: the one that drops its entry) held, in the writer's thread, until the
+    agent has ensured (released) a share: ``seen`` says whether it did within
+    ``WAIT_S``. With ``fail``, that write then fails as a full disk does."""
 
-    def gated(checkpoint: Checkpoint) -> None:
-        entry = checkpoint.claims.get(claim_uid)  # type: ignore[call-overload]
-        if removal:
-            if entry is None and claim_uid in store.load().claims:
-                at_write()
-        elif entry is not None and entry.state is ClaimState.PREPARE_STARTED:
-            at_write()
-        save(checkpoint)
+    def __init__(self, runtime: Plugin, claim_uid: str, *, removal: bool, fail: bool) -> None:
+        driver = runtime.driver
+        assert driver is not None and driver.enforcer is not None
+        assert driver.enforcer.mps is not None
+        self.agent = WatchedAgent(driver.enforcer.mps, claim_uid)
+        driver.enforcer.mps = self.agent
+        self.store = driver.journal.store
+        self.seen: list[bool] = []
+        event = self.agent.released if removal else self.agent.ensured
+        save = self.store.save
 
-    store.save = gated  # type: ignore[method-assign]
-    return watched
+        def held(checkpoint: Checkpoint) -> None:
+            entry = checkpoint.claims.get(claim_uid)  # type: ignore[call-overload]
+            if (
+                entry is None and claim_uid in self.store.load().claims
+                if removal
+                else entry is not None and entry.state is ClaimState.PREPARE_STARTED
+            ):
+                self.seen.append(event.wait(WAIT_S))
+                if fail:
+                    raise CheckpointError("cannot write checkpoint: no space left on device")
+            save(checkpoint)
+
+        self.store.save = held  # type: ignore[method-assign]
+
+    def let_go(self) -> None:
+        """Writes as the store makes them again (the disk has room)."""
+        self.store.save = type(self.store).save.__get__(self.store)  # type: ignore[method-assign]
 
 
 def test_the_share_is_ensured_while_its_prepare_started_entry_is_written(
@@ -109,29 +119,20 @@ def test_the_share_is_ensured_while_its_prepare_started_entry_is_written(
 ) -> None:
     claim = resource_claim("a", "early", devices=[share("gpu-0", memory="10Gi")])
     ref = claim_ref(claim)
-    seen_during_write: list[bool] = []
 
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
-            watched: WatchedAgent | None = None
-
-            def at_write() -> None:
-                assert watched is not None
-                # Waits in the writer's thread: the ensure, on the loop, goes on meanwhile.
-                seen_during_write.append(watched.ensured.wait(WAIT_S))
-
-            watched = gate_started_write(runtime, ref.uid, at_write)
-            answer = await plugin.prepare([ref])
-            assert answer[ref.uid].error == ""
+            held = HeldWrite(runtime, ref.uid, removal=False, fail=False)
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            assert held.seen == [True], "the ensure waited for the entry's write"
             (made,) = await MpsAgentClient(agent_config(node_dirs).socket_path).list_shares()
             assert made.claim_uid == ref.uid
             # A repeated prepare finds it recorded: nothing is asked of the agent again.
-            watched.asked.clear()
+            held.agent.asked.clear()
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
-            assert not watched.asked.is_set()
+            assert not held.agent.asked.is_set()
 
     run_checked(scenario())
-    assert seen_during_write == [True], "the ensure waited for the entry's write"
 
 
 def test_a_failed_prepare_started_write_releases_the_share_ensured_for_it(
@@ -143,25 +144,12 @@ def test_a_failed_prepare_started_write_releases_the_share_ensured_for_it(
 
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
-            watched: WatchedAgent | None = None
-
-            def at_write() -> None:
-                assert watched is not None
-                assert watched.ensured.wait(WAIT_S), "no ensure during the write"
-                raise CheckpointError("cannot write checkpoint: no space left on device")
-
-            watched = gate_started_write(runtime, ref.uid, at_write)
-            answer = await plugin.prepare([ref])
-            assert "no space left" in answer[ref.uid].error
+            held = HeldWrite(runtime, ref.uid, removal=False, fail=True)
+            assert "no space left" in (await plugin.prepare([ref]))[ref.uid].error
+            assert held.seen == [True], "no ensure during the write"
             agent = MpsAgentClient(agent_config(node_dirs).socket_path)
             assert await agent.list_shares() == [], "the early share outlived its claim"
-            # The kubelet's retry, once the disk has room, prepares it afresh.
-            watched.ensured.clear()
-            driver = runtime.driver
-            assert driver is not None
-            driver.journal.store.save = type(driver.journal.store).save.__get__(  # type: ignore[method-assign]
-                driver.journal.store
-            )
+            held.let_go()  # the kubelet's retry, once the disk has room, prepares it afresh
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
             assert [s.claim_uid for s in await agent.list_shares()] == [ref.uid]
 
@@ -177,23 +165,16 @@ def test_an_unprepare_releases_the_share_while_the_entrys_removal_is_written(
 ) -> None:
     claim = resource_claim("a", "leaving", devices=[share("gpu-0", memory="10Gi")])
     ref = claim_ref(claim)
-    seen_during_write: list[bool] = []
 
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
-            watched: WatchedAgent | None = None
-
-            def at_write() -> None:
-                assert watched is not None
-                seen_during_write.append(watched.released.wait(WAIT_S))
-
-            watched = gate_started_write(runtime, ref.uid, at_write, removal=True)
+            held = HeldWrite(runtime, ref.uid, removal=True, fail=False)
             assert (await plugin.unprepare([ref]))[ref.uid] == ""
+            assert held.seen == [True], "the release waited for the entry's removal"
             assert await MpsAgentClient(agent_config(node_dirs).socket_path).list_shares() == []
 
     run_checked(scenario())
-    assert seen_during_write == [True], "the release waited for the entry's removal"
 
 
 def test_a_failed_removal_keeps_the_entry_for_the_kubelets_retry(node_dirs: NodeDirs) -> None:
@@ -203,22 +184,13 @@ def test_a_failed_removal_keeps_the_entry_for_the_kubelets_retry(node_dirs: Node
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
-            watched: WatchedAgent | None = None
-
-            def at_write() -> None:
-                assert watched is not None
-                assert watched.released.wait(WAIT_S), "no release during the write"
-                raise CheckpointError("cannot write checkpoint: no space left on device")
-
-            watched = gate_started_write(runtime, ref.uid, at_write, removal=True)
+            held = HeldWrite(runtime, ref.uid, removal=True, fail=True)
             assert "no space left" in (await plugin.unprepare([ref]))[ref.uid]
-            driver = runtime.driver
-            assert driver is not None
-            store = driver.journal.store
-            assert ref.uid in store.load().claims, "the entry went with the failed write"
-            store.save = type(store).save.__get__(store)  # type: ignore[method-assign]
+            assert held.seen == [True], "no release during the write"
+            assert ref.uid in held.store.load().claims, "the entry went with the failed write"
+            held.let_go()
             assert (await plugin.unprepare([ref]))[ref.uid] == ""  # the retry: a no-op release
-            assert ref.uid not in store.load().claims
+            assert ref.uid not in held.store.load().claims
             assert await MpsAgentClient(agent_config(node_dirs).socket_path).list_shares() == []
 
     run_checked(scenario())
