@@ -26,8 +26,12 @@ Phases (``--phases``, default ``whole,mps``):
   Go driver on the same kubelet, for comparison.
 
 Printed per run and phase: calls counted, the kubelet's mean prepare and
-unprepare (ms), pod create-to-Running p50; then the MPS/whole ratios and, with
-``--runs N``, in how many runs they met the target (MPS mean within 1.5x whole).
+unprepare (ms), pod create-to-Running p50, how idle the machine was before the
+phase's first wave; then the MPS/whole ratios and, with ``--runs N``, in how many
+runs they met the target (MPS mean within 1.5x whole). Each phase waits (``--settle``,
+at most 60 s) for the machine to be 80% idle before its first wave, and the phases
+take turns going first, run by run: on a small node the run before, the pods'
+teardown and the resident pods' start otherwise fall on one phase more than the other.
 
 Usage:  .venv/bin/python hack/bench/kubelet_prepare.py --kubeconfig PATH [--node NAME]
         [--gpus 10] [--pods 10] [--waves 3] [--runs 1] [--phases whole,mps,example]
@@ -74,6 +78,8 @@ METRIC = "dra_grpc_operations_duration_seconds"
 PREPARE = "NodePrepareResources"
 UNPREPARE = "NodeUnprepareResources"
 TARGET_RATIO = 1.5
+SETTLED_IDLE = 0.8
+"""How idle the machine must be (over 2 s) before a phase's first wave, by default."""
 JsonObj = dict[str, Any]
 
 
@@ -125,6 +131,8 @@ class PhaseResult:
     prepare: Totals
     unprepare: Totals
     running_s: list[float]
+    idle_before: float = float("nan")
+    """The machine's idle share over the seconds before the first wave (see :func:`settle`)."""
 
     def line(self) -> str:
         p50 = statistics.median(self.running_s) if self.running_s else float("nan")
@@ -132,8 +140,35 @@ class PhaseResult:
             f"{self.phase:8} prepare {self.prepare.mean_ms:7.1f} ms mean"
             f" ({self.prepare.calls} calls)"
             f"  unprepare {self.unprepare.mean_ms:6.1f} ms mean ({self.unprepare.calls} calls)"
-            f"  pod create->Running p50 {p50:5.1f} s"
+            f"  pod create->Running p50 {p50:5.1f} s  idle before {self.idle_before:4.0%}"
         )
+
+
+def cpu_ticks() -> list[int]:
+    """The machine's CPU time so far by kind (``/proc/stat``'s ``cpu`` line)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def idle_share(before: Sequence[int], after: Sequence[int]) -> float:
+    """The share of the machine's CPU time that was idle (idle and iowait, the 4th and
+    5th kinds) between two :func:`cpu_ticks` readings."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(spent)
+    return (spent[3] + spent[4]) / total if total else 1.0
+
+
+def settle(max_s: float, want: float = SETTLED_IDLE, window_s: float = 2.0) -> float:
+    """Wait until the machine was ``want`` idle over ``window_s`` (what the phase before
+    left running: pods' teardown, the resident pods' start), at most ``max_s``; the
+    idle share last seen. Every phase then starts from a like machine."""
+    deadline = time.monotonic() + max_s
+    while True:
+        before = cpu_ticks()
+        time.sleep(window_s)
+        share = idle_share(before, cpu_ticks())
+        if share >= want or time.monotonic() >= deadline:
+            return share
 
 
 def ratios(run: Mapping[str, PhaseResult], phase: str, base: str) -> tuple[float, float] | None:
@@ -346,6 +381,7 @@ def run_phase(
         cluster.create_template(name, pinned)
     resident = list(residents)
     start_pods(cluster, args.node, {n: n for n in resident}, args.image, resident)
+    idle = settle(args.settle) if args.settle > 0 else float("nan")
     before = kubelet_totals(cluster.kubelet_metrics(args.node), driver)
     running: list[float] = []
     for wave in range(args.waves):
@@ -357,7 +393,7 @@ def run_phase(
     after = kubelet_totals(cluster.kubelet_metrics(args.node), driver)
     delete_pods(cluster, resident)
     return PhaseResult(
-        phase, delta(after, before, PREPARE), delta(after, before, UNPREPARE), running
+        phase, delta(after, before, PREPARE), delta(after, before, UNPREPARE), running, idle
     )
 
 
@@ -483,6 +519,13 @@ def one_run(
         cluster.delete_namespace()
 
 
+def phase_order(phases: Sequence[str], run: int) -> list[str]:
+    """The phases in the order given on even runs (0, 2, ...), reversed on odd ones: what
+    a run's first phase meets (the run before it, the namespace's start) falls on each
+    phase alike."""
+    return list(phases) if run % 2 == 0 else list(reversed(phases))
+
+
 def summary(runs: list[dict[str, PhaseResult]]) -> list[str]:
     lines = []
     met = {"prepare": 0, "unprepare": 0}
@@ -509,6 +552,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pods", type=int, default=10, help="pods per wave")
     parser.add_argument("--waves", type=int, default=3)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=60.0,
+        help=f"seconds a phase waits at most for the machine to be {SETTLED_IDLE:.0%} idle "
+        "before its first wave (0: no wait)",
+    )
     parser.add_argument("--phases", default="whole,mps")
     parser.add_argument("--share", default="4Gi")
     parser.add_argument(
@@ -582,7 +632,7 @@ def main() -> None:
                 wait_slices(cluster, EXAMPLE_DRIVER, args.node, work)
             for i in range(args.runs):
                 print(f"run {i + 1}/{args.runs}", flush=True)
-                runs.append(one_run(cluster, args, phases))
+                runs.append(one_run(cluster, args, phase_order(phases, i)))
     finally:
         for name in made:
             cluster.delete_class(name)

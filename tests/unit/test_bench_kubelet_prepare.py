@@ -145,3 +145,35 @@ def test_the_charts_pods_on_the_node_are_found_by_its_label(bench: ModuleType) -
     ]
     with open(os.path.join(ROOT, "deploy", "helm", "fractional-gpu-dra", "Chart.yaml")) as f:
         assert "name: fractional-gpu-dra\n" in f.read()  # the label's value: fgd.name
+
+
+def test_the_idle_share_counts_idle_and_iowait_between_two_readings(bench: ModuleType) -> None:
+    # user, nice, system, idle, iowait, irq, softirq, steal
+    before = [100, 0, 50, 1000, 10, 0, 0, 0]
+    after = [160, 0, 70, 1090, 20, 0, 0, 0]
+    assert bench.idle_share(before, after) == pytest.approx(100 / 180)
+    assert bench.idle_share(before, before) == 1.0  # no time passed: nothing was busy
+    now = bench.cpu_ticks()
+    assert len(now) >= 8 and 0.0 <= bench.idle_share(now, bench.cpu_ticks()) <= 1.0
+
+
+def test_the_phases_take_turns_going_first(bench: ModuleType) -> None:
+    assert [bench.phase_order(["whole", "mps"], run) for run in range(3)] == [
+        ["whole", "mps"],
+        ["mps", "whole"],
+        ["whole", "mps"],
+    ]
+
+
+def test_settling_gives_up_after_its_time_and_says_how_idle_it_found_the_machine(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readings = iter([[0, 0, 0, 0, 0], [90, 0, 0, 10, 0]] * 10)  # 10% idle, every window
+    monkeypatch.setattr(bench, "cpu_ticks", lambda: next(readings))
+    clock = iter(range(100))
+    monkeypatch.setattr(bench.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(bench.time, "sleep", lambda _: None)
+    assert bench.settle(3.0) == pytest.approx(0.1)  # busy throughout: back after 3 s
+    readings = iter([[0, 0, 0, 0, 0], [10, 0, 0, 90, 0]])
+    monkeypatch.setattr(bench, "cpu_ticks", lambda: next(readings))
+    assert bench.settle(3.0) == pytest.approx(0.9)  # idle at once: no further window
