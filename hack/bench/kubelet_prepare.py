@@ -67,7 +67,11 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, ROOT)
 
-from tests.support.processes import live_socket, stop_process  # noqa: E402  (ROOT first)
+from tests.support.processes import (  # noqa: E402  (ROOT first)
+    live_socket,
+    machine_ticks,
+    stop_process,
+)
 
 DRIVER = "gpu.fractional.dev"
 EXAMPLE_DRIVER = "gpu.example.com"
@@ -144,15 +148,9 @@ class PhaseResult:
         )
 
 
-def cpu_ticks() -> list[int]:
-    """The machine's CPU time so far by kind (``/proc/stat``'s ``cpu`` line)."""
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:]]
-
-
 def idle_share(before: Sequence[int], after: Sequence[int]) -> float:
     """The share of the machine's CPU time that was idle (idle and iowait, the 4th and
-    5th kinds) between two :func:`cpu_ticks` readings."""
+    5th kinds) between two :func:`machine_ticks` readings."""
     spent = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(spent)
     return (spent[3] + spent[4]) / total if total else 1.0
@@ -164,9 +162,9 @@ def settle(max_s: float, want: float = SETTLED_IDLE, window_s: float = 2.0) -> f
     idle share last seen. Every phase then starts from a like machine."""
     deadline = time.monotonic() + max_s
     while True:
-        before = cpu_ticks()
+        before = machine_ticks()
         time.sleep(window_s)
-        share = idle_share(before, cpu_ticks())
+        share = idle_share(before, machine_ticks())
         if share >= want or time.monotonic() >= deadline:
             return share
 

@@ -81,7 +81,7 @@ from typing import IO, Any
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
 
-from tests.support.processes import stop_process  # noqa: E402  (ROOT first)
+from tests.support.processes import machine_ticks, stop_process  # noqa: E402  (ROOT first)
 
 DRIVER = "gpu.fractional.dev"
 NODE = "bench-node"
@@ -179,14 +179,6 @@ def cpu_now(plugin: int, agent: int | None, api: int) -> dict[str, float]:
     got["API server*"] = cpu_s(api)
     READINGS_S[0] += time.process_time() - started
     return got
-
-
-def machine_ticks() -> list[int]:
-    """The machine's CPU time so far by kind, in clock ticks (``/proc/stat``'s
-    ``cpu`` line: user, nice, system, idle, iowait, irq, softirq, steal; guest
-    time is inside user)."""
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:9]]
 
 
 def stolen(before: list[int], after: list[int]) -> tuple[float, float]:

@@ -1,5 +1,5 @@
-"""Stopping a child process the way the kubelet stops a pod: SIGTERM, then SIGKILL; and
-whether a process serves a unix socket."""
+"""Stopping a child process the way the kubelet stops a pod: SIGTERM, then SIGKILL;
+whether a process serves a unix socket; the machine's CPU time (the benchmarks)."""
 
 from __future__ import annotations
 
@@ -37,3 +37,11 @@ def live_socket(path: str) -> bool:
         except OSError:
             return False
     return True
+
+
+def machine_ticks() -> list[int]:
+    """The machine's CPU time so far by kind, in clock ticks (``/proc/stat``'s
+    ``cpu`` line: user, nice, system, idle, iowait, irq, softirq, steal; guest
+    time is inside user)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]

@@ -153,8 +153,8 @@ def test_the_idle_share_counts_idle_and_iowait_between_two_readings(bench: Modul
     after = [160, 0, 70, 1090, 20, 0, 0, 0]
     assert bench.idle_share(before, after) == pytest.approx(100 / 180)
     assert bench.idle_share(before, before) == 1.0  # no time passed: nothing was busy
-    now = bench.cpu_ticks()
-    assert len(now) >= 8 and 0.0 <= bench.idle_share(now, bench.cpu_ticks()) <= 1.0
+    now = bench.machine_ticks()
+    assert len(now) >= 8 and 0.0 <= bench.idle_share(now, bench.machine_ticks()) <= 1.0
 
 
 def test_the_phases_take_turns_going_first(bench: ModuleType) -> None:
@@ -169,11 +169,11 @@ def test_settling_gives_up_after_its_time_and_says_how_idle_it_found_the_machine
     bench: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     readings = iter([[0, 0, 0, 0, 0], [90, 0, 0, 10, 0]] * 10)  # 10% idle, every window
-    monkeypatch.setattr(bench, "cpu_ticks", lambda: next(readings))
+    monkeypatch.setattr(bench, "machine_ticks", lambda: next(readings))
     clock = iter(range(100))
     monkeypatch.setattr(bench.time, "monotonic", lambda: float(next(clock)))
     monkeypatch.setattr(bench.time, "sleep", lambda _: None)
     assert bench.settle(3.0) == pytest.approx(0.1)  # busy throughout: back after 3 s
     readings = iter([[0, 0, 0, 0, 0], [10, 0, 0, 90, 0]])
-    monkeypatch.setattr(bench, "cpu_ticks", lambda: next(readings))
+    monkeypatch.setattr(bench, "machine_ticks", lambda: next(readings))
     assert bench.settle(3.0) == pytest.approx(0.9)  # idle at once: no further window
