@@ -554,7 +554,7 @@ def parse_args() -> argparse.Namespace:
         "--settle",
         type=float,
         default=60.0,
-        help=f"seconds a phase waits at most for the machine to be {SETTLED_IDLE:.0%} idle "
+        help=f"seconds a phase waits at most for the machine to be {SETTLED_IDLE * 100:.0f}%% idle "
         "before its first wave (0: no wait)",
     )
     parser.add_argument("--phases", default="whole,mps")

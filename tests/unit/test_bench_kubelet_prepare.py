@@ -177,3 +177,11 @@ def test_settling_gives_up_after_its_time_and_says_how_idle_it_found_the_machine
     readings = iter([[0, 0, 0, 0, 0], [10, 0, 0, 90, 0]])
     monkeypatch.setattr(bench, "machine_ticks", lambda: next(readings))
     assert bench.settle(3.0) == pytest.approx(0.9)  # idle at once: no further window
+
+
+def test_its_help_prints(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """argparse formats each help with %: a literal one must be doubled."""
+    monkeypatch.setattr(bench.sys, "argv", ["kubelet_prepare.py", "--help"])
+    with pytest.raises(SystemExit) as ended:
+        bench.parse_args()
+    assert ended.value.code == 0
