@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from dra_driver.base.errors import DriverError
 from dra_driver.base.ids import ClaimRef
@@ -47,7 +48,7 @@ from dra_driver.core.prepare import (
 
 log = logging.getLogger(__name__)
 
-Ensure = Callable[[ClaimRef, MpsNamespace], Awaitable[ContainerEdits]]
+Ensure = Callable[[ClaimRef, MpsNamespace], Coroutine[Any, Any, ContainerEdits]]
 """Ask the agent for one namespace of the claim (its GPU's daemon); its CDI edits."""
 Release = Callable[[MpsNamespace], Awaitable[None]]
 """Release one namespace's share at the agent."""
@@ -81,8 +82,7 @@ class EarlyShares:
         for namespace in namespaces:
             if namespace not in self._tasks:
                 self._tasks[namespace] = asyncio.create_task(
-                    _awaited(self._ensure(self.claim, namespace)),
-                    name=f"early-share-{self.claim.uid}",
+                    self._ensure(self.claim, namespace), name=f"early-share-{self.claim.uid}"
                 )
 
     async def take(self, namespace: MpsNamespace) -> ContainerEdits | None:
@@ -137,7 +137,3 @@ def plain_mps(devices: Sequence[PlannedDevice]) -> bool:
     return any(isinstance(d, MpsShare) for d in devices) and not any(
         isinstance(d, MpsInMig | MigInstance) for d in devices
     )
-
-
-async def _awaited(ensure: Awaitable[ContainerEdits]) -> ContainerEdits:
-    return await ensure

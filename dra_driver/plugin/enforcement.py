@@ -147,15 +147,7 @@ class Enforcer:
     def early_shares(self, claim: ClaimRef) -> EarlyShares:
         """What :meth:`apply` takes for ``claim``'s MPS shares started before it
         (:mod:`~dra_driver.plugin.early_shares`)."""
-
-        async def ensure(claim: ClaimRef, namespace: MpsNamespace) -> ContainerEdits:
-            return await self._ensure_share(claim, namespace, namespace.gpu_uuid)
-
-        async def release(namespace: MpsNamespace) -> None:
-            if self.mps is not None and namespace.key is not None:
-                await self.mps.release_share(namespace.gpu_uuid, namespace.key)
-
-        return EarlyShares(claim, ensure, release)
+        return EarlyShares(claim, self._ensure_gpu_share, self._release_gpu_share)
 
     async def apply(
         self,
@@ -191,9 +183,7 @@ class Enforcer:
                         if namespace not in shares:
                             taken = await early.take(namespace) if early is not None else None
                             if taken is None:
-                                taken = await self._ensure_share(
-                                    claim, namespace, namespace.gpu_uuid
-                                )
+                                taken = await self._ensure_gpu_share(claim, namespace)
                             shares[namespace] = taken
                         applied, extra = device, shares[namespace]
                     case MigInstance():
@@ -261,6 +251,14 @@ class Enforcer:
         return released
 
     # --- MPS -------------------------------------------------------------------
+
+    async def _ensure_gpu_share(self, claim: ClaimRef, namespace: MpsNamespace) -> ContainerEdits:
+        """A namespace of a whole GPU's shares, at that GPU's daemon."""
+        return await self._ensure_share(claim, namespace, namespace.gpu_uuid)
+
+    async def _release_gpu_share(self, namespace: MpsNamespace) -> None:
+        if self.mps is not None and namespace.key is not None:
+            await self.mps.release_share(namespace.gpu_uuid, namespace.key)
 
     async def _ensure_share(
         self, claim: ClaimRef, namespace: MpsNamespace, daemon_uuid: str
