@@ -47,6 +47,8 @@ class AgentOptions:
     persistent_control_channel: bool
     daemon_shm: str
     """``private``, ``agent`` or ``auto`` (private unless the control binary is fake)."""
+    spare_namespaces: int
+    """MPS v3: spare namespaces per daemon (:attr:`AgentConfig.spare_namespaces`)."""
     metrics_port: int
     """0: no metrics served."""
     metrics_address: str
@@ -66,6 +68,7 @@ def agent_config(options: AgentOptions) -> AgentConfig:
         # The fake launcher runs ${PYTHON}: this interpreter has the package.
         daemon_env={**os.environ, "PYTHON": sys.executable} if fake else None,
         control_channel=options.persistent_control_channel,
+        spare_namespaces=options.spare_namespaces,
         shm_namespace=(
             UNSHARE_PRIVATE_MOUNT
             if options.daemon_shm == "private" or (options.daemon_shm == "auto" and not fake)

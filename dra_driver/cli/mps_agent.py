@@ -6,8 +6,28 @@ import argparse
 import os
 from typing import Any
 
+from dra_driver.base.errors import ConfigError
 from dra_driver.cli.flags import add_flag, common_flags, metrics_flags
 from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR
+
+DEFAULT_SPARE_NAMESPACES = 2
+"""A GPU's shares usually come a pod or two at a time; what an idle namespace costs a
+real daemon is not documented (a namespace holds caps, not memory or SMs:
+docs:mpsv3-namespaces), so few."""
+
+
+def spare_count(text: str) -> int:
+    """The value of ``--spare-namespaces`` (``SPARE_NAMESPACES``): 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(
+            f"--spare-namespaces (SPARE_NAMESPACES): {text!r} is not a whole number; give "
+            "0 (no spare namespaces) or more"
+        )
+    return value
 
 
 def agent_parser(sub: Any) -> None:
@@ -59,6 +79,14 @@ def agent_parser(sub: Any) -> None:
         default="process",
         choices=["process", "persistent"],
     )
+    add_flag(
+        agent,
+        "--spare-namespaces",
+        "MPS v3: namespaces each running daemon keeps made ahead of the shares (made when "
+        "the plugin's calls pause), so a new share's prepare sends one control command, "
+        "not two; 0: none",
+        default=str(DEFAULT_SPARE_NAMESPACES),
+    )
     common_flags(agent)
     metrics_flags(agent)
 
@@ -76,6 +104,7 @@ def cmd_mps_agent(args: argparse.Namespace) -> int:
         driver_version=args.driver_version or None,
         persistent_control_channel=args.mps_control_channel == "persistent",
         daemon_shm=args.daemon_shm,
+        spare_namespaces=spare_count(args.spare_namespaces),
         metrics_port=metrics_port(args.metrics_port),
         metrics_address=args.metrics_address,
     )

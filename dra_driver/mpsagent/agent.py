@@ -26,11 +26,18 @@ the delete's try in flight, so a namespace is never deleted under its new share.
 delete waits for a quiet spell of the plugin's calls (they come in waves;
 :mod:`.quiet_spell`), so its processes do not take the cores from the calls still
 waiting.
+
+Each GPU's v3 daemon keeps ``spare_namespaces`` namespaces made ahead of the shares
+(:mod:`.daemon_shares`), so a new share's ensure sends one command, ``namespace
+set``, not two. They are made when the calls pause, as the deletes are, and made
+again as shares take them. A share's namespace is recorded with it, so a share keeps
+the spare it took across an agent's restart and a daemon's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -45,7 +52,7 @@ from dra_driver.mpsagent.compute_mode import ComputeMode, NvidiaSmiComputeMode
 from dra_driver.mpsagent.daemon import MpsDaemon
 from dra_driver.mpsagent.daemon_files import DaemonError
 from dra_driver.mpsagent.gpu_gate import GpuGate, ShareLocks
-from dra_driver.mpsagent.layout import SocketPathTooLong, check_state_dir
+from dra_driver.mpsagent.layout import SocketPathTooLong, check_state_dir, is_short_namespace
 from dra_driver.mpsagent.migrate import retire_old_gpu_dirs
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 from dra_driver.mpsagent.quiet_spell import QuietSpell
@@ -64,6 +71,10 @@ this long: the plugin's calls come in waves (a node's pods start and stop togeth
 and a delete's processes would take the cores from the calls still waiting..."""
 DELETE_IDLE_MAX_WAIT_S = 2.0
 """...but never longer than this (a node never idle still gets its deletes)."""
+SPARE_RETRY_FIRST_S = 0.5
+"""A spare namespace the daemon refused is tried again after this, doubling..."""
+SPARE_RETRY_MAX_S = 30.0
+"""...up to this."""
 
 
 class ShareFields(Protocol):
@@ -114,10 +125,20 @@ class AgentConfig:
     """Opt-in, unverified: legacy daemons' commands over one persistent control shell
     each (:mod:`.channel`). Off: one process per command, the form every NVIDIA
     example uses. v3 daemons always run a process per command."""
+    spare_namespaces: int = 0
+    """MPS v3: namespaces each running daemon keeps made ahead of the shares, so a new
+    share's ensure sends one command (``namespace set``) instead of two. 0: none (every
+    share's namespace is created by its ensure; ``dra-driver mps-agent``'s
+    ``--spare-namespaces`` defaults to 2)."""
 
 
 def _limits(share: ShareInfo) -> ShareLimits:
-    return ShareLimits(share.share_id, share.memory_limit_bytes, share.active_thread_percentage)
+    return ShareLimits(
+        share.share_id,
+        share.memory_limit_bytes,
+        share.active_thread_percentage,
+        taken_namespace=share.namespace,
+    )
 
 
 DaemonFactory = Callable[[str], MpsDaemon]
@@ -152,6 +173,11 @@ class MpsAgent:
         self._share_locks = ShareLocks()
         self._deleting: dict[tuple[str, str], asyncio.Task[None]] = {}
         """Released v3 shares whose namespace delete has not succeeded yet."""
+        self._released_namespaces: dict[tuple[str, str], str] = {}
+        """Their namespaces: the share, ensured again before the delete, keeps its own."""
+        self._refills: dict[str, asyncio.Task[None]] = {}
+        """Per GPU: making its daemon's spare namespaces, when the calls pause."""
+        self._spare_failures: dict[str, int] = {}
         self._between_tries: set[tuple[str, str]] = set()
         self._delete_failures: dict[str, int] = {}
         self._calls = QuietSpell(DELETE_IDLE_S, DELETE_IDLE_MAX_WAIT_S)
@@ -171,8 +197,13 @@ class MpsAgent:
     def _load(self) -> None:
         """Take the recorded shares, each laid out as this agent lays it out."""
         for share in load_state(self.state_path):
+            kept_namespace = (
+                share.namespace
+                if share.namespace is not None and is_short_namespace(share.namespace)
+                else None
+            )
             try:
-                current = self._share_info(share)
+                current = self._share_info(share, kept_namespace)
             except (DaemonError, SocketPathTooLong) as err:
                 log.error("dropping recorded share %s: %s", share.share_id, err)
                 continue
@@ -196,14 +227,18 @@ class MpsAgent:
             self._daemons[gpu_uuid] = daemon
         return daemon
 
-    def _share_info(self, share: ShareFields) -> ShareInfo:
+    def _share_info(self, share: ShareFields, namespace: str | None = None) -> ShareInfo:
         """The record of ``share`` (a request, or a record an earlier agent wrote) as this
-        agent lays it out: its daemon's protocol, namespace and directories."""
+        agent lays it out: its daemon's protocol, namespace (``namespace``: the one it
+        holds already; else the one named after it) and directories."""
         gpu_uuid, share_id = share.gpu_uuid, share.share_id
         daemon_dirs = self._daemon(gpu_uuid).dirs
         # A MIG instance's daemon is legacy whatever the agent runs (cmd.daemon_protocol).
         protocol = cmd.daemon_protocol(self.protocol, gpu_uuid)
-        namespace = cmd.namespace_name(share_id) if protocol == "v3" else None
+        if protocol != "v3":
+            namespace = None
+        elif namespace is None:
+            namespace = cmd.namespace_name(share_id)
         pipe = (
             cmd.v3_namespace_dir(daemon_dirs.pipe, namespace)
             if namespace is not None
@@ -251,10 +286,16 @@ class MpsAgent:
                     if not daemon.running:
                         continue
                 self._watch(gpu_uuid)
+                self._want_spares(gpu_uuid)
         await self._state.save()
 
     async def close(self) -> None:
         await self._server.close()
+        refills = list(self._refills.values())
+        self._refills.clear()
+        for refill in refills:
+            refill.cancel()
+        await asyncio.gather(*refills, return_exceptions=True)
         # A delete not done is the next agent's: its restore deletes what no share holds.
         pending = list(self._deleting.values())
         self._deleting.clear()
@@ -338,6 +379,7 @@ class MpsAgent:
                         log.error("restarting the MPS daemon of GPU %s failed: %s", gpu_uuid, err)
                     else:
                         self._restarts[gpu_uuid] = self._restarts.get(gpu_uuid, 0) + 1
+                        self._want_spares(gpu_uuid)
                         log.warning(
                             "MPS daemon of GPU %s restarted (pid %s); %d share(s) restored: %s",
                             gpu_uuid,
@@ -371,7 +413,7 @@ class MpsAgent:
             return await self._ensure_share(key, req)
 
     async def _ensure_share(self, key: tuple[str, str], req: wire.EnsureShare) -> ShareInfo:
-        await self._no_delete_pending(key)
+        released = await self._no_delete_pending(key)
         async with self._share_locks.hold(key):
             existing = self._shares.get(key)
             if existing is not None and existing.claim_uid != req.claim_uid:
@@ -387,7 +429,10 @@ class MpsAgent:
                     self._check_legacy(req)
                     info = await self._apply_alone(req, self._checked_info(req))
             else:
-                info = await self._apply_v3(req, self._checked_info(req))
+                # A share keeps the namespace it holds, or held until its release (its
+                # delete was stopped or has run); a new one may take a spare.
+                held = existing.namespace if existing is not None else released
+                info = await self._apply_v3(req, self._checked_info(req, held), held is None)
             # Alone (the only call under way, as when the plugin's calls come one at a
             # time): written now. An ensure in a wave ends among the others' commands,
             # so it seldom is; releases, which run no command, never say so.
@@ -403,9 +448,9 @@ class MpsAgent:
                 )
             return info
 
-    def _checked_info(self, req: wire.EnsureShare) -> ShareInfo:
+    def _checked_info(self, req: wire.EnsureShare, namespace: str | None = None) -> ShareInfo:
         try:
-            return self._share_info(req)
+            return self._share_info(req, namespace)
         except (DaemonError, SocketPathTooLong) as err:
             raise AgentRequestError("daemon_failed", str(err)) from err
 
@@ -427,14 +472,23 @@ class MpsAgent:
         if req.tenant is not None and not req.cooperative:
             self._check_one_tenant(req, others)
 
-    async def _apply_v3(self, req: wire.EnsureShare, info: ShareInfo) -> ShareInfo:
+    async def _apply_v3(
+        self, req: wire.EnsureShare, info: ShareInfo, may_take_spare: bool
+    ) -> ShareInfo:
         """The share's namespace commands against the running daemon, beside other
-        shares'; when the daemon is down, start it first, alone."""
+        shares' (a new share in a spare namespace when the daemon has one); when the
+        daemon is down, start it first, alone."""
         gate = self._gate(req.gpu_uuid)
         while True:
             async with gate.shared():
                 daemon = self._running_daemon(req.gpu_uuid)
                 if daemon is not None:
+                    spare = daemon.shares.take_spare() if may_take_spare else None
+                    if spare is not None:
+                        info = dataclasses.replace(
+                            info, namespace=spare, pipe_dir=daemon.shares.namespace_dir(spare)
+                        )
+                        self._want_spares(req.gpu_uuid)
                     try:
                         # v3 sends only this share's commands (the others are not read).
                         await daemon.apply(_limits(info), [_limits(info)])
@@ -465,6 +519,8 @@ class MpsAgent:
             raise AgentRequestError("daemon_failed", str(err)) from err
         self._watch(req.gpu_uuid)
         self._shares[(req.gpu_uuid, req.share_id)] = info
+        if started:
+            self._want_spares(req.gpu_uuid)
         return info
 
     @staticmethod
@@ -523,21 +579,25 @@ class MpsAgent:
                 self._deleting[key] = asyncio.create_task(
                     self._delete_namespace(key, share), name=f"delete-{share.share_id}"
                 )
+                if share.namespace is not None:
+                    self._released_namespaces[key] = share.namespace
             log.info("share %s on GPU %s released", req.share_id, req.gpu_uuid)
             return True
 
-    async def _no_delete_pending(self, key: tuple[str, str]) -> None:
+    async def _no_delete_pending(self, key: tuple[str, str]) -> str | None:
         """Before a share is ensured: the delete of its released namespace, if one is
         pending, ends first (a try in flight finishes; none is tried after it, since
         the share is wanted again: the ensure then finds the namespace and sets its
-        limits, or creates it)."""
+        limits, or creates it). Returns that namespace's name (None: none pending)."""
         pending = self._deleting.get(key)
         if pending is None:
-            return
+            return None
         self._deleting.pop(key, None)
+        namespace = self._released_namespaces.pop(key, None)
         if key in self._between_tries:
             pending.cancel()
         await asyncio.wait({pending})  # not cancelled with this ensure: it is no one's
+        return namespace
 
     async def _delete_namespace(self, key: tuple[str, str], share: ShareInfo) -> None:
         """A released share's ``namespace delete``, after the answer; retried with
@@ -581,6 +641,54 @@ class MpsAgent:
         finally:
             if self._deleting.get(key) is asyncio.current_task():
                 del self._deleting[key]
+                self._released_namespaces.pop(key, None)
+
+    def _want_spares(self, gpu_uuid: str) -> None:
+        """Make the GPU's daemon's spare namespaces up to ``spare_namespaces`` (v3),
+        unless that is under way."""
+        if self.config.spare_namespaces <= 0:
+            return
+        if cmd.daemon_protocol(self.protocol, gpu_uuid) != "v3":
+            return
+        refill = self._refills.get(gpu_uuid)
+        if refill is None or refill.done():
+            self._refills[gpu_uuid] = asyncio.create_task(
+                self._refill_spares(gpu_uuid), name=f"spares-{gpu_uuid}"
+            )
+
+    async def _refill_spares(self, gpu_uuid: str) -> None:
+        """One spare namespace at a time, each when the calls pause (a ``namespace
+        create`` takes a core from the calls still waiting, like a delete), until the
+        daemon has ``spare_namespaces`` or is not running. A refused create is logged,
+        counted and tried again with backoff; meanwhile shares are created by their
+        ensure, as with no spares."""
+        backoff = SPARE_RETRY_FIRST_S
+        while True:
+            await self._calls.wait()
+            async with self._gate(gpu_uuid).shared():
+                daemon = self._running_daemon(gpu_uuid)
+                if daemon is None or daemon.shares.spare_count >= self.config.spare_namespaces:
+                    return
+                try:
+                    if not await daemon.shares.add_spare():
+                        return  # no server yet: the next share's ensure asks again
+                except DaemonError as err:
+                    failed = True
+                    self._spare_failures[gpu_uuid] = self._spare_failures.get(gpu_uuid, 0) + 1
+                    log.error(
+                        "GPU %s: a spare MPS namespace was not made (retrying in %gs; new "
+                        "shares create their own meanwhile): %s",
+                        gpu_uuid,
+                        backoff,
+                        err,
+                    )
+                else:
+                    failed = False
+            if failed:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, SPARE_RETRY_MAX_S)
+            else:
+                backoff = SPARE_RETRY_FIRST_S
 
     async def _remove_alone(self, share: ShareInfo) -> None:
         """With the GPU's gate held exclusive: the last share stops the daemon (counted
@@ -621,6 +729,10 @@ class MpsAgent:
                     waiting_uids=waits.waiting_uids if waits is not None else (),
                     namespaces_deleting=sum(1 for g, _ in self._deleting if g == gpu),
                     namespace_delete_failures=self._delete_failures.get(gpu, 0),
+                    spare_namespaces=(
+                        daemon.shares.spare_count if daemon is not None and daemon.running else 0
+                    ),
+                    spare_namespace_failures=self._spare_failures.get(gpu, 0),
                 )
             )
         return wire.AgentStatus(wire.PROTOCOL_VERSION, self.protocol, tuple(daemons))

@@ -62,10 +62,13 @@ class ShareLimits:
     share_id: str
     memory_limit_bytes: int
     active_thread_percentage: int
+    taken_namespace: str | None = None
+    """The spare namespace the share took (the agent records it); None: the share's
+    namespace is the one named after it."""
 
     @property
     def namespace(self) -> str:
-        return namespace_name(self.share_id)
+        return self.taken_namespace or namespace_name(self.share_id)
 
 
 # -- choices --------------------------------------------------------------------------
@@ -228,7 +231,8 @@ def v3_server_list() -> ControlCall:
 
 
 def render_v3_apply(limits: ShareLimits, namespace_exists: bool) -> list[ControlCall]:
-    """Create the share's namespace if missing, then (re)set its limits."""
+    """Create the share's namespace if missing, then (re)set its limits (a spare
+    namespace the share took exists already: only its limits are set)."""
     calls = [] if namespace_exists else [v3_namespace_create(limits.namespace)]
     return [*calls, v3_namespace_set(limits)]
 

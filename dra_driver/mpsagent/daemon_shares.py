@@ -9,6 +9,13 @@ change re-sends the limits of all the GPU's shares.
 A dead daemon takes its servers, namespaces and limits with it (they live only
 in the daemon); :meth:`DaemonShares.restore` re-creates them for the live shares.
 
+Spare namespaces (v3): made ahead of the shares that will take them
+(:meth:`DaemonShares.add_spare`, when the agent's calls pause), so a new share's
+apply sends only ``namespace set``. A spare holds no limits until a share takes it,
+and no container can reach it meanwhile: a container is given only its own
+namespace's directory. They are not recorded: a restore deletes them with every
+other namespace of ours no share holds, and a dead daemon takes them with it.
+
 Several shares' v3 applies and removes run at once (:mod:`.gpu_gate`); each
 sends only its own namespace's commands. The server is created once, under a
 lock; a listing replaces the known namespaces in one step. The view may lag
@@ -28,6 +35,7 @@ from dra_driver.mpsagent import listing
 from dra_driver.mpsagent.commands import ControlCall, ShareLimits
 from dra_driver.mpsagent.daemon_control import DaemonControl
 from dra_driver.mpsagent.daemon_files import DaemonError
+from dra_driver.mpsagent.layout import spare_namespace_name
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,8 @@ class DaemonShares:
         self._pipe_dir = pipe_dir
         self._server_exists = False
         self._namespaces: set[str] = set()
+        self._spares: list[str] = []
+        """Namespaces the daemon holds for shares to come (in :attr:`_namespaces` too)."""
         self._server_lock = asyncio.Lock()
 
     @property
@@ -54,6 +64,37 @@ class DaemonShares:
         """A new daemon holds nothing yet."""
         self._server_exists = False
         self._namespaces = set()
+        self._spares = []
+
+    @property
+    def spare_count(self) -> int:
+        return len(self._spares)
+
+    def take_spare(self) -> str | None:
+        """A spare namespace for a new share (its apply then only sets the limits), or
+        None when there is none (v3; legacy daemons have no namespaces)."""
+        return self._spares.pop(0) if self._spares else None
+
+    async def add_spare(self) -> bool:
+        """Make one spare namespace (v3, once the server exists: a share made it);
+        False when there is nothing to make it in. Raises :class:`DaemonError` when
+        the daemon refuses (a create that half-worked is found by a listing and kept)."""
+        if not self._v3 or not self._server_exists:
+            return False
+        name = spare_namespace_name()
+        while name in self._namespaces:
+            name = spare_namespace_name()
+        try:
+            await self._control.run(cmd.v3_namespace_create(name))
+        except DaemonError:
+            await self.refresh()
+            if name not in self._namespaces:
+                raise
+        self._namespaces.add(name)
+        # The container's pipe mount needs the directory; made now, off the prepare.
+        os.makedirs(self.namespace_dir(name), exist_ok=True)
+        self._spares.append(name)
+        return True
 
     def namespace_dir(self, namespace: str) -> str:
         return cmd.v3_namespace_dir(self._pipe_dir, namespace)
@@ -72,6 +113,7 @@ class DaemonShares:
             self._log_problems(spaces.problems)
             namespaces = {r.name for r in spaces.rows if r.server == cmd.SERVER_NAME}
         self._server_exists, self._namespaces = server_exists, namespaces
+        self._spares = [name for name in self._spares if name in namespaces]
 
     def _log_problems(self, problems: Sequence[listing.ListingProblem]) -> None:
         """A listing line not in the documented form costs that line, not the adoption."""
@@ -88,6 +130,7 @@ class DaemonShares:
         )
         self._server_exists = True
         self._namespaces = {s.namespace for s in shares}
+        self._spares = []  # deleted with every other namespace of ours no share holds
         for share in shares:
             os.makedirs(self.namespace_dir(share.namespace), exist_ok=True)
 

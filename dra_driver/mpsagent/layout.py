@@ -11,9 +11,10 @@ short and of fixed length here:
   (``mig-`` for a MIG instance's ``MIG-<uuid>``); the UUID is recorded in the
   directory (:data:`GPU_UUID_FILE`), which is how a reader maps one to the other
   and how a collision would be caught;
-* a share's v3 namespace is ``s_`` + 12 hex digits of the SHA-256 of its share id
-  (:func:`dra_driver.mpsagent.commands.namespace_name`); the agent's state file
-  records each share's namespace and pipe directory.
+* a share's v3 namespace is ``s_`` + 12 hex digits: of the SHA-256 of its share id
+  (:func:`dra_driver.mpsagent.commands.namespace_name`), or random for a spare
+  namespace made ahead of the share that takes it (:func:`spare_namespace_name`);
+  the agent's state file records each share's namespace and pipe directory.
 
 So the longest socket path is the state dir plus :data:`LONGEST_SOCKET_SUFFIX`
 bytes, whatever the UUIDs and share ids; :func:`check_state_dir` refuses a state
@@ -31,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import secrets
 
 from dra_driver.base.errors import ConfigError
 
@@ -81,6 +83,28 @@ def namespace_name(share_id: str) -> str:
     """The fixed-length MPS v3 namespace of a share (names: [a-z0-9_]{1,64},
     docs:mpsv3-interface "CLI Command Structure")."""
     return NAMESPACE_PREFIX + _digest(share_id, NAMESPACE_HEX)
+
+
+SPARE_MARK = "p"
+"""After the prefix of a spare namespace's name: not a hex digit, so no share's derived
+name can ever be a spare's (the share would take over a namespace still spare)."""
+
+
+def spare_namespace_name() -> str:
+    """A new spare namespace's name: random, as long as a share's namespace's."""
+    return NAMESPACE_PREFIX + SPARE_MARK + secrets.token_hex(NAMESPACE_HEX // 2)[1:]
+
+
+_OUR_NAMESPACE = re.compile(
+    rf"^{re.escape(NAMESPACE_PREFIX)}(?:[0-9a-f]{{{NAMESPACE_HEX}}}"
+    rf"|{SPARE_MARK}[0-9a-f]{{{NAMESPACE_HEX - 1}}})$"
+)
+
+
+def is_short_namespace(name: str) -> bool:
+    """``name`` is one of ours in this layout (a share's, derived or spare), so a
+    recorded share keeps it; an earlier layout's name is derived again."""
+    return _OUR_NAMESPACE.match(name) is not None
 
 
 LONGEST_SOCKET_SUFFIX = len(

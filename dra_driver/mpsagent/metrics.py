@@ -37,6 +37,8 @@ METRICS = {
     PREFIX + "mps_waiting_uids": "gauge{gpu_uuid}, legacy MPS only",
     PREFIX + "mps_namespaces_deleting": "gauge{gpu_uuid}, MPS v3 only",
     PREFIX + "mps_namespace_delete_failures_total": "counter{gpu_uuid}, MPS v3 only",
+    PREFIX + "mps_spare_namespaces": "gauge{gpu_uuid}, MPS v3 only",
+    PREFIX + "mps_spare_namespace_failures_total": "counter{gpu_uuid}, MPS v3 only",
 }
 
 
@@ -93,6 +95,18 @@ def agent_metrics(status: AgentStatus) -> list[Metric]:
         "started (each is retried).",
         labels=["gpu_uuid"],
     )
+    spares = GaugeMetricFamily(
+        PREFIX + "mps_spare_namespaces",
+        "MPS v3: namespaces this GPU's daemon holds made ahead of the shares that will "
+        "take them (a new share then needs one command, not two).",
+        labels=["gpu_uuid"],
+    )
+    spare_failures = CounterMetricFamily(
+        PREFIX + "mps_spare_namespace_failures",
+        "MPS v3: spare namespaces the daemon refused to make, since the agent started "
+        "(each is tried again; new shares make their own meanwhile).",
+        labels=["gpu_uuid"],
+    )
     for daemon in status.daemons:
         running.add_metric([daemon.gpu_uuid], 1 if daemon.running else 0)
         restarts.add_metric([daemon.gpu_uuid], daemon.restarts)
@@ -100,7 +114,12 @@ def agent_metrics(status: AgentStatus) -> list[Metric]:
         waiting.add_metric([daemon.gpu_uuid], len(set(daemon.waiting_uids)))
         deleting.add_metric([daemon.gpu_uuid], daemon.namespaces_deleting)
         delete_failures.add_metric([daemon.gpu_uuid], daemon.namespace_delete_failures)
-    return [info, running, restarts, shares, waiting, deleting, delete_failures]
+        spares.add_metric([daemon.gpu_uuid], daemon.spare_namespaces)
+        spare_failures.add_metric([daemon.gpu_uuid], daemon.spare_namespace_failures)
+    return [
+        *(info, running, restarts, shares, waiting, deleting, delete_failures),
+        *(spares, spare_failures),
+    ]
 
 
 class _AgentCollector(Collector):

@@ -137,6 +137,10 @@ class DaemonStatus:
     """MPS v3: namespaces of released shares whose delete has not succeeded yet."""
     namespace_delete_failures: int = 0
     """MPS v3: failed tries at those deletes since the agent started (each is retried)."""
+    spare_namespaces: int = 0
+    """MPS v3: namespaces the daemon holds made ahead of the shares that will take them."""
+    spare_namespace_failures: int = 0
+    """MPS v3: spare namespaces the daemon refused to make since the agent started."""
 
 
 @dataclass(frozen=True)
@@ -333,6 +337,8 @@ def status_from_json(doc: dict[str, Any]) -> AgentStatus:
                 waiting_uids=tuple(int(u) for u in d.get("waiting_uids", ())),
                 namespaces_deleting=int(d.get("namespaces_deleting", 0)),
                 namespace_delete_failures=int(d.get("namespace_delete_failures", 0)),
+                spare_namespaces=int(d.get("spare_namespaces", 0)),
+                spare_namespace_failures=int(d.get("spare_namespace_failures", 0)),
             )
             for d in doc["daemons"]
         )

@@ -547,6 +547,23 @@ def test_mps_control_channel_is_a_value() -> None:
     assert "controlChannel" in wrong.stderr
 
 
+def test_spare_namespaces_is_a_value() -> None:
+    agent = env_of(container(find(render("fake"), "DaemonSet", "-mps-agent"), "mps-agent"))
+    assert agent["SPARE_NAMESPACES"]["value"] == "2"
+    done = _run_helm(
+        *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
+        *("--set", "mpsAgent.spareNamespaces=0"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'name: SPARE_NAMESPACES\n              value: "0"' in done.stdout
+    wrong = _run_helm(
+        *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
+        *("--set", "mpsAgent.spareNamespaces=-1"),
+    )
+    assert wrong.returncode != 0
+    assert "spareNamespaces" in wrong.stderr
+
+
 @pytest.mark.parametrize("value_set", all_sets())
 def test_controller_env_names_are_its_flags(value_set: str) -> None:
     deployments = [d for d in render(value_set) if d["kind"] == "Deployment"]
