@@ -104,11 +104,14 @@ def _parse_text(text: str) -> Amount:
 
 
 def parse_whole(value: object) -> int:
-    """A quantity that must be a whole number (bytes, counts): ``"1Gi"`` → 1073741824."""
-    amount = parse_quantity(value)
-    if amount.denominator != 1:
+    """A quantity that must be a whole number (bytes, counts): ``"1Gi"`` → 1073741824.
+
+    Through :func:`parse_amount`'s cache: a prepare reads each MPS share's
+    ``consumedCapacity`` again, a handful of texts on a node."""
+    amount = parse_amount(value)
+    if not isinstance(amount, int):
         raise ValueError(f"{value!r} is not a whole number")
-    return int(amount)
+    return amount
 
 
 def format_count(value: int) -> str:

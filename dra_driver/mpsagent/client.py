@@ -11,21 +11,29 @@ unix connections on both sides' event loops. One connection carries one request
 at a time; concurrent requests take different connections. A kept connection
 the agent has closed meanwhile (an agent restart) is noticed by the empty answer
 and the request is sent again once on a new connection; a connection whose
-request timed out or failed is closed, never kept, so no late answer is read
-as the next request's.
+request timed out, failed or was answered with more than one line is closed,
+never kept, so no late or extra answer is read as the next request's.
+
+A connection is a small :class:`asyncio.Protocol` rather than a stream pair:
+a request is one ``write`` and one future that the answer's line settles from
+``data_received``, with one timer for its deadline, instead of a
+``StreamReader``'s buffer and waiter and an ``asyncio.timeout`` per request
+(two requests per MPS claim, inside the kubelet's waves: docs/benchmarks.md,
+"The plugin's own CPU per MPS claim").
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from dra_driver.base.errors import MpsAgentError
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
 
-_Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+MAX_ANSWER_BYTES = wire.MAX_LINE_BYTES
+"""The longest answer line read: the protocol refuses a longer one, so the client stops
+reading there and closes the connection (the rest of such a line is never buffered)."""
 
 
 class MpsAgentUnavailableError(MpsAgentError):
@@ -35,7 +43,101 @@ class MpsAgentUnavailableError(MpsAgentError):
         super().__init__("unavailable", message)
 
 
-__all__ = ["MpsAgentClient", "MpsAgentError", "MpsAgentUnavailableError"]
+__all__ = ["MAX_ANSWER_BYTES", "MpsAgentClient", "MpsAgentError", "MpsAgentUnavailableError"]
+
+
+class _AnswerTooLongError(Exception):
+    """The agent's answer line passed :data:`MAX_ANSWER_BYTES`."""
+
+
+class _Connection(asyncio.Protocol):
+    """One unix connection to the agent: one request at a time, answered by the next line.
+
+    The answer future gets the line (newline included), ``b""`` when the agent closed
+    the connection first, or the transport's error."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.usable = True
+        """False once the connection ended, broke, or must not carry another request."""
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._answer: asyncio.Future[bytes] | None = None
+        self._buffer = b""
+
+    # --- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        answer = self._answer
+        if answer is None or answer.done():
+            # Bytes nobody asked for (never from a well-behaved agent): this
+            # connection's next answer could not be told from them.
+            self.close()
+            return
+        buffer = self._buffer + data if self._buffer else data
+        end = buffer.find(b"\n")
+        if end >= MAX_ANSWER_BYTES or (end < 0 and len(buffer) >= MAX_ANSWER_BYTES):
+            self._buffer = b""
+            answer.set_exception(_AnswerTooLongError())
+            self.close()
+            return
+        if end < 0:
+            self._buffer = buffer
+            return
+        self._buffer = b""
+        if end + 1 < len(buffer):  # more than one line for one request
+            self.usable = False
+        answer.set_result(buffer[: end + 1])
+
+    def eof_received(self) -> bool:
+        self.usable = False
+        self._settle_unanswered(None)
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.usable = False
+        self._settle_unanswered(exc)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    # --- one request ------------------------------------------------------------------
+
+    async def request(self, payload: bytes, timeout: float) -> bytes:
+        """Send ``payload`` and wait for its answer line (``b""``: closed unanswered)."""
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bytes] = loop.create_future()
+        self._answer = answer
+        deadline = loop.call_later(timeout, _expire, answer)
+        try:
+            # A line is far below the transport's buffer limit: no drain needed (an
+            # agent that reads nothing fails the request at its deadline).
+            self.transport.write(payload)
+            return await answer
+        finally:
+            deadline.cancel()
+            self._answer = None
+
+    def close(self) -> None:
+        self.usable = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def _settle_unanswered(self, exc: Exception | None) -> None:
+        answer = self._answer
+        if answer is not None and not answer.done():
+            if exc is None:
+                answer.set_result(b"")
+            else:
+                answer.set_exception(exc)
+
+
+def _expire(answer: asyncio.Future[bytes]) -> None:
+    if not answer.done():
+        answer.set_exception(TimeoutError())
 
 
 class MpsAgentClient:
@@ -86,11 +188,10 @@ class MpsAgentClient:
         return reply
 
     async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.timeout):
-                conn = await asyncio.open_unix_connection(
-                    self.socket_path, limit=wire.MAX_LINE_BYTES * 64
-                )
+                _, conn = await loop.create_unix_connection(_Connection, self.socket_path)
         except (OSError, TimeoutError) as err:
             raise self._unavailable(f"{type(err).__name__}: {err}") from err
         self.connections_opened += 1
@@ -101,23 +202,23 @@ class MpsAgentClient:
 
         On a kept connection, an empty answer or a reset before any answer means
         the agent closed it: returns ``b""`` so that the caller sends again."""
-        reader, writer = conn
         keep = False
         try:
-            writer.write(payload)
-            async with asyncio.timeout(self.timeout):
-                await writer.drain()
-                line = await reader.readline()
-            keep = bool(line) and line.endswith(b"\n")
+            line = await conn.request(payload, self.timeout)
+            keep = bool(line)
+        except _AnswerTooLongError:
+            raise MpsAgentError(
+                "internal",
+                f"bad answer from the mps-agent: response longer than {MAX_ANSWER_BYTES} bytes",
+            ) from None
         except (OSError, TimeoutError) as err:
             if not fresh and isinstance(err, ConnectionError):
                 return b""
             raise self._unavailable(f"{type(err).__name__} during the request") from err
         finally:
-            if not (keep and self._keep(conn)):
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
+            if not (keep and conn.usable and self._keep(conn)):
+                conn.close()
+                await conn.lost
         if not line and fresh:
             raise self._unavailable("the agent closed the connection without answering")
         return line
@@ -128,9 +229,9 @@ class MpsAgentClient:
             self._idle, self._idle_loop = [], None
         while self._idle:
             conn = self._idle.pop()
-            if not conn[1].is_closing() and not conn[0].at_eof():
+            if conn.usable:
                 return conn
-            conn[1].close()
+            conn.close()
         return None
 
     def _keep(self, conn: _Connection) -> bool:
@@ -146,10 +247,9 @@ class MpsAgentClient:
         if self._idle_loop is not asyncio.get_running_loop():
             self._idle_loop = None
             return
-        for _, writer in idle:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+        for conn in idle:
+            conn.close()
+            await conn.lost
 
     async def ensure_share(
         self,

@@ -400,14 +400,22 @@ class Driver:
             log.error("%s", outcome.error, exc_info=err)
         return outcome
 
-    @contextlib.asynccontextmanager
-    async def _gpu_locks(self, devices: Sequence[PlannedDevice]) -> AsyncIterator[None]:
+    def _gpu_locks(
+        self, devices: Sequence[PlannedDevice]
+    ) -> contextlib.AbstractAsyncContextManager[None]:
         """The locks of the GPUs whose MIG layout ``devices`` change, in a fixed order.
 
         MPS shares need none here: the mps-agent orders what must be (a share's own
         commands, its GPU's daemon start and stop, every legacy change). An MPS
-        share inside a MIG instance may create the instance, so it takes its GPU's."""
+        share inside a MIG instance may create the instance, so it takes its GPU's.
+        No MIG device: nothing to take (no generator and exit stack per MPS claim)."""
         gpus = sorted({d.gpu_uuid for d in devices if mig_of(d) is not None})
+        if not gpus:
+            return contextlib.nullcontext()
+        return self._take_gpu_locks(gpus)
+
+    @contextlib.asynccontextmanager
+    async def _take_gpu_locks(self, gpus: Sequence[str]) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             for gpu in gpus:
                 await stack.enter_async_context(self._gpu_lock.setdefault(gpu, asyncio.Lock()))

@@ -63,6 +63,7 @@ class EarlyShares:
         self._ensure = ensure
         self._release = release
         self._tasks: dict[MpsNamespace, asyncio.Task[ContainerEdits]] = {}
+        self._planned: tuple[Sequence[PlannedDevice], tuple[MpsNamespace, ...]] | None = None
 
     @property
     def started(self) -> int:
@@ -77,6 +78,7 @@ class EarlyShares:
         if not plain_mps(devices):
             return
         namespaces = mps_namespaces(devices)
+        self._planned = devices, namespaces
         if mps_daemon_conflict(namespaces) is not None or any(n.key is None for n in namespaces):
             return
         for namespace in namespaces:
@@ -84,6 +86,12 @@ class EarlyShares:
                 self._tasks[namespace] = asyncio.create_task(
                     self._ensure(self.claim, namespace), name=f"early-share-{self.claim.uid}"
                 )
+
+    def namespaces(self, devices: Sequence[PlannedDevice]) -> tuple[MpsNamespace, ...] | None:
+        """The namespaces :meth:`start` computed, when ``devices`` is the very sequence
+        it was given (the side effects then need not compute them again); else None."""
+        planned = self._planned
+        return planned[1] if planned is not None and planned[0] is devices else None
 
     async def take(self, namespace: MpsNamespace) -> ContainerEdits | None:
         """The early ensure's edits for ``namespace`` (its error raised); None when

@@ -162,7 +162,8 @@ class Enforcer:
         of asking again."""
         done: list[PlannedDevice] = []
         cdi_devices = list(spec.devices)
-        namespaces = mps_namespaces(devices)
+        known = early.namespaces(devices) if early is not None else None
+        namespaces = known if known is not None else mps_namespaces(devices)
         conflict = mps_daemon_conflict(namespaces)
         if conflict is not None:
             raise AllocationError(claim, conflict)

@@ -111,7 +111,8 @@ def _canonical(data: Mapping[str, Any]) -> bytes:
 
 
 Fragments = dict[ClaimUID, tuple["CheckpointClaim", bytes]]
-"""Each claim's canonical JSON, kept by :class:`CheckpointStore` between writes."""
+"""Each claim's member of ``claims`` (its uid, a colon, its canonical JSON), kept by
+:class:`CheckpointStore` between writes."""
 
 
 def encode(checkpoint: Checkpoint, fragments: Fragments | None = None) -> bytes:
@@ -126,12 +127,12 @@ def encode(checkpoint: Checkpoint, fragments: Fragments | None = None) -> bytes:
     for uid, claim in sorted(checkpoint.claims.items()):
         cached = fragments.get(uid) if fragments is not None else None
         if cached is not None and cached[0] is claim:
-            fragment = cached[1]
+            member = cached[1]
         else:
-            fragment = _canonical(_claim_to_json(claim))
+            member = json.dumps(uid).encode() + b":" + _canonical(_claim_to_json(claim))
             if fragments is not None:
-                fragments[uid] = (claim, fragment)
-        parts.append(json.dumps(uid).encode() + b":" + fragment)
+                fragments[uid] = (claim, member)
+        parts.append(member)
     if fragments is not None:
         for uid in [u for u in fragments if u not in checkpoint.claims]:
             del fragments[uid]

@@ -15,14 +15,19 @@ import pytest
 
 from dra_driver.app.plugin import Plugin, start_plugin
 from dra_driver.base.errors import CheckpointError
-from dra_driver.core.prepare import PlannedDevice
+from dra_driver.core.cdi import CdiDevice, CdiSpec, ContainerEdits
+from dra_driver.core.model import Inventory
+from dra_driver.core.prepare import PlannedDevice, mps_namespaces
 from dra_driver.fakes.claims import InMemoryClaimSource
+from dra_driver.fakes.gpu import FakeGpuBackend
 from dra_driver.fakes.kubelet import FakeKubelet, RegisteredPlugin
 from dra_driver.fakes.objects import claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.port import MpsAgentPort
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
+from dra_driver.plugin import early_shares, enforcement
 from dra_driver.plugin.early_shares import EarlyShares
+from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.state.checkpoint import Checkpoint, ClaimState
 from tests.support.mps import agent_config, agent_running, mps_parts
 from tests.support.node import DRIVER, NodeDirs, run_checked
@@ -229,3 +234,51 @@ def test_a_share_inside_a_mig_instance_keeps_the_write_ahead_order() -> None:
 
     asyncio.run(scenario())
     assert asked == ["s2"]
+
+
+def test_the_side_effects_take_the_namespaces_the_early_start_computed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain share's namespaces are computed once per prepare: by the early start,
+    and the side effects take them for the same devices (any other sequence of
+    devices gets its own)."""
+    computed: list[int] = []
+
+    def counted(devices: Any) -> Any:
+        computed.append(len(devices))
+        return mps_namespaces(devices)
+
+    monkeypatch.setattr(early_shares, "mps_namespaces", counted)
+    monkeypatch.setattr(enforcement, "mps_namespaces", counted)
+    edits = ContainerEdits(env=("CUDA_MPS_PIPE_DIRECTORY=/p",))
+
+    async def ensure(claim: Any, namespace: Any) -> ContainerEdits:
+        return edits
+
+    async def release(namespace: Any) -> None:
+        raise AssertionError("nothing to release")
+
+    async def scenario() -> None:
+        devices = (mps_share("gpu-0", share_id="s1"), mps_share("gpu-0", share_id="s2"))
+        ref = claim_ref(resource_claim("a", "x", devices=[]))
+        early = EarlyShares(ref, ensure, release)
+        early.start(devices)
+        assert computed == [2]
+        assert early.namespaces(devices) == mps_namespaces(devices)
+        assert early.namespaces(list(devices)) is None  # not the sequence it was given
+        enforcer = Enforcer(
+            backend=FakeGpuBackend("h100-80gb:1", "node"),
+            inventory=lambda: Inventory(gpus=()),
+            mig_caps=None,
+            mps=None,  # every share comes from the early start
+        )
+        spec = CdiSpec(
+            kind="k8s.x/claim",
+            devices=tuple(CdiDevice(d.device_name, ContainerEdits()) for d in devices),
+        )
+        applied, made = await enforcer.apply(ref, devices, spec, early)
+        assert computed == [2]
+        assert applied == devices
+        assert [d.edits.env for d in made.devices] == [edits.env, edits.env]
+
+    asyncio.run(scenario())

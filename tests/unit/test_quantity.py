@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dra_driver.base import quantity
 from dra_driver.base.quantity import format_bytes, parse_whole
 
 
@@ -30,6 +31,26 @@ def test_parse_whole(text: str, value: int) -> None:
 def test_parse_whole_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_whole(text)
+
+
+def test_parse_whole_parses_a_text_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prepare reads each share's consumedCapacity again: a text seen before is not
+    parsed again (the plugin's plan, per MPS claim)."""
+    parsed: list[object] = []
+    real = quantity.parse_quantity
+
+    def counted(value: object) -> object:
+        parsed.append(value)
+        return real(value)
+
+    monkeypatch.setattr(quantity, "parse_quantity", counted)
+    text = "12345Mi"  # no other test parses it: not in the cache yet
+    assert [parse_whole(text) for _ in range(3)] == [12345 * 2**20] * 3
+    assert parsed == [text]
+    assert parse_whole(7) == 7
+    for wrong in (True, 1.5, "0.5"):
+        with pytest.raises(ValueError):
+            parse_whole(wrong)
 
 
 @pytest.mark.parametrize(
