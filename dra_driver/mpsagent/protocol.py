@@ -153,6 +153,10 @@ class AgentStatus:
 # -- requests -------------------------------------------------------------------------
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+"""Made once: ``json.dumps`` with any option makes a new encoder on every call."""
+
+
 def encode_request(request: Request) -> bytes:
     # Optional fields at their defaults stay off the wire (an agent reads them absent).
     args = {
@@ -161,7 +165,7 @@ def encode_request(request: Request) -> bytes:
         if not (k in ("uid", "tenant") and v is None) and not (k == "cooperative" and v is False)
     }
     doc = {"v": PROTOCOL_VERSION, "op": _OP_OF[type(request)], "args": args}
-    return (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+    return (_COMPACT_JSON.encode(doc) + "\n").encode()
 
 
 def _load_object(line: bytes | str, what: str) -> dict[str, Any]:
