@@ -10,7 +10,6 @@ binary that fails ``namespace delete`` while a flag file exists.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -19,20 +18,24 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakes.mps_control import DELAY_ENV, fake_control_path
+from dra_driver.fakes.mps_control import DELAY_ENV
 from dra_driver.mpsagent import agent as agent_module
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.commands import namespace_name
 from dra_driver.mpsagent.protocol import DaemonStatus
 from tests.support.eventually import eventually
-from tests.support.mps import GIB, GPU0, Node, agent_running, cleanup, make_node
+from tests.support.mps import (
+    GIB,
+    GPU0,
+    Node,
+    agent_running,
+    cleanup,
+    make_node,
+    refusing,
+    with_env,
+)
 
 COMMAND_S = 0.3
-
-
-def with_env(node: Node, **env: str) -> Node:
-    daemon_env = {**(node.config.daemon_env or {}), **env}
-    return dataclasses.replace(node, config=dataclasses.replace(node.config, daemon_env=daemon_env))
 
 
 @pytest.fixture
@@ -48,21 +51,8 @@ def refusing_v3() -> Iterator[tuple[Node, str]]:
     flag file exists (created here)."""
     made = make_node("v3")
     flag = os.path.join(made.root, "refuse-deletes")
-    wrapper = os.path.join(made.root, "nvidia-cuda-mps-control")
-    with open(wrapper, "w") as f:
-        f.write(
-            "#!/bin/sh\n"
-            'if [ "$1 $2" = "namespace delete" ] && [ -e "$REFUSE_FLAG" ]; then\n'
-            '  echo "Error: namespace delete refused (test)" >&2; exit 1\n'
-            "fi\n"
-            f'exec "{fake_control_path()}" "$@"\n'
-        )
-    os.chmod(wrapper, 0o755)
     open(flag, "w").close()
-    made = with_env(made, REFUSE_FLAG=flag)
-    made = dataclasses.replace(
-        made, config=dataclasses.replace(made.config, control_binary=wrapper)
-    )
+    made = refusing(made, "delete", flag)
     yield made, flag
     cleanup(made)
 

@@ -18,13 +18,12 @@ from typing import Any
 
 import pytest
 
-from dra_driver.fakes.mps_control import fake_control_path
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.commands import namespace_name
 from dra_driver.mpsagent.layout import is_short_namespace
 from dra_driver.mpsagent.protocol import DaemonStatus
 from tests.support.eventually import eventually
-from tests.support.mps import GIB, GPU0, Node, agent_running, cleanup, make_node
+from tests.support.mps import GIB, GPU0, Node, agent_running, cleanup, make_node, refusing
 
 SPARES = 2
 
@@ -51,20 +50,7 @@ def refusing_creates() -> Iterator[tuple[Node, str]]:
     flag file exists (not yet created)."""
     made = make_node("v3")
     flag = os.path.join(made.root, "refuse-creates")
-    wrapper = os.path.join(made.root, "nvidia-cuda-mps-control")
-    with open(wrapper, "w") as f:
-        f.write(
-            "#!/bin/sh\n"
-            'if [ "$1 $2" = "namespace create" ] && [ -e "$REFUSE_FLAG" ]; then\n'
-            '  echo "Error: namespace create refused (test)" >&2; exit 1\n'
-            "fi\n"
-            f'exec "{fake_control_path()}" "$@"\n'
-        )
-    os.chmod(wrapper, 0o755)
-    made = with_spares(made, REFUSE_FLAG=flag)
-    made = dataclasses.replace(
-        made, config=dataclasses.replace(made.config, control_binary=wrapper)
-    )
+    made = with_spares(refusing(made, "create", flag))
     yield made, flag
     cleanup(made)
 

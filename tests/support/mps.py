@@ -116,6 +116,31 @@ def make_node(protocol: str) -> Node:
     return Node(root, config, modes)
 
 
+def with_env(node: Node, **env: str) -> Node:
+    """``node`` whose daemons and commands also get ``env``."""
+    daemon_env = {**(node.config.daemon_env or {}), **env}
+    return dataclasses.replace(node, config=dataclasses.replace(node.config, daemon_env=daemon_env))
+
+
+def refusing(node: Node, verb: str, flag: str) -> Node:
+    """``node`` whose control binary refuses ``namespace <verb>`` while the file
+    ``flag`` exists (a wrapper of the fake, as a daemon refusing would answer)."""
+    wrapper = os.path.join(node.root, "nvidia-cuda-mps-control")
+    with open(wrapper, "w") as f:
+        f.write(
+            "#!/bin/sh\n"
+            f'if [ "$1 $2" = "namespace {verb}" ] && [ -e "$REFUSE_FLAG" ]; then\n'
+            f'  echo "Error: namespace {verb} refused (test)" >&2; exit 1\n'
+            "fi\n"
+            f'exec "{fake_control_path()}" "$@"\n'
+        )
+    os.chmod(wrapper, 0o755)
+    made = with_env(node, REFUSE_FLAG=flag)
+    return dataclasses.replace(
+        made, config=dataclasses.replace(made.config, control_binary=wrapper)
+    )
+
+
 def cleanup(node: Node) -> None:
     """Kill any fake daemon a failed test left behind, then remove the node's files."""
     for pid_file in glob.glob(os.path.join(node.config.state_dir, "*", "pipe", PID_FILE)):

@@ -530,38 +530,30 @@ def test_fake_backend_uses_the_fake_mps_control() -> None:
     assert agent["MPS_CONTROL"]["value"] == "fake"
 
 
-def test_mps_control_channel_is_a_value() -> None:
+@pytest.mark.parametrize(
+    ("value", "env", "default", "other", "wrong"),
+    [
+        ("controlChannel", "MPS_CONTROL_CHANNEL", "process", "persistent", "shell"),
+        ("spareNamespaces", "SPARE_NAMESPACES", "2", "0", "-1"),
+    ],
+)
+def test_mps_agent_settings_are_values(
+    value: str, env: str, default: str, other: str, wrong: str
+) -> None:
     agent = env_of(container(find(render("fake"), "DaemonSet", "-mps-agent"), "mps-agent"))
-    assert agent["MPS_CONTROL_CHANNEL"]["value"] == "process"
+    assert agent[env]["value"] == default
     done = _run_helm(
         *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
-        *("--set", "mpsAgent.controlChannel=persistent"),
+        *("--set", f"mpsAgent.{value}={other}"),
     )
     assert done.returncode == 0, done.stderr
-    assert 'name: MPS_CONTROL_CHANNEL\n              value: "persistent"' in done.stdout
-    wrong = _run_helm(
+    assert f'name: {env}\n              value: "{other}"' in done.stdout
+    refused = _run_helm(
         *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
-        *("--set", "mpsAgent.controlChannel=shell"),
+        *("--set", f"mpsAgent.{value}={wrong}"),
     )
-    assert wrong.returncode != 0
-    assert "controlChannel" in wrong.stderr
-
-
-def test_spare_namespaces_is_a_value() -> None:
-    agent = env_of(container(find(render("fake"), "DaemonSet", "-mps-agent"), "mps-agent"))
-    assert agent["SPARE_NAMESPACES"]["value"] == "2"
-    done = _run_helm(
-        *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
-        *("--set", "mpsAgent.spareNamespaces=0"),
-    )
-    assert done.returncode == 0, done.stderr
-    assert 'name: SPARE_NAMESPACES\n              value: "0"' in done.stdout
-    wrong = _run_helm(
-        *("template", RELEASE, str(CHART), "--namespace", NAMESPACE),
-        *("--set", "mpsAgent.spareNamespaces=-1"),
-    )
-    assert wrong.returncode != 0
-    assert "spareNamespaces" in wrong.stderr
+    assert refused.returncode != 0
+    assert value in refused.stderr
 
 
 @pytest.mark.parametrize("value_set", all_sets())
