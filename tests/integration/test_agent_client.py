@@ -42,6 +42,24 @@ def answer(shares: int) -> bytes:
     return wire.encode_result({"shares": [share] * shares})
 
 
+def counting_server(slow: int, delay_s: float) -> Serve:
+    """Answers request number N (over all connections) with N shares; request ``slow``
+    only after ``delay_s``."""
+    requests = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        while await reader.readline():
+            requests += 1
+            if requests == slow:
+                await asyncio.sleep(delay_s)
+            writer.write(answer(requests))
+            await writer.drain()
+        writer.close()
+
+    return serve
+
+
 def run_against(tmp_path: Path, serve: Serve, scenario: Callable[[str], Awaitable[None]]) -> None:
     path = str(tmp_path / "agent.sock")
 
@@ -137,17 +155,7 @@ def test_an_answer_in_pieces_is_read_whole(tmp_path: Path) -> None:
 
 def test_a_late_answer_is_not_read_as_the_next_requests(tmp_path: Path) -> None:
     """A request that timed out closes its connection: its late answer goes nowhere."""
-    requests = 0
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal requests
-        while await reader.readline():
-            requests += 1
-            if requests == 2:
-                await asyncio.sleep(0.5)  # past the client's deadline
-            writer.write(answer(requests))
-            await writer.drain()
-        writer.close()
+    serve = counting_server(slow=2, delay_s=0.5)  # past the client's deadline
 
     async def scenario(path: str) -> None:
         client = MpsAgentClient(path, timeout=0.2, keep_connections=2)
@@ -165,17 +173,7 @@ def test_a_late_answer_is_not_read_as_the_next_requests(tmp_path: Path) -> None:
 
 def test_a_cancelled_request_does_not_keep_its_connection(tmp_path: Path) -> None:
     """A caller that gives up (the kubelet's deadline): its connection is closed."""
-    requests = 0
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal requests
-        while await reader.readline():
-            requests += 1
-            if requests == 1:
-                await asyncio.sleep(0.3)
-            writer.write(answer(requests))
-            await writer.drain()
-        writer.close()
+    serve = counting_server(slow=1, delay_s=0.3)
 
     async def scenario(path: str) -> None:
         client = MpsAgentClient(path, timeout=5, keep_connections=2)
