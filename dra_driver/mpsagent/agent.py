@@ -46,7 +46,13 @@ from typing import Protocol
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import protocol as wire
-from dra_driver.mpsagent.agent_state import load_state, relaid, save_state, state_path
+from dra_driver.mpsagent.agent_state import (
+    StateEncoder,
+    load_state,
+    relaid,
+    save_state,
+    state_path,
+)
 from dra_driver.mpsagent.commands import ShareLimits
 from dra_driver.mpsagent.compute_mode import ComputeMode, NvidiaSmiComputeMode
 from dra_driver.mpsagent.daemon import MpsDaemon
@@ -182,6 +188,7 @@ class MpsAgent:
         self._delete_failures: dict[str, int] = {}
         self._calls = QuietSpell(DELETE_IDLE_S, DELETE_IDLE_MAX_WAIT_S)
         """Ensures and releases: what the deletes wait out."""
+        self._state_text = StateEncoder()
         self._state = CoalescedWrite(self._save)
         self._server = AgentServer(self, config.socket_path)
 
@@ -192,7 +199,7 @@ class MpsAgent:
         return state_path(self.config.state_dir)
 
     def _save(self) -> None:
-        save_state(self.state_path, self.protocol, self.list_shares())
+        save_state(self.state_path, self.protocol, self.list_shares(), self._state_text)
 
     def _load(self) -> None:
         """Take the recorded shares, each laid out as this agent lays it out."""

@@ -13,17 +13,24 @@ plugin). A v3 share is three commands (namespace create and set at the ensure,
 delete at the release); the agent sends them as before, so what changes the figures
 is what runs at once.
 
+``--gap`` leaves that many seconds before each wave, as ``prepare.py`` does (0.2 s):
+the agent makes its spare namespaces and its deferred deletes in them, so a wave's
+ensures take spares as a node's prepares do.
+
 Printed: the ensure's and release's call-to-answer p50/p99 (ms), the wave's wall
-time (median, from the first call to the last answer), and the agent's CPU per
-share, its own and its reaped children's (the fake's command processes).
+time (median, from the first call to the last answer), the agent's CPU per share,
+its own and its reaped children's (the fake's command processes), and its own
+inside the ensure waves and inside the release waves.
 
 Usage:   .venv/bin/python hack/bench/agent_wave.py [--rounds 20] [--wave 10] [--gpus 1,10]
+         [--gap 0.2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -71,11 +78,19 @@ def start_agent(root: str, state: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
-    """(the process's own CPU, its reaped children's), in seconds."""
+    """(the process's own CPU, its reaped children's), in seconds: its own from the
+    scheduler's count for each of its threads (nanoseconds; a wave's CPU is a few
+    clock ticks), its children's from /proc/<pid>/stat."""
+    own = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        path = f"/proc/{pid}/task/{task}/schedstat"
+        # A thread that ended meanwhile is not found.
+        with contextlib.suppress(FileNotFoundError), open(path) as f:
+            own += int(f.read().split()[0])
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
-    return (utime + stime) / TICK, (cutime + cstime) / TICK
+    cutime, cstime = (int(x) for x in fields[13:15])
+    return own / 1e9, (cutime + cstime) / TICK
 
 
 def pct(values: list[float], q: float) -> float:
@@ -95,7 +110,9 @@ def ensure(client: MpsAgentClient, gpu: str, share: str) -> Awaitable[object]:
     )
 
 
-async def measure(socket: str, pid: int, rounds: int, wave: int, gpus: int) -> dict[str, float]:
+async def measure(
+    socket: str, pid: int, rounds: int, wave: int, gpus: int, *, gap: float
+) -> dict[str, float]:
     client = MpsAgentClient(socket, keep_connections=16)
     for g in range(gpus):  # every GPU's daemon up before the first reading
         await client.ensure_share(gpu_uuid(g), f"resident-{g}", claim_uid=f"resident-{g}",
@@ -103,15 +120,22 @@ async def measure(socket: str, pid: int, rounds: int, wave: int, gpus: int) -> d
     ensures: list[float] = []
     releases: list[float] = []
     walls: list[float] = []
+    in_waves = [0.0, 0.0]  # the agent's own CPU in the ensure waves, in the release waves
     cpu_before = cpu_seconds(pid)
     for r in range(rounds):
         shares = [(gpu_uuid(i % gpus), f"w{gpus}-r{r}-{i}") for i in range(wave)]
+        await asyncio.sleep(gap)
+        wave_cpu = cpu_seconds(pid)[0]
         started = time.perf_counter()
         ensures += await asyncio.gather(*(timed(ensure(client, g, s)) for g, s in shares))
         walls.append((time.perf_counter() - started) * 1000)
+        in_waves[0] += cpu_seconds(pid)[0] - wave_cpu
+        await asyncio.sleep(gap)
+        wave_cpu = cpu_seconds(pid)[0]
         releases += await asyncio.gather(
             *(timed(client.release_share(gpu, share)) for gpu, share in shares)
         )
+        in_waves[1] += cpu_seconds(pid)[0] - wave_cpu
     own, children = (b - a for a, b in zip(cpu_before, cpu_seconds(pid), strict=True))
     for g in range(gpus):
         await client.release_share(gpu_uuid(g), f"resident-{g}")
@@ -125,6 +149,8 @@ async def measure(socket: str, pid: int, rounds: int, wave: int, gpus: int) -> d
         "wave_ms": statistics.median(walls),
         "agent_cpu": own * 1000 / shares_made,
         "commands_cpu": children * 1000 / shares_made,
+        "ensure_wave_cpu": in_waves[0] * 1000 / shares_made,
+        "release_wave_cpu": in_waves[1] * 1000 / shares_made,
     }
 
 
@@ -133,14 +159,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--wave", type=int, default=10, help="concurrent ensures per round")
     parser.add_argument("--gpus", default="1,10", help="GPUs a wave spreads over, each a row")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds before each wave, as prepare.py leaves them (0.2 there): the "
+        "agent's deferred namespace deletes and spare namespaces are made in them; 0: "
+        "back to back (they then come when a wait passes its longest)",
+    )
     args = parser.parse_args()
     print(
         f"mps-agent, a wave of {args.wave} concurrent v3 shares, {args.rounds} rounds "
-        f"(load average {os.getloadavg()[0]:.1f})"
+        f"{args.gap:g} s apart (load average {os.getloadavg()[0]:.1f})"
     )
     print(
         "GPUs  ensure p50 / p99 (ms)  release p50 / p99 (ms)  wave wall p50 (ms)  "
-        "CPU per share: agent / its commands (ms)"
+        "CPU per share: agent / its commands (ms)  agent's in the ensure / release waves"
     )
     for gpus in (int(g) for g in args.gpus.split(",")):
         root = tempfile.mkdtemp(prefix="fgd-wave-", dir="/tmp")
@@ -149,7 +183,9 @@ def main() -> None:
         )
         agent, socket = start_agent(root, state)
         try:
-            got = asyncio.run(measure(socket, agent.pid, args.rounds, args.wave, gpus))
+            got = asyncio.run(
+                measure(socket, agent.pid, args.rounds, args.wave, gpus, gap=args.gap)
+            )
         finally:
             agent.terminate()
             agent.wait(30)
@@ -159,6 +195,7 @@ def main() -> None:
             f"{gpus:>4}  {got['ensure_p50']:8.1f} / {got['ensure_p99']:7.1f}"
             f"  {got['release_p50']:9.1f} / {got['release_p99']:7.1f}"
             f"  {got['wave_ms']:18.1f}  {got['agent_cpu']:10.2f} / {got['commands_cpu']:.2f}"
+            f"  {got['ensure_wave_cpu']:24.2f} / {got['release_wave_cpu']:.2f}"
         )
 
 

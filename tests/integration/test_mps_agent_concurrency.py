@@ -293,10 +293,10 @@ def test_one_at_a_time_each_change_is_written_and_a_wave_of_releases_shares_writ
     node = make_node("v3")
     writes: list[set[str]] = []
 
-    def counted(path: str, protocol: Any, shares: Any) -> None:
+    def counted(path: str, protocol: Any, shares: Any, encoder: Any = None) -> None:
         shares = list(shares)
         writes.append({s.share_id for s in shares})
-        save_state(path, protocol, shares)
+        save_state(path, protocol, shares, encoder)
 
     monkeypatch.setattr(agent_module, "save_state", counted)
 
