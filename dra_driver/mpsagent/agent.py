@@ -29,9 +29,12 @@ waiting.
 
 Each GPU's v3 daemon keeps ``spare_namespaces`` namespaces made ahead of the shares
 (:mod:`.daemon_shares`), so a new share's ensure sends one command, ``namespace
-set``, not two. They are made when the calls pause, as the deletes are, and made
-again as shares take them. A share's namespace is recorded with it, so a share keeps
-the spare it took across an agent's restart and a daemon's.
+set``, not two; none when the spare's limits were set ahead to what it asks for (a
+spare made after a share of the GPU has its limits set to that share's: the
+next share of the same size, the common case of a node's replicas, takes it as it
+is). They are made when the calls pause, as the deletes are, and made again as
+shares take them. A share's namespace is recorded with it, so a share keeps the
+spare it took across an agent's restart and a daemon's.
 """
 
 from __future__ import annotations
@@ -184,6 +187,8 @@ class MpsAgent:
         self._refills: dict[str, asyncio.Task[None]] = {}
         """Per GPU: making its daemon's spare namespaces, when the calls pause."""
         self._spare_failures: dict[str, int] = {}
+        self._spare_limits: dict[str, cmd.Limits] = {}
+        """Per GPU, the limits its last new share asked for: what its spares are set to."""
         self._between_tries: set[tuple[str, str]] = set()
         self._delete_failures: dict[str, int] = {}
         self._calls = QuietSpell(DELETE_IDLE_S, DELETE_IDLE_MAX_WAIT_S)
@@ -486,11 +491,14 @@ class MpsAgent:
         shares' (a new share in a spare namespace when the daemon has one); when the
         daemon is down, start it first, alone."""
         gate = self._gate(req.gpu_uuid)
+        wanted = cmd.Limits(req.memory_limit_bytes, req.active_thread_percentage)
+        if may_take_spare:
+            self._spare_limits[req.gpu_uuid] = wanted
         while True:
             async with gate.shared():
                 daemon = self._running_daemon(req.gpu_uuid)
                 if daemon is not None:
-                    spare = daemon.shares.take_spare() if may_take_spare else None
+                    spare = daemon.shares.take_spare(wanted) if may_take_spare else None
                     if spare is not None:
                         info = dataclasses.replace(
                             info, namespace=spare, pipe_dir=daemon.shares.namespace_dir(spare)
@@ -668,7 +676,9 @@ class MpsAgent:
         create`` takes a core from the calls still waiting, like a delete), until the
         daemon has ``spare_namespaces`` or is not running. A refused create is logged,
         counted and tried again with backoff; meanwhile shares are created by their
-        ensure, as with no spares."""
+        ensure, as with no spares. A spare is set to the limits of the GPU's last new
+        share; one whose limits the daemon refused stays, bare, and counts as a
+        failure."""
         backoff = SPARE_RETRY_FIRST_S
         while True:
             await self._calls.wait()
@@ -677,14 +687,15 @@ class MpsAgent:
                 if daemon is None or daemon.shares.spare_count >= self.config.spare_namespaces:
                     return
                 try:
-                    if not await daemon.shares.add_spare():
+                    if not await daemon.shares.add_spare(self._spare_limits.get(gpu_uuid)):
                         return  # no server yet: the next share's ensure asks again
                 except DaemonError as err:
                     failed = True
                     self._spare_failures[gpu_uuid] = self._spare_failures.get(gpu_uuid, 0) + 1
                     log.error(
-                        "GPU %s: a spare MPS namespace was not made (retrying in %gs; new "
-                        "shares create their own meanwhile): %s",
+                        "GPU %s: a spare MPS namespace was not made, or its limits not set "
+                        "ahead (retrying in %gs; new shares create or set their own "
+                        "meanwhile): %s",
                         gpu_uuid,
                         backoff,
                         err,

@@ -71,6 +71,22 @@ class ShareLimits:
         return self.taken_namespace or namespace_name(self.share_id)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """A namespace's limits alone: what a spare's were set to ahead of its share."""
+
+    memory_limit_bytes: int
+    active_thread_percentage: int
+
+    @classmethod
+    def of_share(cls, share: ShareLimits) -> Limits:
+        return cls(share.memory_limit_bytes, share.active_thread_percentage)
+
+    def of(self, namespace: str) -> ShareLimits:
+        """These limits for ``namespace`` (a spare: no share holds it yet)."""
+        return ShareLimits("", self.memory_limit_bytes, self.active_thread_percentage, namespace)
+
+
 # -- choices --------------------------------------------------------------------------
 
 

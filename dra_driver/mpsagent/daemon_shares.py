@@ -11,10 +11,15 @@ in the daemon); :meth:`DaemonShares.restore` re-creates them for the live shares
 
 Spare namespaces (v3): made ahead of the shares that will take them
 (:meth:`DaemonShares.add_spare`, when the agent's calls pause), so a new share's
-apply sends only ``namespace set``. A spare holds no limits until a share takes it,
-and no container can reach it meanwhile: a container is given only its own
-namespace's directory. They are not recorded: a restore deletes them with every
-other namespace of ours no share holds, and a dead daemon takes them with it.
+apply sends only ``namespace set``. A spare made once the agent knows what limits
+the GPU's shares ask for (those of the last share made there) has them set ahead
+too: a new share asking for the same limits takes such a spare and its apply sends
+no command at all (a node's pods on one GPU are mostly replicas of one workload,
+each claiming the same share). A share asking for other limits sets its own, as
+on a spare made bare. No container can reach a spare: a container is given only
+its own namespace's directory, once its share holds it with the share's limits in
+force. Spares are not recorded: a restore deletes them with every other namespace
+of ours no share holds, and a dead daemon takes them with it.
 
 Several shares' v3 applies and removes run at once (:mod:`.gpu_gate`); each
 sends only its own namespace's commands. The server is created once, under a
@@ -32,7 +37,7 @@ from collections.abc import Sequence
 
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import listing
-from dra_driver.mpsagent.commands import ControlCall, ShareLimits
+from dra_driver.mpsagent.commands import ControlCall, Limits, ShareLimits
 from dra_driver.mpsagent.daemon_control import DaemonControl
 from dra_driver.mpsagent.daemon_files import DaemonError
 from dra_driver.mpsagent.layout import spare_namespace_name
@@ -50,6 +55,8 @@ class DaemonShares:
         self._namespaces: set[str] = set()
         self._spares: list[str] = []
         """Namespaces the daemon holds for shares to come (in :attr:`_namespaces` too)."""
+        self._preset: dict[str, Limits] = {}
+        """Spares whose limits were set ahead, and those limits."""
         self._server_lock = asyncio.Lock()
 
     @property
@@ -65,20 +72,28 @@ class DaemonShares:
         self._server_exists = False
         self._namespaces = set()
         self._spares = []
+        self._preset = {}
 
     @property
     def spare_count(self) -> int:
         return len(self._spares)
 
-    def take_spare(self) -> str | None:
-        """A spare namespace for a new share (its apply then only sets the limits), or
-        None when there is none (v3; legacy daemons have no namespaces)."""
+    def take_spare(self, wanted: Limits) -> str | None:
+        """A spare namespace for a new share that asks for ``wanted``: one whose limits
+        were set to those ahead (its apply then sends nothing), else the oldest (its
+        apply sets the limits); None when there is none (v3; legacy daemons have no
+        namespaces)."""
+        for i, name in enumerate(self._spares):
+            if self._preset.get(name) == wanted:
+                return self._spares.pop(i)
         return self._spares.pop(0) if self._spares else None
 
-    async def add_spare(self) -> bool:
-        """Make one spare namespace (v3, once the server exists: a share made it);
-        False when there is nothing to make it in. Raises :class:`DaemonError` when
-        the daemon refuses (a create that half-worked is found by a listing and kept)."""
+    async def add_spare(self, preset: Limits | None = None) -> bool:
+        """Make one spare namespace (v3, once the server exists: a share made it), with
+        ``preset``'s limits set when given; False when there is nothing to make it in.
+        Raises :class:`DaemonError` when the daemon refuses (a create that half-worked
+        is found by a listing and kept; a spare whose limits were refused is kept
+        bare, for a share that sets its own)."""
         if not self._v3 or not self._server_exists:
             return False
         name = spare_namespace_name()
@@ -93,7 +108,14 @@ class DaemonShares:
         self._namespaces.add(name)
         # The container's pipe mount needs the directory; made now, off the prepare.
         os.makedirs(self.namespace_dir(name), exist_ok=True)
-        self._spares.append(name)
+        if preset is not None:
+            try:
+                await self._control.run(cmd.v3_namespace_set(preset.of(name)))
+            except DaemonError:
+                self._spares.append(name)  # bare: a share that takes it sets its limits
+                raise
+            self._preset[name] = preset
+        self._spares.append(name)  # counted once ready to be taken as it is
         return True
 
     def namespace_dir(self, namespace: str) -> str:
@@ -114,6 +136,7 @@ class DaemonShares:
             namespaces = {r.name for r in spaces.rows if r.server == cmd.SERVER_NAME}
         self._server_exists, self._namespaces = server_exists, namespaces
         self._spares = [name for name in self._spares if name in namespaces]
+        self._preset = {n: lim for n, lim in self._preset.items() if n in self._spares}
 
     def _log_problems(self, problems: Sequence[listing.ListingProblem]) -> None:
         """A listing line not in the documented form costs that line, not the adoption."""
@@ -131,6 +154,7 @@ class DaemonShares:
         self._server_exists = True
         self._namespaces = {s.namespace for s in shares}
         self._spares = []  # deleted with every other namespace of ours no share holds
+        self._preset = {}
         for share in shares:
             os.makedirs(self.namespace_dir(share.namespace), exist_ok=True)
 
@@ -147,6 +171,9 @@ class DaemonShares:
                     await self._control.run(cmd.v3_server_create())
                     self._server_exists = True
         exists = share.namespace in self._namespaces
+        preset = self._preset.pop(share.namespace, None)
+        if exists and preset == Limits.of_share(share):
+            return  # a spare whose limits, these, were set ahead (its directory made then)
         try:
             await self._control.run_all(cmd.render_v3_apply(share, exists))
         except DaemonError as first:

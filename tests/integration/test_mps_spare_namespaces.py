@@ -1,6 +1,6 @@
 """Spare MPS v3 namespaces: made ahead of the shares when the calls pause, so a new
-share's ensure sends ``namespace set`` alone (``MpsAgent._refill_spares``,
-``DaemonShares.add_spare``).
+share's ensure sends ``namespace set`` alone, or nothing when the spare's limits were
+set ahead to what it asks for (``MpsAgent._refill_spares``, ``DaemonShares.add_spare``).
 
 The real agent on its socket, the fake ``nvidia-cuda-mps-control`` as real processes;
 what the agent sent is read from the fake daemon's own record of each command.
@@ -102,10 +102,14 @@ def test_a_new_share_takes_a_spare_and_only_its_limits_are_set(v3: Node) -> None
             spares = set(held(node)) - {namespace_name("first")}
             assert len(spares) == SPARES
             assert all(is_short_namespace(name) for name in spares)
-            # Made ahead, they hold no limits: no container is given their directory.
-            assert all("pinned_memory_limit" not in held(node)[name] for name in spares), held(node)
+            # Made ahead with the first share's limits (no container is given their
+            # directory until a share holds one).
+            assert all(held(node)[name] == {"pinned_memory_limit": "1024M",
+                                            "active_thread_percentage": 20}
+                       for name in spares), held(node)  # fmt: skip
             sent_before = len(node.records(GPU0))
 
+            # Another size: the share sets its own limits.
             taken = await ensure(client, "second", gib=3, pct=30)
 
             assert taken in spares
@@ -119,6 +123,75 @@ def test_a_new_share_takes_a_spare_and_only_its_limits_are_set(v3: Node) -> None
             assert len(held(node)) == 2 + SPARES
 
     asyncio.run(scenario())
+
+
+def test_a_share_of_the_last_shares_size_takes_a_spare_set_ahead_and_sends_nothing(
+    v3: Node,
+) -> None:
+    node = v3
+
+    async def scenario() -> None:
+        async with agent_running(node.config):
+            client = node.client()
+            await ensure(client, "first", gib=4, pct=25)
+            await eventually(lambda: spares_are(client, SPARES), "the spares made")
+            sent_before = len(node.records(GPU0))
+
+            taken = await ensure(client, "replica", gib=4, pct=25)
+
+            assert node.records(GPU0)[sent_before:] == [], "a command on the prepare's path"
+            assert is_short_namespace(taken)
+            assert held(node)[taken] == {"pinned_memory_limit": "4096M",
+                                         "active_thread_percentage": 25}  # fmt: skip
+            share = next(s for s in await client.list_shares() if s.share_id == "replica")
+            assert share.namespace == taken and os.path.isdir(share.pipe_dir)
+            # The spare taken is made again, its limits set again, when the calls pause.
+            await eventually(lambda: spares_are(client, SPARES), "the spare made again")
+            again = commands(node, "set")[-1]
+            assert again["argv"][2] not in (taken, namespace_name("first"))
+            assert again["argv"][4:] == ["--pinned-memory-limit=4096M",
+                                         "--active-thread-percentage=25"]  # fmt: skip
+
+    asyncio.run(scenario())
+
+
+def test_a_spare_whose_limits_are_refused_stays_bare_and_its_share_sets_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    made = make_node("v3")
+    flag = os.path.join(made.root, "refuse-sets")
+    node = with_spares(refusing(made, "set", flag))
+
+    async def scenario() -> None:
+        async with agent_running(node.config):
+            client = node.client()
+            await ensure(client, "first", gib=2, pct=30)
+            open(flag, "w").close()  # from now on the daemon refuses every set
+            await eventually(lambda: _failures_at_least(client, 1), "a spare's limits refused")
+            await eventually(lambda: spares_are(client, SPARES), "the spares made, bare")
+            spares = set(held(node)) - {namespace_name("first")}
+            assert all(held(node)[name] == {} for name in spares), held(node)
+            os.remove(flag)
+            sent_before = len(node.records(GPU0))
+
+            taken = await ensure(client, "replica", gib=2, pct=30)
+
+            assert taken in spares
+            sent = [r["argv"][:3] for r in node.records(GPU0)[sent_before:] if "argv" in r]
+            assert sent == [["namespace", "set", taken]], sent
+            assert held(node)[taken] == {"pinned_memory_limit": "2048M",
+                                         "active_thread_percentage": 30}  # fmt: skip
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="dra_driver.mpsagent.agent"):
+            asyncio.run(scenario())
+    finally:
+        cleanup(node)
+    assert any(
+        "or its limits not set ahead" in r.getMessage()
+        and "namespace set refused (test)" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
 
 
 def test_spares_are_made_only_once_the_calls_pause(v3: Node) -> None:
