@@ -5,15 +5,33 @@ spawn is the agent's cost per share. asyncio's subprocess path builds a transpor
 and protocol per pipe and, on Python 3.11, starts a thread per child to wait for
 it (``ThreadedChildWatcher``). Here the child is started with ``os.posix_spawn``
 (glibc's clone-and-exec: the loop waits only for the exec, and none of
-``subprocess.Popen``'s Python around it, about 0.2 ms of CPU a command), its pipes
-are read with ``loop.add_reader`` and its exit is seen through a pidfd (Linux
-5.3+), taken at its start: once its pipes are at end of file the child has mostly
-exited, and is reaped then (a ``waitpid`` that does not wait); one still running
-is watched through the pidfd, which becomes readable when it exits.
-Where ``os.pidfd_open`` is missing or refused, the asyncio path runs instead.
+``subprocess.Popen``'s Python around it), its stdout and stderr are two memfds of
+ours (``os.memfd_create``: anonymous files in memory), and only its exit is
+watched, through a pidfd (Linux 5.3+) taken at its start: one reader on the loop
+and one wake-up per command, where two pipes read to end of file cost a reader, a
+wake-up and a read each (about 0.1 ms of the agent's CPU a command). Once the
+pidfd is readable the child is reaped (a ``waitpid`` that does not wait) and both
+files are read whole (``os.pread`` from their start) and closed.
+
+What follows from reading at the exit, not to end of file:
+
+* The call ends when the child exits. A grandchild it left holding stdout no
+  longer holds the call (a pipe reached end of file only once every holder had
+  closed it); what the child wrote is there, what a grandchild writes later is not.
+* Output is not bounded in flight by a pipe's buffer: the child never blocks on a
+  full pipe, and a large output comes back whole, at the end.
+* Memory: the files' pages are charged as the child writes them, to the cgroup the
+  agent and its commands share, and freed when the last holder closes them (we,
+  after the read); the read chunks of the pipes were the agent's memory too.
+
+stdin is ``/dev/null``, or (a legacy command's input) a pipe written as the child
+takes it and closed once written or at the child's exit. Where ``os.pidfd_open``
+or ``os.memfd_create`` is missing or refused (an old kernel, a seccomp filter),
+the asyncio path runs instead, with one warning.
 
 ``posix_spawn`` cannot close the parent's other descriptors as ``Popen`` does.
-Every descriptor Python opens is close-on-exec already (PEP 446); what the agent
+Every descriptor Python opens is close-on-exec already (PEP 446), the memfds too
+(``MFD_CLOEXEC``; their copies as 1 and 2 are the child's); what the agent
 inherited at its start is made so once, before the first command
 (:func:`_inherited_made_cloexec`), so a control command gets its three standard
 descriptors and nothing else (a test lists the child's ``/proc/self/fd``).
@@ -37,8 +55,6 @@ from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK = 65536
-
 Env = Mapping[bytes, bytes] | Mapping[str, str]
 
 
@@ -55,18 +71,31 @@ def encode_env(env: Mapping[str, str]) -> dict[bytes, bytes]:
     return {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
 
 
+def _kernel_gives(call: str, open_one: Callable[[], int]) -> bool:
+    """Does ``os.<call>`` exist and give a descriptor here (one asked for, closed)?
+    If not, one warning: the commands run on asyncio's path."""
+    if getattr(os, call, None) is None:
+        log.warning("this Python has no os.%s: control commands run on asyncio's path", call)
+        return False
+    try:
+        os.close(open_one())
+    except OSError as err:
+        log.warning("os.%s refused (%s): control commands run on asyncio's path", call, err)
+        return False
+    return True
+
+
 @functools.cache
 def pidfd_supported() -> bool:
     """Can this kernel and Python give a pidfd (asked once, of our own pid)?"""
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is None:
-        return False
-    try:
-        os.close(pidfd_open(os.getpid()))
-    except OSError as err:
-        log.warning("os.pidfd_open refused (%s): control commands run on asyncio's path", err)
-        return False
-    return True
+    return _kernel_gives("pidfd_open", lambda: os.pidfd_open(os.getpid()))
+
+
+@functools.cache
+def memfd_supported() -> bool:
+    """Can this kernel and Python make a memfd (asked once; a seccomp filter may
+    refuse ``memfd_create`` where ``pidfd_open`` is allowed)?"""
+    return _kernel_gives("memfd_create", lambda: os.memfd_create("probe", os.MFD_CLOEXEC))
 
 
 async def run_command(
@@ -78,31 +107,27 @@ async def run_command(
     :class:`TimeoutError` raised; one whose caller is cancelled is killed and
     reaped when it ends.
     """
-    if not pidfd_supported():
+    if not (pidfd_supported() and memfd_supported()):
         return await run_command_asyncio(argv, env, stdin, timeout)
     loop = asyncio.get_running_loop()
     child = _Child.spawn(argv, env, takes_input=stdin is not None)
-    child.hold_pidfd()
+    # The timeout is a timer that kills the child: the one future awaited stays the
+    # exit's, and a child killed so is reaped by the watch before the error is raised.
+    overran = loop.call_later(timeout, child.time_out)
     try:
-        out = _read_to_end(loop, child, child.stdout)
-        err = _read_to_end(loop, child, child.stderr)
-        if child.stdin is not None:
-            _write_all(loop, child, stdin or b"")
-        async with asyncio.timeout(timeout):
-            stdout, stderr = await out, await err
-            # Shielded: a timeout here must leave the exit watch to reap the child.
-            await asyncio.shield(child.watch_exit(loop))
-    except TimeoutError:
-        child.close_pipes(loop)
-        child.kill()
-        await child.watch_exit(loop)
-        raise
+        exited = child.watch_exit(loop)
+        if stdin is not None:
+            child.write_input(loop, stdin)
+        await exited  # cancelled: the watch goes on, and reaps it once killed below
+        if child.timed_out:
+            raise TimeoutError
+        stdout, stderr = child.read_outputs()
     finally:
-        child.close_pipes(loop)
-        if child.returncode is None:  # cancelled (or failed): the exit watch reaps it
-            child.watch_exit(loop)
-            child.kill()
-    return Finished(child.returncode or 0, stdout, stderr)
+        overran.cancel()
+        child.close(loop)
+        child.kill()  # cancelled (or failed): the exit watch reaps it; exited: nothing
+    assert child.returncode is not None  # the watch sets it before ``exited`` is done
+    return Finished(child.returncode, stdout, stderr)
 
 
 @functools.cache
@@ -135,44 +160,62 @@ def _executable(name: str, env: Env) -> str:
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
 
 
-class _Child:
-    """One spawned command: its pid, pidfd-watched exit and our ends of its pipes."""
+def _read_whole(fd: int) -> bytes:
+    """All of the file ``fd`` from its start (its size now: a grandchild may still be
+    writing, and what it writes later is not the command's answer)."""
+    size = os.fstat(fd).st_size
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < size:
+        data = os.pread(fd, size - offset, offset)
+        if not data:  # truncated meanwhile (by a grandchild): what is there is all
+            break
+        chunks.append(data)
+        offset += len(data)
+    return b"".join(chunks)
 
-    def __init__(self, pid: int, stdin: int | None, stdout: int, stderr: int) -> None:
+
+class _Child:
+    """One spawned command: its pid and pidfd, its output files and our end of its
+    stdin pipe (a legacy command's input)."""
+
+    def __init__(self, pid: int, pidfd: int | None, stdin: int | None, out: int, err: int) -> None:
         self.pid = pid
+        self.pidfd = pidfd
+        """Held from the start to the reaping: through it :meth:`kill` never hits a
+        reused pid. None: ``pidfd_open`` failed (out of descriptors, say)."""
         self.stdin = stdin
-        self.stdout = stdout
-        self.stderr = stderr
+        self.stdout = out
+        self.stderr = err
         self.returncode: int | None = None
-        self.pidfd: int | None = None
+        self.timed_out = False
         self._exited: asyncio.Future[None] | None = None
-        self._open = [fd for fd in (stdin, stdout, stderr) if fd is not None]
-        self._watched: set[int] = set()
-        """Our pipe ends the loop watches now (a reader, or the stdin's writer)."""
+        self._writing = False
+        """The loop watches :attr:`stdin` for room (a large input, written as the
+        child reads it)."""
 
     @classmethod
     def spawn(cls, argv: Sequence[str], env: Env, *, takes_input: bool) -> _Child:
-        """Start ``argv`` with its stdout and stderr on pipes of ours, stdin on a pipe
-        (``takes_input``) or ``/dev/null``."""
+        """Start ``argv`` with its stdout and stderr on two memfds of ours, its stdin
+        on a pipe (``takes_input``) or ``/dev/null``."""
         _inherited_made_cloexec()
         path = _executable(argv[0], env)
         ours: list[int] = []
         theirs: list[int] = []
         try:
+            out = os.memfd_create("command-stdout", os.MFD_CLOEXEC)
+            ours.append(out)
+            err = os.memfd_create("command-stderr", os.MFD_CLOEXEC)
+            ours.append(err)
+            stdin: int | None = None
             if takes_input:
-                in_r, in_w = os.pipe()
+                in_r, stdin = os.pipe()
                 theirs.append(in_r)
-                ours.append(in_w)
+                ours.append(stdin)
                 first: tuple[object, ...] = (os.POSIX_SPAWN_DUP2, in_r, 0)
             else:
                 first = (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
-            out_r, out_w = os.pipe()
-            ours.append(out_r)
-            theirs.append(out_w)
-            err_r, err_w = os.pipe()
-            ours.append(err_r)
-            theirs.append(err_w)
-            actions = [first, (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+            actions = [first, (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)]
             pid = os.posix_spawn(path, list(argv), env, file_actions=actions)
         except BaseException:
             for fd in ours:
@@ -181,58 +224,52 @@ class _Child:
         finally:
             for fd in theirs:
                 os.close(fd)
-        return cls(pid, ours[0] if takes_input else None, out_r, err_r)
-
-    def hold_pidfd(self) -> None:
-        """Take the child's pidfd at once, while it cannot have been reaped: through it
-        :meth:`kill` never hits a reused pid. (Not watched yet: see :meth:`watch_exit`.)"""
         try:
-            self.pidfd = os.pidfd_open(self.pid)
-        except OSError as err:
-            # Out of descriptors, say: its exit is waited for in a thread.
-            log.warning("os.pidfd_open(%d) failed (%s): waiting for it in a thread", self.pid, err)
+            # At once, while it cannot have been reaped.
+            pidfd: int | None = os.pidfd_open(pid)
+        except OSError as failed:
+            log.warning("os.pidfd_open(%d) failed (%s): waiting for it in a thread", pid, failed)
+            pidfd = None
+        return cls(pid, pidfd, stdin, out, err)
 
     def watch_exit(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         """A future done once the child has exited and been reaped (the same one on
-        every call).
-
-        Asked once its pipes are at end of file, the child has mostly exited: it is
-        looked for (a ``waitpid`` that does not wait) and reaped at once, with no
-        pidfd registered with the loop nor a turn of it to wait for its wake-up.
-        One still running is watched through its pidfd, or without one by a thread
-        (which alone then reaps it)."""
+        every call): its pidfd watched by the loop (readable at the exit), or without
+        one a thread that waits for it."""
         if self._exited is not None:
             return self._exited
         exited: asyncio.Future[None] = loop.create_future()
         self._exited = exited
-        self._reap(os.WNOHANG)
-        if self.returncode is not None:
-            self._drop_pidfd()
-            exited.set_result(None)
-            return exited
         pidfd = self.pidfd
         if pidfd is None:
-            waited = asyncio.ensure_future(asyncio.to_thread(self._reap, 0))
-
-            def on_waited(_: object) -> None:
-                if not exited.done():
-                    exited.set_result(None)
-
-            waited.add_done_callback(on_waited)
+            self._reap_in_thread(exited)
             return exited
 
         def on_exit() -> None:
             loop.remove_reader(pidfd)
-            self._reap(os.WNOHANG)  # the pidfd is readable: the child is a zombie
+            self._reap(os.WNOHANG)  # readable: the child is a zombie
             self._drop_pidfd()
+            if self.returncode is None:  # not found so (never seen): wait, not spin
+                self._reap_in_thread(exited)
+                return
+            self._stop_writing(loop)  # its stdin pipe has no reader now
             if not exited.done():
                 exited.set_result(None)
 
         loop.add_reader(pidfd, on_exit)
         return exited
 
+    def _reap_in_thread(self, exited: asyncio.Future[None]) -> None:
+        waited = asyncio.ensure_future(asyncio.to_thread(self._reap, 0))
+
+        def on_waited(_: object) -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        waited.add_done_callback(on_waited)
+
     def _drop_pidfd(self) -> None:
-        """Reaped: the pidfd has served (closed only now, see :meth:`hold_pidfd`)."""
+        """Reaped: the pidfd has served."""
         pidfd, self.pidfd = self.pidfd, None
         if pidfd is not None:
             os.close(pidfd)
@@ -247,7 +284,8 @@ class _Child:
             self.returncode = os.waitstatus_to_exitcode(status)
 
     def kill(self) -> None:
-        """SIGKILL, through the pidfd while we hold it (a reaped pid may be reused)."""
+        """SIGKILL, through the pidfd while we hold it (a reaped pid may be reused);
+        a reaped child is left alone."""
         if self.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -256,103 +294,69 @@ class _Child:
             else:
                 os.kill(self.pid, signal.SIGKILL)
 
-    def watch(self, loop: asyncio.AbstractEventLoop, fd: int, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when ``fd`` (one of our ends) is ready: readable, or
-        writable for the stdin); already watched, it stays as it is."""
-        if fd in self._watched:
-            return
-        if fd == self.stdin:
-            loop.add_writer(fd, callback)
-        else:
-            loop.add_reader(fd, callback)
-        self._watched.add(fd)
+    def time_out(self) -> None:
+        """Its time is up: kill it (the exit watch reaps it), noted for the caller."""
+        if self.returncode is None:
+            self.timed_out = True
+            self.kill()
 
-    def unwatch(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
-        """Stop :meth:`watch`; a descriptor not watched costs the loop nothing."""
-        if fd in self._watched:
-            self._watched.discard(fd)
-            if fd == self.stdin:
-                loop.remove_writer(fd)
-            else:
-                loop.remove_reader(fd)
+    def write_input(self, loop: asyncio.AbstractEventLoop, data: bytes) -> None:
+        """Write ``data`` to the child's stdin as it takes it, then close it (end of
+        file for the child). A child that exits without reading it all ends the
+        write, as ``communicate`` does."""
+        fd = self.stdin
+        assert fd is not None
+        os.set_blocking(fd, False)
+        view = memoryview(data)
 
-    def close_pipe(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
-        """Close one of our ends (unwatched first: a selector must not watch a closed
-        descriptor)."""
-        if fd in self._open:
-            self._open.remove(fd)
-            self.unwatch(loop, fd)
-            os.close(fd)
-
-    def close_pipes(self, loop: asyncio.AbstractEventLoop) -> None:
-        for fd in list(self._open):
-            self.close_pipe(loop, fd)
-
-    def is_open(self, fd: int) -> bool:
-        return fd in self._open
-
-
-def _read_to_end(loop: asyncio.AbstractEventLoop, child: _Child, fd: int) -> asyncio.Future[bytes]:
-    """A future with everything read from ``fd`` (one of ``child``'s pipes) up to end
-    of file."""
-    os.set_blocking(fd, False)
-    done: asyncio.Future[bytes] = loop.create_future()
-    chunks: list[bytes] = []
-
-    def on_readable() -> None:
-        # Read until the pipe is empty: a command's output and its end of file mostly
-        # come together, and are then taken in one wake-up, not two.
-        while True:
+        def write_some() -> None:
+            nonlocal view
+            if self.stdin is None:  # closed: the command ended (or timed out) first
+                return
             try:
-                data = os.read(fd, READ_CHUNK)
+                while view:
+                    view = view[os.write(fd, view) :]
             except BlockingIOError:
+                if not self._writing:
+                    loop.add_writer(fd, write_some)
+                    self._writing = True
                 return
-            except OSError as err:
-                child.unwatch(loop, fd)
-                if not done.done():
-                    done.set_exception(err)
-                return
-            if not data:
-                break
-            chunks.append(data)
-        child.unwatch(loop, fd)
-        if not done.done():
-            done.set_result(b"".join(chunks))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self._stop_writing(loop)
 
-    child.watch(loop, fd, on_readable)
-    return done
+        write_some()
 
-
-def _write_all(loop: asyncio.AbstractEventLoop, child: _Child, data: bytes) -> None:
-    """Write ``data`` to the child's stdin as it takes it, then close it (end of file
-    for the child). A child that exits without reading it all ends the write, as
-    ``communicate`` does."""
-    fd = child.stdin
-    assert fd is not None
-    os.set_blocking(fd, False)
-    view = memoryview(data)
-
-    def write_some() -> None:
-        nonlocal view
-        if not child.is_open(fd):  # the command ended (or timed out) first
+    def _stop_writing(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close our end of the stdin pipe (unwatched first: a selector must not watch
+        a closed descriptor)."""
+        fd, self.stdin = self.stdin, None
+        if fd is None:
             return
-        try:
-            while view:
-                view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            child.watch(loop, fd, write_some)
-            return
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        child.close_pipe(loop, fd)
+        if self._writing:
+            loop.remove_writer(fd)
+            self._writing = False
+        os.close(fd)
 
-    write_some()
+    def read_outputs(self) -> tuple[bytes, bytes]:
+        """stdout and stderr as the child left them (asked once it has exited)."""
+        return _read_whole(self.stdout), _read_whole(self.stderr)
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close what is ours but the pidfd (the exit watch closes it once reaped):
+        the stdin pipe, and the memfds (their pages freed once the child's copies,
+        and any grandchild's, are closed too)."""
+        self._stop_writing(loop)
+        for fd in (self.stdout, self.stderr):
+            if fd >= 0:
+                os.close(fd)
+        self.stdout = self.stderr = -1
 
 
 async def run_command_asyncio(
     argv: Sequence[str], env: Env, stdin: bytes | None, timeout: float
 ) -> Finished:
-    """:func:`run_command` on asyncio's subprocess path (no pidfd)."""
+    """:func:`run_command` on asyncio's subprocess path (no pidfd or no memfd)."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         env=env,

@@ -3,14 +3,16 @@
 
 The agent runs one control process per MPS command (three per v3 share), through
 ``dra_driver.mpsagent.command_process.run_command``. This runs a command through
-both of its paths on one event loop, interleaved in blocks, and reports the
+its paths on one event loop, interleaved in blocks, and reports the
 agent's side only:
 
-* ``pidfd``: ``subprocess.Popen`` (vfork), pipes read with ``loop.add_reader``, the
-  exit seen through a pidfd (what the agent runs on Linux 5.3+);
+* ``pidfd``: ``os.posix_spawn``, stdout and stderr into two memfds read at the
+  exit, only the exit watched (through a pidfd): what the agent runs on Linux 5.3+;
 * ``asyncio``: ``asyncio.create_subprocess_exec`` with pipe transports and, on
   Python 3.11, a child-watcher thread per child (the fallback, and the agent's
-  path before).
+  path before);
+* with ``--against CHECKOUT``, ``against``: ``run_command`` of another checkout's
+  ``command_process.py`` (a commit before, say), on the same loop in the same turns.
 
 The command is ``/bin/true`` by default (``--command`` sets another), with no
 input (as a v3 command) and, with ``--stdin``, a line on stdin (as a legacy one);
@@ -20,13 +22,14 @@ command (``time.process_time``: every thread of it, the watcher threads too),
 with the pidfd path's against the asyncio path's.
 
 Usage: .venv/bin/python hack/bench/agent_spawn.py [--commands 2000] [--command /bin/true]
-       [--stdin]
+       [--stdin] [--against CHECKOUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import shlex
 import sys
@@ -83,19 +86,35 @@ async def measure(paths: list[Path], argv: list[str], commands: int, stdin: byte
             await run_block(path, argv, env, stdin)
 
 
+def run_command_of(checkout: str) -> Runner:
+    """``run_command`` of ``checkout``'s ``command_process.py``, loaded under a name of
+    its own (beside ours, not instead)."""
+    file = os.path.join(checkout, "dra_driver", "mpsagent", "command_process.py")
+    spec = importlib.util.spec_from_file_location("against_command_process", file)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {file}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runner: Runner = module.run_command
+    return runner
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commands", type=int, default=2000, help="commands per path")
     parser.add_argument("--command", default="/bin/true", help="the command (shell words)")
     parser.add_argument("--stdin", action="store_true", help="give it a line on stdin")
+    parser.add_argument("--against", metavar="CHECKOUT", help="also another checkout's path")
     args = parser.parse_args()
-    if not command_process.pidfd_supported():
-        raise SystemExit("no pidfd here (os.pidfd_open): only the asyncio path would run")
+    if not (command_process.pidfd_supported() and command_process.memfd_supported()):
+        raise SystemExit("no pidfd or no memfd here: only the asyncio path would run")
     argv = shlex.split(args.command)
     paths = [
         Path("pidfd", command_process.run_command),
         Path("asyncio", command_process.run_command_asyncio),
     ]
+    if args.against:
+        paths.append(Path("against", run_command_of(args.against)))
     stdin = b"get_server_list\n" if args.stdin else None
     asyncio.run(measure(paths, argv, args.commands, stdin))
     load = os.getloadavg()[0]
@@ -111,6 +130,9 @@ def main() -> int:
         print(f"{p.name:<10}{n:>6}{wall:>22}{p.cpu / n * 1e3:>18.3f}{p.most_threads:>9}")
     lean, old = paths[0].cpu / len(paths[0].walls), paths[1].cpu / len(paths[1].walls)
     print(f"pidfd path's CPU per command: {lean / old:.2f}x the asyncio path's")
+    if args.against:
+        other = paths[2].cpu / len(paths[2].walls)
+        print(f"pidfd path's CPU per command: {lean / other:.2f}x {args.against}'s")
     return 0
 
 

@@ -1,16 +1,21 @@
 """One control command on the event loop (``mpsagent.command_process``): real child
-processes, on the pidfd path and on asyncio's (where no pidfd can be had); a command
-that overruns is killed and reaped, a missing binary is refused as before, and the
-pidfd path starts no thread and leaves no descriptor behind."""
+processes, on the pidfd path (output into memfds, only the exit watched) and on
+asyncio's (where no pidfd or no memfd can be had); a command that overruns is killed
+and reaped, a missing binary is refused as before, and the pidfd path starts no
+thread, watches one descriptor per command and leaves none behind."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,12 +74,19 @@ def test_a_command_killed_by_a_signal_reports_it(path: str) -> None:
     assert run(["sh", "-c", "kill -9 $$"]).returncode == -9
 
 
-def test_a_hung_command_is_killed_and_reaped(path: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stdin", [b"in\n", None], ids=["input", "no-input"])
+def test_a_hung_command_is_killed_and_reaped(
+    path: str, tmp_path: Path, stdin: bytes | None
+) -> None:
     pidfile = tmp_path / "pid"
+    fds = set(os.listdir("/proc/self/fd"))
+    started = time.monotonic()
     with pytest.raises(TimeoutError):
-        run(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"], b"in\n", timeout=0.5)
+        run(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"], stdin, timeout=0.5)
+    assert time.monotonic() - started < 5, "not killed at its timeout"
     pid = int(pidfile.read_text())
     assert gone(pid), f"pid {pid} left behind: {Path(f'/proc/{pid}/stat').read_text()}"
+    assert set(os.listdir("/proc/self/fd")) <= fds, "a memfd, pipe or pidfd left open"
 
 
 def test_a_cancelled_command_is_killed_and_reaped(path: str, tmp_path: Path) -> None:
@@ -96,8 +108,10 @@ def test_a_cancelled_command_is_killed_and_reaped(path: str, tmp_path: Path) -> 
             await asyncio.sleep(0.01)
         return pid
 
+    fds = set(os.listdir("/proc/self/fd"))
     pid = asyncio.run(scenario())
     assert gone(pid)
+    assert set(os.listdir("/proc/self/fd")) <= fds, "a memfd, pipe or pidfd left open"
 
 
 def test_the_pidfd_path_starts_no_thread_and_leaves_no_descriptor() -> None:
@@ -196,53 +210,156 @@ def test_a_command_gets_its_three_descriptors_and_nothing_else(path: str) -> Non
     assert sorted(done.stdout.split()) == [b"0", b"1", b"2"]
 
 
-def run_noting_pidfd_watches(argv: list[str], timeout: float = 10.0) -> tuple[Finished, int]:
-    """The command's result, and how many pidfds the loop was asked to watch."""
-    watched: list[int] = []
+def large_output(tmp_path: Path) -> tuple[list[str], bytes, bytes]:
+    """A command writing 1 MiB to stdout and another, unlike it, to stderr: far more
+    than a pipe holds, in one write each as ``cat`` makes them."""
+    out = bytes(range(256)) * 4096
+    err = bytes(reversed(range(256))) * 4096
+    (tmp_path / "out").write_bytes(out)
+    (tmp_path / "err").write_bytes(err)
+    return ["sh", "-c", f"cat {tmp_path / 'out'}; cat {tmp_path / 'err'} >&2"], out, err
+
+
+def test_large_output_comes_back_whole_and_apart(path: str, tmp_path: Path) -> None:
+    argv, out, err = large_output(tmp_path)
+    done = run(argv)
+    assert (done.returncode, len(done.stdout), len(done.stderr)) == (0, len(out), len(err))
+    assert (done.stdout == out, done.stderr == err) == (True, True)
+
+
+def test_output_interleaved_on_both_streams_stays_apart(path: str) -> None:
+    script = 'i=0; while [ $i -lt 300 ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done'
+    done = run(["sh", "-c", script])
+    assert done.stdout == b"".join(b"out %d\n" % i for i in range(300))
+    assert done.stderr == b"".join(b"err %d\n" % i for i in range(300))
+
+
+def run_noting_watches(
+    argv: list[str], stdin: bytes | None = None, timeout: float = 10.0
+) -> tuple[Finished, list[str]]:
+    """The command's result, and what the loop was asked to watch, in order: each
+    ``add_reader``/``add_writer`` as its kind and what the descriptor is."""
+    watched: list[str] = []
 
     async def scenario() -> Finished:
         loop = asyncio.get_running_loop()
-        add_reader = loop.add_reader
+        add_reader, add_writer = loop.add_reader, loop.add_writer
 
-        def noting(fd: int, callback: Callable[..., object], *args: object) -> None:
-            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]":
-                watched.append(fd)
+        def what(fd: int) -> str:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            return "pidfd" if target == "anon_inode:[pidfd]" else target.split(":")[0]
+
+        def noting_reader(fd: int, callback: Callable[..., object], *args: object) -> None:
+            watched.append(f"reader {what(fd)}")
             add_reader(fd, callback, *args)
 
-        loop.add_reader = noting  # type: ignore[method-assign,assignment]
-        return await run_command(argv, ENV, None, timeout)
+        def noting_writer(fd: int, callback: Callable[..., object], *args: object) -> None:
+            watched.append(f"writer {what(fd)}")
+            add_writer(fd, callback, *args)
 
-    return asyncio.run(scenario()), len(watched)
+        loop.add_reader = noting_reader  # type: ignore[method-assign,assignment]
+        loop.add_writer = noting_writer  # type: ignore[method-assign,assignment]
+        return await run_command(argv, ENV, stdin, timeout)
+
+    return asyncio.run(scenario()), watched
 
 
-def test_a_child_exited_when_its_pipes_close_is_reaped_with_no_pidfd_watch() -> None:
-    """Its pipes held open by a grandchild, the command has long exited when they
-    reach end of file: it is reaped then, its status kept, the loop never asked to
-    watch its pidfd, and nothing left open."""
+@pytest.mark.parametrize(
+    ("stdin", "expected"),
+    [(None, ["reader pidfd"]), (b"x" * (1 << 20), ["reader pidfd", "writer pipe"])],
+    ids=["no-input", "input-larger-than-a-pipe"],
+)
+def test_only_the_exit_is_watched(tmp_path: Path, stdin: bytes | None, expected: list[str]) -> None:
+    """Output as large as a pipe's buffer many times over, yet one reader on the
+    loop (the pidfd), and a writer only for an input the pipe cannot take at once."""
+    argv, out, err = large_output(tmp_path)
+    if stdin is not None:
+        argv = ["sh", "-c", f"cat > /dev/null; {argv[2]}"]
+    done, watched = run_noting_watches(argv, stdin)
+    assert (done.returncode, done.stdout == out, done.stderr == err) == (0, True, True)
+    assert watched == expected
+
+
+def test_a_grandchild_holding_stdout_does_not_hold_the_call(tmp_path: Path) -> None:
+    """The call ends at the child's exit, with what the child wrote: a grandchild
+    that keeps stdout and stderr (and writes on) is no longer waited for, as it was
+    while the output came through pipes read to end of file."""
+    pidfile = tmp_path / "grandchild"
+    script = f"echo child; echo oops >&2; (sleep 30; echo late) & echo $! > {pidfile}; exit 7"
     fds = set(os.listdir("/proc/self/fd"))
-    done, watches = run_noting_pidfd_watches(["sh", "-c", "(sleep 0.3) & exit 7"])
-    assert done == Finished(7, b"", b"")
-    assert watches == 0
-    assert set(os.listdir("/proc/self/fd")) <= fds, "a pipe or pidfd left open"
+    started = time.monotonic()
+    try:
+        done = run(["sh", "-c", script])
+        took = time.monotonic() - started
+    finally:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    assert done == Finished(7, b"child\n", b"oops\n")
+    assert took < 5, f"{took:.1f} s: the call waited for the grandchild"
+    assert set(os.listdir("/proc/self/fd")) <= fds, "a memfd or pidfd left open"
 
 
-def test_a_child_that_closes_its_pipes_and_runs_on_is_waited_for_by_its_pidfd(
-    tmp_path: Path,
-) -> None:
-    """End of file on both pipes is not the exit: a child still running then is
-    watched through its pidfd, and its status comes from there."""
+def test_a_child_that_closes_its_output_and_runs_on_is_waited_for(tmp_path: Path) -> None:
+    """Its output closed, the child still runs: the call waits for its exit (through
+    the pidfd), with what it wrote before and its status; it is reaped."""
     pidfile = tmp_path / "pid"
-    argv = ["sh", "-c", f"echo $$ > {pidfile}; exec >&- 2>&-; sleep 0.3; exit 5"]
-    done, watches = run_noting_pidfd_watches(argv)
-    assert (done, watches) == (Finished(5, b"", b""), 1)
+    argv = ["sh", "-c", f"echo $$ > {pidfile}; echo early; exec >&- 2>&-; sleep 0.3; exit 5"]
+    started = time.monotonic()
+    done = run(argv)
+    assert time.monotonic() - started >= 0.3
+    assert done == Finished(5, b"early\n", b"")
     assert gone(int(pidfile.read_text()))
 
 
-def test_a_child_that_closes_its_pipes_and_hangs_is_killed_and_reaped(tmp_path: Path) -> None:
-    """Its pipes at end of file, the child still runs: the timeout kills it through
-    the pidfd held since its start, and the watch reaps it."""
+def test_a_child_that_closes_its_output_and_hangs_is_killed_and_reaped(tmp_path: Path) -> None:
+    """Its output closed, the child still runs: the timeout kills it through the
+    pidfd held since its start, and the watch reaps it."""
     pidfile = tmp_path / "pid"
+    started = time.monotonic()
     with pytest.raises(TimeoutError):
         run(["sh", "-c", f"echo $$ > {pidfile}; exec >&- 2>&-; exec sleep 30"], timeout=0.5)
+    assert time.monotonic() - started < 5, "not killed at its timeout"
     pid = int(pidfile.read_text())
     assert gone(pid), f"pid {pid} left behind"
+
+
+@pytest.fixture
+def probes_again() -> Iterator[None]:
+    """The kernel asked afresh, before and after: the answers are cached per process."""
+    command_process.memfd_supported.cache_clear()
+    command_process.pidfd_supported.cache_clear()
+    yield
+    command_process.memfd_supported.cache_clear()
+    command_process.pidfd_supported.cache_clear()
+
+
+def refuse_memfd(*_: object) -> int:
+    """What a seccomp filter that refuses the call makes of ``memfd_create``."""
+    raise PermissionError(1, "Operation not permitted")
+
+
+@pytest.mark.parametrize("how", ["refused", "missing"])
+def test_without_memfd_commands_run_on_asyncios_path_with_one_warning(
+    how: str,
+    probes_again: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if how == "refused":
+        monkeypatch.setattr(os, "memfd_create", refuse_memfd)
+    else:
+        monkeypatch.delattr(os, "memfd_create")
+    on_asyncio: list[list[str]] = []
+    asyncio_path = command_process.run_command_asyncio
+
+    async def noting(argv: list[str], *args: Any) -> Finished:
+        on_asyncio.append(argv)
+        return await asyncio_path(argv, *args)
+
+    monkeypatch.setattr(command_process, "run_command_asyncio", noting)
+    with caplog.at_level(logging.WARNING, logger=command_process.__name__):
+        done = [run(["echo", str(i)]) for i in range(2)]
+    assert done == [Finished(0, b"0\n", b""), Finished(0, b"1\n", b"")]
+    assert on_asyncio == [["echo", "0"], ["echo", "1"]]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "memfd_create" in warnings[0] and "asyncio's path" in warnings[0]
