@@ -4,6 +4,7 @@
 * :mod:`.ids`: the identifier types (``ClaimUID``, ``DeviceName``, ...) and ``ClaimRef``;
 * :mod:`.quantity`: Kubernetes quantities and byte formatting;
 * :mod:`.semver`: Kubernetes versions;
+* :mod:`.kept_encodings`: items' encodings kept between rewrites of a file;
 * :mod:`.names`: the Kubernetes name grammar (DNS labels and subdomains, qualified
   names, label keys and values).
 

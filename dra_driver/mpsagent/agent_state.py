@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Iterable
 
+from dra_driver.base.kept_encodings import KeptEncodings
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
 from dra_driver.state.files import atomic_write
@@ -35,30 +36,25 @@ class StateEncoder:
     A wave's ensures are answered one after another, each once a file holding it is
     written: ten writes of the whole file, of which all but one share is unchanged.
     Encoding every share each time was about 0.13 ms of the agent's CPU a write
-    with 18 shares (issue 35, the 2-core machine); a share's text is now made once.
-    A :class:`ShareInfo` is frozen, so the kept text is reused only for the very
-    object it was made from (and a changed share is a new object)."""
+    with 18 shares (issue 35, the 2-core machine); a share's text is now made once
+    (:class:`~dra_driver.base.kept_encodings.KeptEncodings`: a :class:`ShareInfo`
+    is frozen, so a changed share is a new object)."""
 
     def __init__(self) -> None:
-        self._texts: dict[tuple[str, str], tuple[ShareInfo, str]] = {}
+        self._texts: KeptEncodings[tuple[str, str], ShareInfo, str] = KeptEncodings()
 
     def encode(self, protocol: MpsProtocol, shares: Iterable[ShareInfo]) -> bytes:
         """What ``json.dumps`` of the document, compact, gives (a test holds it to that)."""
-        kept, texts = self._texts, {}
-        parts = []
-        for share in shares:
-            key = (share.gpu_uuid, share.share_id)
-            entry = kept.get(key)
-            if entry is None or entry[0] is not share:
-                entry = (share, _COMPACT.encode(wire.share_to_json(share)))
-            texts[key] = entry
-            parts.append(entry[1])
-        self._texts = texts  # shares gone are forgotten
+        parts = self._texts.encode_all([((s.gpu_uuid, s.share_id), s) for s in shares], _share)
         head = _COMPACT.encode({"version": STATE_VERSION, "protocol": protocol})
         return f'{head[:-1]},"shares":[{",".join(parts)}]}}'.encode()
 
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+def _share(_: tuple[str, str], share: ShareInfo) -> str:
+    return _COMPACT.encode(wire.share_to_json(share))
 
 
 def save_state(

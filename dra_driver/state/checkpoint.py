@@ -36,6 +36,7 @@ from typing import Any
 
 from dra_driver.base.errors import CheckpointCorruptError, CheckpointError
 from dra_driver.base.ids import ClaimRef, ClaimUID, DeviceName
+from dra_driver.base.kept_encodings import KeptEncodings
 from dra_driver.core.prepare import HeldDevice, PlannedDevice
 from dra_driver.state.checkpoint_devices import device_from_json, device_from_v1, device_to_json
 from dra_driver.state.files import atomic_write
@@ -110,9 +111,13 @@ def _canonical(data: Mapping[str, Any]) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
-Fragments = dict[ClaimUID, tuple["CheckpointClaim", bytes]]
+Fragments = KeptEncodings[ClaimUID, "CheckpointClaim", bytes]
 """Each claim's member of ``claims`` (its uid, a colon, its canonical JSON), kept by
 :class:`CheckpointStore` between writes."""
+
+
+def _member(uid: ClaimUID, claim: CheckpointClaim) -> bytes:
+    return json.dumps(uid).encode() + b":" + _canonical(_claim_to_json(claim))
 
 
 def encode(checkpoint: Checkpoint, fragments: Fragments | None = None) -> bytes:
@@ -123,19 +128,8 @@ def encode(checkpoint: Checkpoint, fragments: Fragments | None = None) -> bytes:
     writes, so a write re-encodes only the claims that changed (a claim entry
     is immutable: the same object is the same JSON).
     """
-    parts = []
-    for uid, claim in sorted(checkpoint.claims.items()):
-        cached = fragments.get(uid) if fragments is not None else None
-        if cached is not None and cached[0] is claim:
-            member = cached[1]
-        else:
-            member = json.dumps(uid).encode() + b":" + _canonical(_claim_to_json(claim))
-            if fragments is not None:
-                fragments[uid] = (claim, member)
-        parts.append(member)
-    if fragments is not None:
-        for uid in [u for u in fragments if u not in checkpoint.claims]:
-            del fragments[uid]
+    kept = fragments if fragments is not None else Fragments()
+    parts = kept.encode_all(sorted(checkpoint.claims.items()), _member)
     data = b'{"bootId":%s,"claims":{%s}}' % (
         json.dumps(checkpoint.boot_id).encode(),
         b",".join(parts),
@@ -225,7 +219,7 @@ class CheckpointStore:
         self.path = path
         self.boot_id = boot_id
         self._last: tuple[bytes, Checkpoint] | None = None
-        self._fragments: Fragments = {}
+        self._fragments = Fragments()
 
     def exists(self) -> bool:
         """Whether the checkpoint file is there (:meth:`load` reads a missing one as empty)."""
