@@ -18,6 +18,7 @@ import asyncio
 import os
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TextIO
@@ -64,6 +65,7 @@ from dra_driver.k8s.slice_plan import slice_name
 from dra_driver.mpsagent.agent import AgentConfig
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
+from dra_driver.mpsagent.protocol import ShareInfo
 from dra_driver.plugin.defaults import DEFAULT_DRIVER_NAME
 from dra_driver.plugin.health_monitor import HealthMonitor
 from dra_driver.state.checkpoint import CheckpointClaim
@@ -474,7 +476,7 @@ async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) ->
         prepared = [r for r in refs if not results[r.uid].error]
         errors = await plugin.unprepare(prepared)
         left = sorted(os.listdir(cdi_root))
-        shares = await agent.list_shares()
+        shares = await _shares_once_calls_pause(agent, out)
         migs = sum(len(g.mig_devices) for g in (await runtime.backend.inventory()).gpus)
         print(
             f"\nNodeUnprepareResources ({len(prepared)} claims): "
@@ -490,6 +492,26 @@ async def _run_plugin_side(fake_gpus: str, config: PluginConfig, out: TextIO) ->
         await kubelet.close()
         await runtime.stop()
         print(f"plugin stopped; sockets removed: {not os.listdir(registry)}", file=out)
+
+
+async def _shares_once_calls_pause(agent: MpsAgentClient, out: TextIO) -> list[ShareInfo]:
+    """The agent's shares once the plugin's deferred releases are sent: an MPS v3
+    share goes after its unprepare's answer, when the calls pause
+    (plugin/deferred_releases.py); at most 5 s."""
+    started = time.monotonic()
+    shares = await agent.list_shares()
+    at_answer = len(shares)
+    while shares and time.monotonic() < started + 5:
+        await asyncio.sleep(0.02)
+        shares = await agent.list_shares()
+    if at_answer != len(shares):
+        print(
+            f"\nMPS shares at the unprepare's answer: {at_answer}; the MPS v3 ones are "
+            f"released once the kubelet's calls pause ({at_answer - len(shares)} within "
+            f"{(time.monotonic() - started) * 1000:.0f} ms)",
+            file=out,
+        )
+    return shares
 
 
 def main(fake_gpus: str, work_dir: str | None, out: TextIO) -> int:

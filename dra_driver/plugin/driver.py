@@ -179,9 +179,12 @@ class Driver:
             return report
 
     async def close(self) -> None:
-        """Wait for the claims in flight, their checkpoint writes and their observers."""
+        """Wait for the claims in flight, their checkpoint writes and their observers;
+        send the MPS share releases deferred until now."""
         while calls := [task for task in self._calls if not task.done()]:
             await asyncio.gather(*calls, return_exceptions=True)
+        if self.enforcer is not None:
+            await self.enforcer.flush_releases()
         await self.journal.close()
         await self._announcer.close()
 
@@ -345,11 +348,18 @@ class Driver:
             return decide_unprepare(checkpoint, ref)
 
         early: list[asyncio.Task[None]] = []
+        enforcer = self.enforcer
 
         def on_decided(leaving: CheckpointClaim | None) -> None:
             # While the entry's removal is written: a plain MPS share's release
-            # (early_shares says why that is safe).
-            if leaving is not None and self.enforcer is not None and plain_mps(leaving.devices):
+            # (early_shares says why that is safe), unless it waits for a quiet
+            # spell once the entry is gone (deferred_releases says why).
+            if (
+                leaving is not None
+                and enforcer is not None
+                and plain_mps(leaving.devices)
+                and not enforcer.may_defer_release(leaving.devices)
+            ):
                 early.append(asyncio.create_task(self._release(leaving)))
 
         try:
@@ -358,7 +368,12 @@ class Driver:
                     return ClaimOutcome()
                 try:
                     await self._remove_spec(leaving)
-                    await (early.pop() if early else self._release(leaving))
+                    if early:
+                        await early.pop()
+                    elif enforcer is None or not enforcer.release_later(
+                        leaving.ref, leaving.devices
+                    ):
+                        await self._release(leaving)
                 except Exception:
                     # Keep the claim so the kubelet's retry releases what is left.
                     await self._record_quietly(ref, lambda cp: cp.with_claim(leaving))

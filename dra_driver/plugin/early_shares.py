@@ -11,10 +11,12 @@ decided, and runs while the entry is written; the prepare then takes its answer
 instead of asking again. On one call at a time that hides the checkpoint write
 (1.2-1.4 ms with fsync in ``hack/bench/prepare.py``) behind the agent's ensure.
 
-An unprepare likewise releases a plain share while the entry's removal is written
-(:meth:`~dra_driver.plugin.driver.Driver._unprepare_claim`): the kubelet unprepares
-a claim only once its containers are gone, and if the write fails the entry stays
-for the kubelet's retry, whose release of a released share is a no-op.
+An unprepare likewise releases a plain share of a legacy daemon while the entry's
+removal is written (:meth:`~dra_driver.plugin.driver.Driver._unprepare_claim`): the
+kubelet unprepares a claim only once its containers are gone, and if the write fails
+the entry stays for the kubelet's retry, whose release of a released share is a
+no-op. A plain share of an MPS v3 daemon is released later still, once the entry is
+gone and the calls pause (:mod:`~dra_driver.plugin.deferred_releases`).
 
 What could go wrong, and what happens:
 

@@ -27,7 +27,9 @@ Release reverses both: the share is released (the agent stops the daemon
 after the last one), an instance *we* created is destroyed; instances that
 existed before are never touched. An instance shared by MPS clients is
 destroyed by the last claim to leave it (the engine hands ``created`` over,
-:mod:`dra_driver.state.mig_shares`).
+:mod:`dra_driver.state.mig_shares`). An unprepare whose claim has only plain
+shares of MPS v3 daemons leaves their release to a quiet spell of the calls
+(:meth:`Enforcer.release_later`, :mod:`dra_driver.plugin.deferred_releases`).
 
 At start, :func:`dmem_hook_settings` finds which GPUs have cgroup v2 ``dmem``
 regions and installs the hook script on the host; the result is the plan's
@@ -41,7 +43,7 @@ import dataclasses
 import enum
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from dra_driver.base.errors import AllocationError, DriverError, InventoryError
@@ -79,7 +81,8 @@ from dra_driver.gpu.mig_caps import MigCapabilities
 from dra_driver.mpsagent.commands import share_cdi_edits
 from dra_driver.mpsagent.layout import is_mig_uuid
 from dra_driver.mpsagent.port import MpsAgentPort
-from dra_driver.plugin.early_shares import EarlyShares
+from dra_driver.plugin.deferred_releases import DeferredReleases
+from dra_driver.plugin.early_shares import EarlyShares, plain_mps
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +136,22 @@ class Enforcer:
         mig_caps: MigCapabilities | None,
         mps: MpsAgentPort | None,
         settings: NodeSettings | None = None,
+        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``mig_caps`` None: stand-in capability nodes (fake backend);
         ``mps`` None: MPS shares fail with a message naming the missing agent;
         ``settings``: the node's (default: the defaults), for who may share a legacy
-        MPS daemon (:meth:`_tenancy`)."""
+        MPS daemon (:meth:`_tenancy`); ``quiet``: returns once the plugin's calls
+        pause, when the releases :meth:`release_later` defers are sent (None: every
+        release is sent at once)."""
         self.backend = backend
         self.inventory = inventory
         self.mig_caps = mig_caps
         self.mps = mps
         self.settings = settings or NodeSettings()
+        self.releases = (
+            DeferredReleases(mps, quiet) if mps is not None and quiet is not None else None
+        )
 
     def early_shares(self, claim: ClaimRef) -> EarlyShares:
         """What :meth:`apply` takes for ``claim``'s MPS shares started before it
@@ -234,6 +243,34 @@ class Enforcer:
         if failures:
             raise InventoryError("; ".join(failures))
 
+    def may_defer_release(self, devices: Sequence[PlannedDevice]) -> bool:
+        """Whether :meth:`release_later` takes ``devices``: plain MPS shares of MPS v3
+        daemons, and nothing else to undo (a legacy daemon's next share may be another
+        namespace's, which a pending release would refuse)."""
+        return (
+            self.releases is not None
+            and plain_mps(devices)
+            and self.settings.daemon_keeps_tenants_apart(mig=False)
+        )
+
+    def release_later(self, claim: ClaimRef, devices: Sequence[PlannedDevice]) -> bool:
+        """Defer the release of ``devices``' MPS shares to a quiet spell of the calls
+        (:mod:`~dra_driver.plugin.deferred_releases` says why that is safe), once the
+        claim's entry is gone, when :meth:`may_defer_release`. False, and nothing done,
+        otherwise (:meth:`release` then releases them at once)."""
+        releases = self.releases
+        if releases is None or not self.may_defer_release(devices):
+            return False
+        for namespace in mps_namespaces(devices):
+            if namespace.key is not None:
+                releases.defer(claim, namespace.gpu_uuid, namespace.key)
+        return True
+
+    async def flush_releases(self) -> None:
+        """Send the deferred releases now (the plugin's close)."""
+        if self.releases is not None:
+            await self.releases.flush()
+
     async def release_orphan_shares(self, owned: Sequence[tuple[str, str]]) -> list[str]:
         """Release the agent's shares no prepared claim owns (after a crash or reboot)."""
         if self.mps is None:
@@ -276,6 +313,9 @@ class Enforcer:
                 f"the MPS share of {namespace.device_name} has neither a shareID nor a "
                 "GpuShareGrant to name it; delete the claim so it is allocated again"
             )
+        releases = self.releases
+        if releases is not None and releases.holds(daemon_uuid, namespace.key):
+            await releases.settle(daemon_uuid, namespace.key)  # no release after this ensure
         share = await self.mps.ensure_share(
             daemon_uuid,
             namespace.key,

@@ -20,7 +20,10 @@ Modes (``--modes``, default all):
   makes N concurrent ``NodePrepareResources`` calls of one claim each (one call
   per pod, as the kubelet does), then N concurrent unprepares. Every GPU holds a
   resident share during the run, as on a node already serving MPS pods, so its
-  daemon is up.
+  daemon is up. An unprepare is answered before its share's release, which the
+  plugin sends once its calls pause, in the gap (plugin/deferred_releases.py):
+  the run fails unless the agent holds only the resident shares at its end, and
+  that work counts in the CPU per claim, not in the unprepare's latency.
 * ``mps-cold``: the same without resident shares: the first share on a GPU
   starts its daemon (a fake daemon process, a control shell), the last release
   stops it.
@@ -651,6 +654,27 @@ async def kubelet_rounds(
     return prepare_ms, unprepare_ms, rounds_ms, in_waves
 
 
+def check_released(socket: str, resident: int) -> None:
+    """The agent holds only the resident shares: every measured claim's release, sent
+    after its unprepare's answer once the calls paused (plugin/deferred_releases), was
+    done within the run, so its CPU counts in the run's."""
+    from dra_driver.mpsagent.client import MpsAgentClient
+
+    async def count() -> int:
+        client = MpsAgentClient(socket)
+        try:
+            return len(await client.list_shares())
+        finally:
+            await client.close()
+
+    held = asyncio.run(count())
+    if held != resident:
+        raise RuntimeError(
+            f"the mps-agent holds {held} shares after the run, not the {resident} resident "
+            "ones: releases deferred past the run"
+        )
+
+
 def fake_commands_since(state_dir: str, since: float) -> int:
     """How many commands the fake ``nvidia-cuda-mps-control`` ran since ``since`` (its
     record of every command, in each GPU's log directory)."""
@@ -731,6 +755,8 @@ def run_kubelet_mode(
             )
         )
         time.sleep(0.5)  # the status writes after the last answers
+        if socket:
+            check_released(socket, len(resident))
         commands = fake_commands_since(state_root(root), measured_from)
         cpu_after = cpu_now(*pids)
         steal_s, steal_share = stolen(ticks_before, machine_ticks())

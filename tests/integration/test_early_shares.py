@@ -5,6 +5,7 @@ with the fake control binary (real processes), the checkpoint's writes gated."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -26,9 +27,11 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.port import MpsAgentPort
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
 from dra_driver.plugin import early_shares, enforcement
+from dra_driver.plugin.deferred_releases import DeferredReleases
 from dra_driver.plugin.early_shares import EarlyShares
 from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.state.checkpoint import Checkpoint, ClaimState
+from tests.support.eventually import eventually
 from tests.support.mps import agent_config, agent_running, mps_parts
 from tests.support.node import DRIVER, NodeDirs, run_checked
 from tests.support.planned import mig_instance, mps_in_mig, mps_share
@@ -71,10 +74,19 @@ class WatchedAgent:
 
 @asynccontextmanager
 async def serving(
-    dirs: NodeDirs, claims: list[dict[str, Any]]
+    dirs: NodeDirs, claims: list[dict[str, Any]], *, legacy: bool = False
 ) -> AsyncIterator[tuple[Plugin, RegisteredPlugin]]:
-    async with agent_running(agent_config(dirs)):
-        runtime = await start_plugin(mps_parts(dirs, InMemoryClaimSource(claims)))
+    """The agent (MPS v3; ``legacy``: legacy MPS, the plugin told so) and the plugin."""
+    config = agent_config(dirs)
+    parts = mps_parts(dirs, InMemoryClaimSource(claims))
+    if legacy:
+        config = dataclasses.replace(config, protocol="legacy")
+        settings = dataclasses.replace(parts.config.settings, legacy_mps=True)
+        parts = dataclasses.replace(
+            parts, config=dataclasses.replace(parts.config, settings=settings)
+        )
+    async with agent_running(config):
+        runtime = await start_plugin(parts)
         kubelet = FakeKubelet(dirs.registry)
         try:
             yield runtime, await kubelet.wait_for_plugin(DRIVER)
@@ -87,14 +99,19 @@ class HeldWrite:
     """The agent watched, and the checkpoint write that records a claim PrepareStarted
     (``removal``: the one that drops its entry) held, in the writer's thread, until the
     agent has ensured (released) a share: ``seen`` says whether it did within
-    ``WAIT_S``. With ``fail``, that write then fails as a full disk does."""
+    ``WAIT_S`` (``wait`` False: not waited for, nothing seen). With ``fail``, that
+    write then fails as a full disk does."""
 
-    def __init__(self, runtime: Plugin, claim_uid: str, *, removal: bool, fail: bool) -> None:
+    def __init__(
+        self, runtime: Plugin, claim_uid: str, *, removal: bool, fail: bool, wait: bool = True
+    ) -> None:
         driver = runtime.driver
         assert driver is not None and driver.enforcer is not None
         assert driver.enforcer.mps is not None
         self.agent = WatchedAgent(driver.enforcer.mps, claim_uid)
         driver.enforcer.mps = self.agent
+        if driver.enforcer.releases is not None:
+            driver.enforcer.releases.agent = self.agent
         self.store = driver.journal.store
         self.seen: list[bool] = []
         event = self.agent.released if removal else self.agent.ensured
@@ -107,7 +124,8 @@ class HeldWrite:
                 if removal
                 else entry is not None and entry.state is ClaimState.PREPARE_STARTED
             ):
-                self.seen.append(event.wait(WAIT_S))
+                if wait:
+                    self.seen.append(event.wait(WAIT_S))
                 if fail:
                     raise CheckpointError("cannot write checkpoint: no space left on device")
             save(checkpoint)
@@ -165,7 +183,28 @@ def test_a_failed_prepare_started_write_releases_the_share_ensured_for_it(
     ), [r.getMessage() for r in caplog.records]
 
 
-def test_an_unprepare_releases_the_share_while_the_entrys_removal_is_written(
+def held_quiet(runtime: Plugin) -> tuple[DeferredReleases, asyncio.Event]:
+    """The plugin's deferred releases, their quiet spell held until the event is set."""
+    driver = runtime.driver
+    assert driver is not None and driver.enforcer is not None
+    releases = driver.enforcer.releases
+    assert releases is not None, "an MPS v3 plugin defers its releases"
+    gate = asyncio.Event()
+    quiet = releases.quiet
+
+    async def held() -> None:
+        await gate.wait()
+        await quiet()
+
+    releases.quiet = held
+    return releases, gate
+
+
+async def shares_of(dirs: NodeDirs) -> list[str]:
+    return [s.claim_uid for s in await MpsAgentClient(agent_config(dirs).socket_path).list_shares()]
+
+
+def test_an_unprepare_answers_once_the_entry_is_gone_and_the_share_goes_when_calls_pause(
     node_dirs: NodeDirs,
 ) -> None:
     claim = resource_claim("a", "leaving", devices=[share("gpu-0", memory="10Gi")])
@@ -174,29 +213,95 @@ def test_an_unprepare_releases_the_share_while_the_entrys_removal_is_written(
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
-            held = HeldWrite(runtime, ref.uid, removal=True, fail=False)
+            releases, gate = held_quiet(runtime)
             assert (await plugin.unprepare([ref]))[ref.uid] == ""
-            assert held.seen == [True], "the release waited for the entry's removal"
-            assert await MpsAgentClient(agent_config(node_dirs).socket_path).list_shares() == []
+            assert runtime.driver is not None
+            assert ref.uid not in runtime.driver.journal.store.load().claims
+            assert await shares_of(node_dirs) == [ref.uid], "released before the calls paused"
+            assert releases.pending == 1
+            gate.set()
+            await eventually(
+                _none_left(node_dirs), "the deferred release", timeout=WAIT_S, interval=0.05
+            )
+            await eventually(lambda: releases.pending == 0, "the release's answer")
+            assert releases.failures == 0
 
     run_checked(scenario())
 
 
-def test_a_failed_removal_keeps_the_entry_for_the_kubelets_retry(node_dirs: NodeDirs) -> None:
+def _none_left(dirs: NodeDirs) -> Any:
+    async def check() -> bool:
+        return await shares_of(dirs) == []
+
+    return check
+
+
+def test_a_claim_prepared_again_while_its_release_waits_keeps_its_share(
+    node_dirs: NodeDirs,
+) -> None:
+    """The pending release goes first (the ensure waits for it); none follows the share."""
+    claim = resource_claim("a", "back", devices=[share("gpu-0", memory="10Gi")])
+    ref = claim_ref(claim)
+
+    async def scenario() -> None:
+        async with serving(node_dirs, [claim]) as (runtime, plugin):
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            releases, gate = held_quiet(runtime)
+            watched = HeldWrite(runtime, ref.uid, removal=False, fail=False, wait=False).agent
+            assert (await plugin.unprepare([ref]))[ref.uid] == ""
+            assert releases.pending == 1
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            assert watched.released.is_set(), "the pending release was not sent before the ensure"
+            assert releases.pending == 0
+            gate.set()
+            await asyncio.sleep(0.5)  # a quiet spell's worth and more
+            assert await shares_of(node_dirs) == [ref.uid], "a release followed the new share"
+            assert (await plugin.unprepare([ref]))[ref.uid] == ""
+            await eventually(
+                _none_left(node_dirs), "the deferred release", timeout=WAIT_S, interval=0.05
+            )
+
+    run_checked(scenario())
+
+
+def test_a_failed_removal_keeps_the_entry_and_defers_nothing(node_dirs: NodeDirs) -> None:
     claim = resource_claim("a", "stuck", devices=[share("gpu-0", memory="10Gi")])
     ref = claim_ref(claim)
 
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
-            held = HeldWrite(runtime, ref.uid, removal=True, fail=True)
+            releases, gate = held_quiet(runtime)
+            gate.set()
+            held = HeldWrite(runtime, ref.uid, removal=True, fail=True, wait=False)
             assert "no space left" in (await plugin.unprepare([ref]))[ref.uid]
-            assert held.seen == [True], "no release during the write"
             assert ref.uid in held.store.load().claims, "the entry went with the failed write"
+            assert releases.pending == 0, "a release deferred for a claim still prepared"
+            assert await shares_of(node_dirs) == [ref.uid]
             held.let_go()
-            assert (await plugin.unprepare([ref]))[ref.uid] == ""  # the retry: a no-op release
+            assert (await plugin.unprepare([ref]))[ref.uid] == ""  # the kubelet's retry
             assert ref.uid not in held.store.load().claims
-            assert await MpsAgentClient(agent_config(node_dirs).socket_path).list_shares() == []
+            await eventually(
+                _none_left(node_dirs), "the deferred release", timeout=WAIT_S, interval=0.05
+            )
+
+    run_checked(scenario())
+
+
+def test_a_legacy_share_is_released_while_the_entrys_removal_is_written(
+    node_dirs: NodeDirs,
+) -> None:
+    """Legacy MPS: never deferred (the next share may be another namespace's)."""
+    claim = resource_claim("a", "leaving", devices=[share("gpu-0", memory="10Gi")])
+    ref = claim_ref(claim)
+
+    async def scenario() -> None:
+        async with serving(node_dirs, [claim], legacy=True) as (runtime, plugin):
+            assert (await plugin.prepare([ref]))[ref.uid].error == ""
+            held = HeldWrite(runtime, ref.uid, removal=True, fail=False)
+            assert (await plugin.unprepare([ref]))[ref.uid] == ""
+            assert held.seen == [True], "the release waited for the entry's removal"
+            assert await shares_of(node_dirs) == []
 
     run_checked(scenario())
 

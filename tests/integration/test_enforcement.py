@@ -17,7 +17,7 @@ from dra_driver.fakes.kubelet import FakeKubelet
 from dra_driver.fakes.objects import Allocated, claim_ref, resource_claim, share
 from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.state.checkpoint import CheckpointClaim, CheckpointStore, ClaimState
-from tests.support.mps import agent_config, agent_running, mps_parts
+from tests.support.mps import agent_config, agent_running, mps_parts, until_shares
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 from tests.support.planned import mig_instance, mig_plan
 
@@ -89,7 +89,7 @@ def test_mps_shares_of_two_claims_on_one_gpu(node_dirs: NodeDirs) -> None:
                 kubelet = FakeKubelet(node_dirs.registry)
                 plugin = await kubelet.wait_for_plugin(DRIVER)
                 assert not any((await plugin.unprepare(refs)).values())
-                assert await client.list_shares() == []
+                await until_shares(client, [])
                 await kubelet.close()
             finally:
                 await runtime.stop()
@@ -130,7 +130,7 @@ def test_a_claims_two_shares_of_one_gpu_are_one_namespace(node_dirs: NodeDirs) -
                 }
                 assert pipes == {one.pipe_dir}
                 assert (await plugin.unprepare([ref]))[ref.uid] == ""
-                assert await client.list_shares() == []
+                await until_shares(client, [])
             finally:
                 await kubelet.close()
                 await runtime.stop()

@@ -35,7 +35,7 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.port import MpsAgentPort
 from dra_driver.mpsagent.protocol import AgentStatus, ShareInfo
 from tests.support.eventually import eventually
-from tests.support.mps import agent_running, fake_agent_config
+from tests.support.mps import agent_running, fake_agent_config, until_shares
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
 
 GPUS = 10
@@ -212,8 +212,7 @@ def test_an_unprepare_waits_for_the_prepare_in_flight(node_dirs: NodeDirs) -> No
             assert errors[ref.uid] == ""
             assert prepare.done()  # answered before the unprepare was
             assert (await prepare)[ref.uid].error == ""
-            shares = await MpsAgentClient(agent.socket_path).list_shares()
-            assert [s.claim_uid for s in shares] == [resident_uid]
+            await until_shares(MpsAgentClient(agent.socket_path), [resident_uid])
             assert not os.path.exists(
                 os.path.join(node_dirs.cdi, f"k8s.gpu.fractional.dev-claim_{ref.uid}.json")
             )

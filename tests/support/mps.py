@@ -13,7 +13,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +29,7 @@ from dra_driver.mpsagent.client import MpsAgentClient
 from dra_driver.mpsagent.compute_mode import FakeComputeMode
 from dra_driver.mpsagent.daemon_files import PID_FILE, DaemonDirs
 from dra_driver.mpsagent.metrics import AgentMetrics
+from tests.support.eventually import eventually
 from tests.support.node import NODE, NodeDirs
 
 
@@ -154,6 +155,19 @@ async def daemon_pid(client: MpsAgentClient, gpu: str) -> int | None:
         if daemon.gpu_uuid == gpu:
             return daemon.pid
     return None
+
+
+async def until_shares(
+    client: MpsAgentClient, claim_uids: Collection[str], timeout: float = 20.0
+) -> None:
+    """Until the agent's shares are those of ``claim_uids``: an MPS v3 share an
+    unprepare released goes once the plugin's calls pause (plugin/deferred_releases)."""
+    want = sorted(claim_uids)
+
+    async def holds() -> bool:
+        return sorted(s.claim_uid for s in await client.list_shares()) == want
+
+    await eventually(holds, f"the agent's shares to be those of claims {want}", timeout=timeout)
 
 
 def agent_config(dirs: NodeDirs) -> AgentConfig:

@@ -70,3 +70,41 @@ def test_a_call_that_raises_still_ends() -> None:
     except RuntimeError:
         pass
     assert activity.calls == 0
+
+
+def test_quiet_waits_until_no_call_has_run_for_quiet_s() -> None:
+    """Unlike a lull, a pause shorter than ``quiet_s`` (between a wave's calls) is not it."""
+
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        activity = CallActivity(max_wait_s=5, quiet_s=0.1)
+        started = loop.time()
+        await activity.quiet()  # no call has run yet: at once
+        assert loop.time() == started
+
+        async def calls() -> None:
+            for _ in range(3):
+                with activity.call():
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.05)  # a pause between two calls of a wave
+
+        wave = asyncio.create_task(calls())
+        await asyncio.sleep(0.01)
+        await activity.quiet()
+        assert wave.done()
+        return loop.time() - started
+
+    # Three calls of 0.02 s, 0.05 s apart, end at 0.16 s; quiet 0.1 s after the last.
+    assert run_in_virtual_time(scenario()) == pytest.approx(0.16 + 0.1)
+
+
+def test_quiet_gives_up_after_max_wait() -> None:
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        activity = CallActivity(max_wait_s=0.5, quiet_s=0.1)
+        with activity.call():
+            started = loop.time()
+            await activity.quiet()
+            return loop.time() - started
+
+    assert run_in_virtual_time(scenario()) == pytest.approx(0.5)
