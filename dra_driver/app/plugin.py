@@ -275,7 +275,7 @@ async def _build(parts: PluginParts, closers: contextlib.AsyncExitStack) -> Plug
             mig_caps=MigCapabilities(cfg.proc_root) if backend.reads_mig_capabilities else None,
             mps=mps,
             settings=cfg.settings,
-            quiet=parts.activity.quiet,
+            lull=parts.activity.lull,
         ),
         observers=[*observers, *parts.observers],
         activity=parts.activity,

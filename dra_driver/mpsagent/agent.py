@@ -24,7 +24,7 @@ an agent that dies first leaves it to the next agent's restore, which deletes ev
 namespace of ours the state file does not hold. An ensure of the same share waits for
 the delete's try in flight, so a namespace is never deleted under its new share. The
 delete waits for a quiet spell of the plugin's calls (they come in waves;
-:mod:`dra_driver.base.quiet_spell`), so its processes do not take the cores from the calls still
+:mod:`.quiet_spell`), so its processes do not take the cores from the calls still
 waiting.
 
 Each GPU's v3 daemon keeps ``spare_namespaces`` namespaces made ahead of the shares
@@ -47,7 +47,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dra_driver.base.quiet_spell import QuietSpell
 from dra_driver.mpsagent import commands as cmd
 from dra_driver.mpsagent import protocol as wire
 from dra_driver.mpsagent.agent_state import (
@@ -65,6 +64,7 @@ from dra_driver.mpsagent.gpu_gate import GpuGate, ShareLocks
 from dra_driver.mpsagent.layout import SocketPathTooLong, check_state_dir, is_short_namespace
 from dra_driver.mpsagent.migrate import retire_old_gpu_dirs
 from dra_driver.mpsagent.protocol import MpsProtocol, ShareInfo
+from dra_driver.mpsagent.quiet_spell import QuietSpell
 from dra_driver.mpsagent.server import AgentRequestError, AgentServer
 from dra_driver.mpsagent.state_writer import CoalescedWrite
 

@@ -6,9 +6,7 @@ Sent while nine more claims of the same wave are still being prepared, it takes
 their CPU and delays their answers (the kubelet starts a wave of pods at once).
 :class:`CallActivity` counts the prepare and unprepare calls in progress;
 :meth:`CallActivity.lull` returns once there are none, or after ``max_wait_s`` so
-that a node that never rests still gets its status written; :meth:`CallActivity.quiet`
-returns once no call has run for ``quiet_s`` (a wave's calls arrive a few
-milliseconds apart, so a pause between two of them is not yet the wave's end).
+that a node that never rests still gets its status written.
 """
 
 from __future__ import annotations
@@ -17,23 +15,15 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from dra_driver.base.quiet_spell import QuietSpell
-
 DEFAULT_MAX_WAIT_S = 2.0
 """How long background work may wait for a lull. ``status.devices`` stays
 current within twice this, however busy the node is: the engine tells the
 claim reporter of a wave's claims after a lull, and the write waits for one."""
 
-DEFAULT_QUIET_S = 0.1
-"""How long the calls must have paused for :meth:`CallActivity.quiet`."""
-
 
 class CallActivity:
-    def __init__(
-        self, *, max_wait_s: float = DEFAULT_MAX_WAIT_S, quiet_s: float = DEFAULT_QUIET_S
-    ) -> None:
+    def __init__(self, *, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> None:
         self.max_wait_s = max_wait_s
-        self._spell = QuietSpell(quiet_s, max_wait_s)
         self._calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -49,8 +39,7 @@ class CallActivity:
         self._calls += 1
         self._idle.clear()
         try:
-            with self._spell.call():
-                yield
+            yield
         finally:
             self._calls -= 1
             if self._calls == 0:
@@ -64,8 +53,3 @@ class CallActivity:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.max_wait_s):
                 await self._idle.wait()
-
-    async def quiet(self) -> None:
-        """Return once no call has run for ``quiet_s``, or after ``max_wait_s`` at
-        the latest."""
-        await self._spell.wait()

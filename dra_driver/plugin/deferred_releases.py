@@ -1,14 +1,17 @@
-"""A plain MPS share's release, sent to the mps-agent once the plugin's calls pause.
+"""A plain MPS share's release, sent to the mps-agent in a lull of the plugin's calls.
 
 The kubelet unprepares a claim only once its containers are gone, so a released
 share serves no one; and an MPS v3 namespace holds caps, not memory or SMs
 (dra-facts 10.1), so a share left a moment longer takes nothing from the next
 share of its GPU. So the unprepare of a claim whose side effects are plain MPS
 shares of an MPS v3 daemon answers once its checkpoint entry and CDI spec are
-gone, and its shares' ``release_share`` requests wait here for a quiet spell of
-the plugin's calls (:meth:`~dra_driver.plugin.activity.CallActivity.quiet`):
-sent in the middle of an unprepare wave, each would take the cores from the
-calls still waiting, on both sides of the agent's socket.
+gone, and its shares' ``release_share`` requests wait here for a lull in the
+plugin's calls, no call in flight (:meth:`~dra_driver.plugin.activity.CallActivity.lull`,
+at most its ``max_wait_s``): sent in the middle of an unprepare wave, each would
+take the cores from the calls still waiting, on both sides of the agent's socket.
+A lull, not a longer pause: the agent then waits for its own quiet spell before
+the namespace's ``delete`` (:mod:`dra_driver.mpsagent.agent`), and the two waits
+in a row would push that command into the node's next wave.
 
 What keeps it safe:
 
@@ -50,12 +53,13 @@ ShareKey = tuple[str, str]
 
 
 class DeferredReleases:
-    """Releases waiting for :attr:`quiet`, sent one at a time in the order deferred."""
+    """Releases waiting for :attr:`lull`, sent one at a time in the order deferred."""
 
-    def __init__(self, agent: MpsAgentPort, quiet: Callable[[], Awaitable[None]]) -> None:
-        """``quiet``: returns once the plugin's calls have paused (or waited long enough)."""
+    def __init__(self, agent: MpsAgentPort, lull: Callable[[], Awaitable[None]]) -> None:
+        """``lull``: returns once no call of the plugin's is in flight (or it waited
+        long enough)."""
         self.agent = agent
-        self.quiet = quiet
+        self.lull = lull
         self._pending: dict[ShareKey, ClaimRef] = {}
         self._in_flight: dict[ShareKey, asyncio.Future[None]] = {}
         self._sender: asyncio.Task[None] | None = None
@@ -101,8 +105,9 @@ class DeferredReleases:
             await asyncio.shield(sending)
 
     async def flush(self) -> None:
-        """Send every pending release now, each tried once (the plugin's close); one
-        that fails is logged and left to the next start's reconcile."""
+        """Send every pending release now, without a lull, each tried once (the
+        plugin's close); one that fails is logged and left to the next start's
+        reconcile."""
         sender = self._sender
         if sender is not None and not sender.done():
             sender.cancel()
@@ -125,10 +130,10 @@ class DeferredReleases:
                 )
 
     async def _send_pending(self) -> None:
-        """The sender: while releases are pending, one at a time, each in a quiet spell."""
+        """The sender: while releases are pending, one at a time, each in a lull."""
         backoff = RETRY_FIRST_S
         while self._pending:
-            await self.quiet()
+            await self.lull()
             if not self._pending:  # settled by a prepare meanwhile
                 return
             key, claim = next(iter(self._pending.items()))

@@ -352,8 +352,8 @@ class Driver:
 
         def on_decided(leaving: CheckpointClaim | None) -> None:
             # While the entry's removal is written: a plain MPS share's release
-            # (early_shares says why that is safe), unless it waits for a quiet
-            # spell once the entry is gone (deferred_releases says why).
+            # (early_shares says why that is safe), unless it waits for a lull
+            # once the entry is gone (deferred_releases says why).
             if (
                 leaving is not None
                 and enforcer is not None

@@ -28,7 +28,7 @@ after the last one), an instance *we* created is destroyed; instances that
 existed before are never touched. An instance shared by MPS clients is
 destroyed by the last claim to leave it (the engine hands ``created`` over,
 :mod:`dra_driver.state.mig_shares`). An unprepare whose claim has only plain
-shares of MPS v3 daemons leaves their release to a quiet spell of the calls
+shares of MPS v3 daemons leaves their release to a lull in the calls
 (:meth:`Enforcer.release_later`, :mod:`dra_driver.plugin.deferred_releases`).
 
 At start, :func:`dmem_hook_settings` finds which GPUs have cgroup v2 ``dmem``
@@ -136,13 +136,13 @@ class Enforcer:
         mig_caps: MigCapabilities | None,
         mps: MpsAgentPort | None,
         settings: NodeSettings | None = None,
-        quiet: Callable[[], Awaitable[None]] | None = None,
+        lull: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``mig_caps`` None: stand-in capability nodes (fake backend);
         ``mps`` None: MPS shares fail with a message naming the missing agent;
         ``settings``: the node's (default: the defaults), for who may share a legacy
-        MPS daemon (:meth:`_tenancy`); ``quiet``: returns once the plugin's calls
-        pause, when the releases :meth:`release_later` defers are sent (None: every
+        MPS daemon (:meth:`_tenancy`); ``lull``: returns once no call of the plugin's is
+        in flight, when the releases :meth:`release_later` defers are sent (None: every
         release is sent at once)."""
         self.backend = backend
         self.inventory = inventory
@@ -150,7 +150,7 @@ class Enforcer:
         self.mps = mps
         self.settings = settings or NodeSettings()
         self.releases = (
-            DeferredReleases(mps, quiet) if mps is not None and quiet is not None else None
+            DeferredReleases(mps, lull) if mps is not None and lull is not None else None
         )
 
     def early_shares(self, claim: ClaimRef) -> EarlyShares:
@@ -254,7 +254,7 @@ class Enforcer:
         )
 
     def release_later(self, claim: ClaimRef, devices: Sequence[PlannedDevice]) -> bool:
-        """Defer the release of ``devices``' MPS shares to a quiet spell of the calls
+        """Defer the release of ``devices``' MPS shares to a lull in the calls
         (:mod:`~dra_driver.plugin.deferred_releases` says why that is safe), once the
         claim's entry is gone, when :meth:`may_defer_release`. False, and nothing done,
         otherwise (:meth:`release` then releases them at once)."""

@@ -286,6 +286,8 @@ def serve_plugin(args: argparse.Namespace) -> int:
         # The chart's log level and format (INFO, text): one line per claim operation.
         *("--metrics-address", "127.0.0.1", "--log-level", "INFO", "--log-format", "text"),
         *(("--mps-agent-socket", args.agent_socket) if args.agent_socket else ()),
+        # The agent's protocol, as the chart gives both (mpsAgent.mpsProtocol).
+        *(("--mps-protocol", "v3") if args.agent_socket else ()),
     ]
     profiler = None
     if args.profile:

@@ -183,20 +183,20 @@ def test_a_failed_prepare_started_write_releases_the_share_ensured_for_it(
     ), [r.getMessage() for r in caplog.records]
 
 
-def held_quiet(runtime: Plugin) -> tuple[DeferredReleases, asyncio.Event]:
-    """The plugin's deferred releases, their quiet spell held until the event is set."""
+def held_lull(runtime: Plugin) -> tuple[DeferredReleases, asyncio.Event]:
+    """The plugin's deferred releases, their lull held until the event is set."""
     driver = runtime.driver
     assert driver is not None and driver.enforcer is not None
     releases = driver.enforcer.releases
     assert releases is not None, "an MPS v3 plugin defers its releases"
     gate = asyncio.Event()
-    quiet = releases.quiet
+    lull = releases.lull
 
     async def held() -> None:
         await gate.wait()
-        await quiet()
+        await lull()
 
-    releases.quiet = held
+    releases.lull = held
     return releases, gate
 
 
@@ -204,7 +204,7 @@ async def shares_of(dirs: NodeDirs) -> list[str]:
     return [s.claim_uid for s in await MpsAgentClient(agent_config(dirs).socket_path).list_shares()]
 
 
-def test_an_unprepare_answers_once_the_entry_is_gone_and_the_share_goes_when_calls_pause(
+def test_an_unprepare_answers_once_the_entry_is_gone_and_the_share_goes_in_a_lull(
     node_dirs: NodeDirs,
 ) -> None:
     claim = resource_claim("a", "leaving", devices=[share("gpu-0", memory="10Gi")])
@@ -213,11 +213,11 @@ def test_an_unprepare_answers_once_the_entry_is_gone_and_the_share_goes_when_cal
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
-            releases, gate = held_quiet(runtime)
+            releases, gate = held_lull(runtime)
             assert (await plugin.unprepare([ref]))[ref.uid] == ""
             assert runtime.driver is not None
             assert ref.uid not in runtime.driver.journal.store.load().claims
-            assert await shares_of(node_dirs) == [ref.uid], "released before the calls paused"
+            assert await shares_of(node_dirs) == [ref.uid], "released before the lull"
             assert releases.pending == 1
             gate.set()
             await eventually(
@@ -246,7 +246,7 @@ def test_a_claim_prepared_again_while_its_release_waits_keeps_its_share(
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
-            releases, gate = held_quiet(runtime)
+            releases, gate = held_lull(runtime)
             watched = HeldWrite(runtime, ref.uid, removal=False, fail=False, wait=False).agent
             assert (await plugin.unprepare([ref]))[ref.uid] == ""
             assert releases.pending == 1
@@ -254,7 +254,7 @@ def test_a_claim_prepared_again_while_its_release_waits_keeps_its_share(
             assert watched.released.is_set(), "the pending release was not sent before the ensure"
             assert releases.pending == 0
             gate.set()
-            await asyncio.sleep(0.5)  # a quiet spell's worth and more
+            await asyncio.sleep(0.5)  # time for a release, were one still pending
             assert await shares_of(node_dirs) == [ref.uid], "a release followed the new share"
             assert (await plugin.unprepare([ref]))[ref.uid] == ""
             await eventually(
@@ -271,7 +271,7 @@ def test_a_failed_removal_keeps_the_entry_and_defers_nothing(node_dirs: NodeDirs
     async def scenario() -> None:
         async with serving(node_dirs, [claim]) as (runtime, plugin):
             assert (await plugin.prepare([ref]))[ref.uid].error == ""
-            releases, gate = held_quiet(runtime)
+            releases, gate = held_lull(runtime)
             gate.set()
             held = HeldWrite(runtime, ref.uid, removal=True, fail=True, wait=False)
             assert "no space left" in (await plugin.unprepare([ref]))[ref.uid]

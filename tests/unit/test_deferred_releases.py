@@ -1,6 +1,6 @@
-"""DeferredReleases: an unprepared claim's MPS v3 shares released in a quiet spell.
+"""DeferredReleases: an unprepared claim's MPS v3 shares released in a lull of the calls.
 
-The agent is a recording stand-in and the quiet spell an event the test sets; the
+The agent is a recording stand-in and the lull an event the test sets; the
 retry backoff runs on the event loop's virtual clock (tests/support/clock.py)."""
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ class RecordingAgent:
         raise AssertionError("not asked here")
 
 
-class Quiet:
-    """The plugin's quiet spell, as the test says: each wait returns once ``now`` is set."""
+class Lull:
+    """The plugin's lull in its calls, as the test says: each wait returns once ``now``
+    is set."""
 
     def __init__(self) -> None:
         self.now = asyncio.Event()
@@ -72,17 +73,17 @@ async def settle_loop() -> None:
         await asyncio.sleep(0)
 
 
-def test_a_release_waits_for_the_quiet_spell_then_all_go_in_order() -> None:
+def test_a_release_waits_for_a_lull_then_all_go_in_order() -> None:
     async def scenario() -> None:
-        agent, quiet = RecordingAgent(), Quiet()
-        releases = DeferredReleases(agent, quiet)
+        agent, lull = RecordingAgent(), Lull()
+        releases = DeferredReleases(agent, lull)
         releases.defer(CLAIM, "GPU-0", "s1")
         releases.defer(CLAIM, "GPU-1", "s2")
         releases.defer(CLAIM, "GPU-0", "s1")  # the kubelet's retry: one release
         await settle_loop()
         assert agent.released == [] and releases.pending == 2
         assert releases.holds("GPU-0", "s1") and not releases.holds("GPU-0", "s2")
-        quiet.now.set()
+        lull.now.set()
         await settle_loop()
         assert agent.released == [("GPU-0", "s1"), ("GPU-1", "s2")]
         assert releases.pending == 0 and releases.failures == 0
@@ -92,14 +93,14 @@ def test_a_release_waits_for_the_quiet_spell_then_all_go_in_order() -> None:
 
 def test_a_share_ensured_again_has_its_pending_release_sent_first_and_only_then() -> None:
     async def scenario() -> None:
-        agent, quiet = RecordingAgent(), Quiet()
-        releases = DeferredReleases(agent, quiet)
+        agent, lull = RecordingAgent(), Lull()
+        releases = DeferredReleases(agent, lull)
         releases.defer(CLAIM, "GPU-0", "s1")
         releases.defer(CLAIM, "GPU-0", "s2")
         await releases.settle("GPU-0", "s1")
-        assert agent.released == [("GPU-0", "s1")], "sent at once, without a quiet spell"
+        assert agent.released == [("GPU-0", "s1")], "sent at once, without a lull"
         await releases.settle("GPU-0", "s3")  # nothing pending: nothing sent
-        quiet.now.set()
+        lull.now.set()
         await settle_loop()
         assert agent.released == [("GPU-0", "s1"), ("GPU-0", "s2")], "s1 was sent twice"
 
@@ -108,10 +109,10 @@ def test_a_share_ensured_again_has_its_pending_release_sent_first_and_only_then(
 
 def test_an_ensure_waits_for_the_release_in_flight() -> None:
     async def scenario() -> None:
-        agent, quiet = RecordingAgent(), Quiet()
+        agent, lull = RecordingAgent(), Lull()
         agent.held = asyncio.Event()
-        releases = DeferredReleases(agent, quiet)
-        quiet.now.set()
+        releases = DeferredReleases(agent, lull)
+        lull.now.set()
         releases.defer(CLAIM, "GPU-0", "s1")
         await agent.arrived.wait()
         settle = asyncio.create_task(releases.settle("GPU-0", "s1"))
@@ -126,10 +127,10 @@ def test_an_ensure_waits_for_the_release_in_flight() -> None:
 
 def test_a_failed_release_in_flight_is_sent_by_the_ensure_waiting_for_it() -> None:
     async def scenario() -> None:
-        agent, quiet = RecordingAgent(), Quiet()
+        agent, lull = RecordingAgent(), Lull()
         agent.held, agent.refuse = asyncio.Event(), 1
-        releases = DeferredReleases(agent, quiet)
-        quiet.now.set()
+        releases = DeferredReleases(agent, lull)
+        lull.now.set()
         releases.defer(CLAIM, "GPU-0", "s1")
         await agent.arrived.wait()
         settle = asyncio.create_task(releases.settle("GPU-0", "s1"))
@@ -149,10 +150,10 @@ def test_a_refused_release_is_logged_and_tried_again_with_backoff(
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
-        agent, quiet = RecordingAgent(), Quiet()
+        agent, lull = RecordingAgent(), Lull()
         agent.refuse = 2
-        releases = DeferredReleases(agent, quiet)
-        quiet.now.set()
+        releases = DeferredReleases(agent, lull)
+        lull.now.set()
         started = loop.time()
         releases.defer(CLAIM, "GPU-0", "s1")
         while not agent.released:
@@ -172,29 +173,29 @@ def test_a_refused_release_is_logged_and_tried_again_with_backoff(
 
 def test_a_refused_release_sent_for_an_ensure_raises_and_stays_pending() -> None:
     async def scenario() -> None:
-        agent, quiet = RecordingAgent(), Quiet()
+        agent, lull = RecordingAgent(), Lull()
         agent.refuse = 1
-        releases = DeferredReleases(agent, quiet)
+        releases = DeferredReleases(agent, lull)
         releases.defer(CLAIM, "GPU-0", "s1")
         with pytest.raises(MpsAgentError, match="refused"):
             await releases.settle("GPU-0", "s1")
         assert releases.holds("GPU-0", "s1"), "the share is still the agent's"
-        quiet.now.set()
+        lull.now.set()
         await settle_loop()
         assert agent.released == [("GPU-0", "s1")]
 
     asyncio.run(scenario())
 
 
-def test_flush_sends_what_is_pending_once_without_a_quiet_spell(
+def test_flush_sends_what_is_pending_once_without_a_lull(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.ERROR, logger=deferred_releases.__name__)
 
     async def scenario() -> None:
-        agent, quiet = RecordingAgent(), Quiet()
+        agent, lull = RecordingAgent(), Lull()
         agent.refuse = 1
-        releases = DeferredReleases(agent, quiet)
+        releases = DeferredReleases(agent, lull)
         releases.defer(CLAIM, "GPU-0", "s1")
         releases.defer(CLAIM, "GPU-0", "s2")
         await settle_loop()
@@ -212,10 +213,10 @@ def test_flush_sends_what_is_pending_once_without_a_quiet_spell(
 
 def test_flush_ends_a_release_in_flight_and_sends_it_again() -> None:
     async def scenario() -> None:
-        agent, quiet = RecordingAgent(), Quiet()
+        agent, lull = RecordingAgent(), Lull()
         agent.held = asyncio.Event()
-        releases = DeferredReleases(agent, quiet)
-        quiet.now.set()
+        releases = DeferredReleases(agent, lull)
+        lull.now.set()
         releases.defer(CLAIM, "GPU-0", "s1")
         await agent.arrived.wait()
         agent.held.set()  # the flush's own try is not held: the first one was cancelled
@@ -227,7 +228,7 @@ def test_flush_ends_a_release_in_flight_and_sends_it_again() -> None:
     asyncio.run(scenario())
 
 
-def enforcer(*, legacy: bool = False, quiet: bool = True) -> Enforcer:
+def enforcer(*, legacy: bool = False, lull: bool = True) -> Enforcer:
     async def never() -> None:
         raise AssertionError("no release is sent here")
 
@@ -237,7 +238,7 @@ def enforcer(*, legacy: bool = False, quiet: bool = True) -> Enforcer:
         mig_caps=None,
         mps=RecordingAgent(),
         settings=NodeSettings(legacy_mps=legacy),
-        quiet=never if quiet else None,
+        lull=never if lull else None,
     )
 
 
@@ -250,7 +251,7 @@ def test_only_plain_shares_of_mps_v3_daemons_are_deferred() -> None:
         assert enforcer().release_later(CLAIM, plain)
         kept: list[tuple[Enforcer, list[PlannedDevice]]] = [
             (enforcer(legacy=True), plain),  # legacy: the next share may be another tenant's
-            (enforcer(quiet=False), plain),  # no quiet spell given: released at once
+            (enforcer(lull=False), plain),  # no lull given: released at once
             (enforcer(), [mps_in_mig(share_id="s1")]),  # MIG keeps its order
             (enforcer(), [*plain, mig_instance("gpu-1-mig", gpu="GPU-1")]),
             (enforcer(), []),
@@ -272,7 +273,7 @@ def test_a_claims_shares_of_one_gpu_are_one_release() -> None:
         async def held() -> None:  # nothing is sent before the flush
             await never.wait()
 
-        target.releases.quiet = held
+        target.releases.lull = held
         devices = [
             mps_share("gpu-0", share_id="s1"),
             mps_share("gpu-0", share_id="s2"),

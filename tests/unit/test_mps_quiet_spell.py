@@ -1,4 +1,4 @@
-"""The quiet spell work off the calls' path waits for (``base.quiet_spell``)."""
+"""The quiet spell the deferred namespace deletes wait for (``mpsagent.quiet_spell``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dra_driver.base.quiet_spell import QuietSpell
+from dra_driver.mpsagent.quiet_spell import QuietSpell
 
 
 async def a_call(spell: QuietSpell, seconds: float) -> None:

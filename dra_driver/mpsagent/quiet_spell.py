@@ -1,14 +1,13 @@
-"""When calls pause: work kept off the calls' path waits for it (asyncio).
+"""When the agent's calls pause: the deferred namespace deletes wait for it (asyncio).
 
-Calls come in waves (a node's pods start and stop together), and some work is done
-after a call's answer, once the calls pause, so that it does not take the cores
-from the calls still waiting: the mps-agent's deferred namespace deletes and
-spares, the plugin's deferred share releases. Many pieces of such work can wait at
-once (a wave's worth, and every wave's while the calls keep coming): each polling
-the clock would wake the event loop tens of times a second, in the middle of the
-very calls they wait out. Here they all wait on one future, and one timer, armed
-only while someone waits and the calls have paused, resolves it once the pause has
-lasted long enough.
+The plugin's calls come in waves (a node's pods start and stop together), and a
+released share's ``namespace delete`` waits for a quiet spell, so its process does
+not take the cores from the calls still waiting (:mod:`.agent`). Many deletes can
+wait at once (a wave's worth, and every wave's while the calls keep coming): each
+polling the clock would wake the event loop tens of times a second per delete,
+in the middle of the very calls they wait out. Here they all wait on one future,
+and one timer, armed only while someone waits and the calls have paused, resolves
+it once the pause has lasted long enough.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ class QuietSpell:
 
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
-        """Around one call."""
+        """Around one call (an ensure or a release)."""
         self._running += 1
         try:
             yield
