@@ -18,6 +18,9 @@ What keeps it safe:
 * a share ensured again (the same claim prepared again, or its key reused) first
   has its pending release sent, or its release in flight finished
   (:meth:`DeferredReleases.settle`), so no release ever follows the new share;
+* a claim that uses a GPU other than as an MPS share (a whole GPU, MIG) first has
+  that GPU's releases sent (:meth:`DeferredReleases.settle_gpu`): the last one stops
+  the GPU's daemon and puts its compute mode back;
 * a legacy daemon's share is never deferred (:class:`~dra_driver.plugin.enforcement.Enforcer`
   decides): a legacy daemon keeps one Kubernetes namespace at a time, and a pending
   release of another namespace's share would refuse the next share;
@@ -76,6 +79,17 @@ class DeferredReleases:
         self._pending.setdefault((gpu_uuid, share_id), claim)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_pending(), name="deferred-releases")
+
+    def holds_gpu(self, gpu_uuid: str) -> bool:
+        """Whether a release of a share at ``gpu_uuid``'s daemon is pending or in flight."""
+        return any(k[0] == gpu_uuid for k in self._pending) or any(
+            k[0] == gpu_uuid for k in self._in_flight
+        )
+
+    async def settle_gpu(self, gpu_uuid: str) -> None:
+        """:meth:`settle` each release of a share at ``gpu_uuid``'s daemon."""
+        for key in [k for k in (*self._pending, *self._in_flight) if k[0] == gpu_uuid]:
+            await self.settle(*key)
 
     def holds(self, gpu_uuid: str, share_id: str) -> bool:
         """Whether a release of this share is pending or in flight (no await: the

@@ -316,6 +316,8 @@ class Driver:
         if spec is None:  # a prepared claim's lost spec: its side effects are in place
             return entry
         devices = entry.devices
+        if self.enforcer is not None and self.enforcer.must_settle_releases(devices):
+            await self.enforcer.settle_releases(devices)  # a whole GPU after its MPS shares
         if self.enforcer is not None and _has_side_effects(devices):
             async with self._gpu_locks(devices):
                 devices, spec = await self.enforcer.apply(entry.ref, devices, spec, early)

@@ -243,6 +243,23 @@ class Enforcer:
         if failures:
             raise InventoryError("; ".join(failures))
 
+    def must_settle_releases(self, devices: Sequence[PlannedDevice]) -> bool:
+        """Whether ``devices`` use a GPU other than as an MPS share (a whole GPU, MIG)
+        whose MPS shares' releases are still deferred (no await: asked of every
+        prepare)."""
+        releases = self.releases
+        if releases is None or not releases.pending:
+            return False
+        return any(not isinstance(d, MpsShare) and releases.holds_gpu(d.gpu_uuid) for d in devices)
+
+    async def settle_releases(self, devices: Sequence[PlannedDevice]) -> None:
+        """Before ``devices`` use their GPUs other than as MPS shares: those GPUs' deferred
+        releases sent (the last stops the daemon and puts the compute mode back)."""
+        if self.releases is None:
+            return
+        for gpu in sorted({d.gpu_uuid for d in devices if not isinstance(d, MpsShare)}):
+            await self.releases.settle_gpu(gpu)
+
     def may_defer_release(self, devices: Sequence[PlannedDevice]) -> bool:
         """Whether :meth:`release_later` takes ``devices``: plain MPS shares of MPS v3
         daemons, and nothing else to undo (a legacy daemon's next share may be another

@@ -20,7 +20,7 @@ from dra_driver.plugin import deferred_releases
 from dra_driver.plugin.deferred_releases import DeferredReleases
 from dra_driver.plugin.enforcement import Enforcer
 from tests.support.clock import run_in_virtual_time
-from tests.support.planned import mig_instance, mps_in_mig, mps_share
+from tests.support.planned import exclusive, mig_instance, mps_in_mig, mps_share
 
 CLAIM = ClaimRef("team-a", "c", ClaimUID("u1"))
 
@@ -229,8 +229,8 @@ def test_flush_ends_a_release_in_flight_and_sends_it_again() -> None:
 
 
 def enforcer(*, legacy: bool = False, lull: bool = True) -> Enforcer:
-    async def never() -> None:
-        raise AssertionError("no release is sent here")
+    async def never() -> None:  # no lull: the test flushes what it deferred
+        await asyncio.Event().wait()
 
     return Enforcer(
         backend=None,  # type: ignore[arg-type]  # not reached
@@ -248,7 +248,9 @@ def test_only_plain_shares_of_mps_v3_daemons_are_deferred() -> None:
             mps_share("gpu-0", share_id="s1"),
             mps_share("gpu-0", share_id="s2"),
         ]
-        assert enforcer().release_later(CLAIM, plain)
+        deferring = enforcer()
+        assert deferring.release_later(CLAIM, plain)
+        await deferring.flush_releases()
         kept: list[tuple[Enforcer, list[PlannedDevice]]] = [
             (enforcer(legacy=True), plain),  # legacy: the next share may be another tenant's
             (enforcer(lull=False), plain),  # no lull given: released at once
@@ -268,12 +270,6 @@ def test_a_claims_shares_of_one_gpu_are_one_release() -> None:
     async def scenario() -> None:
         target = enforcer()
         assert target.releases is not None
-        never = asyncio.Event()
-
-        async def held() -> None:  # nothing is sent before the flush
-            await never.wait()
-
-        target.releases.lull = held
         devices = [
             mps_share("gpu-0", share_id="s1"),
             mps_share("gpu-0", share_id="s2"),
@@ -286,5 +282,33 @@ def test_a_claims_shares_of_one_gpu_are_one_release() -> None:
         agent = target.releases.agent
         assert isinstance(agent, RecordingAgent)
         assert agent.released == [("GPU-0", "s1"), ("GPU-1", "s3")]
+
+    asyncio.run(scenario())
+
+
+def test_a_gpu_used_whole_has_its_releases_sent_first() -> None:
+    """The last share's release stops the GPU's daemon and puts its compute mode back:
+    a whole GPU (or MIG, or time-slicing) on it waits for its pending releases; another
+    MPS share of it does not."""
+
+    async def scenario() -> None:
+        target = enforcer()
+        releases = target.releases
+        assert releases is not None
+        assert not target.must_settle_releases([exclusive("gpu-0", gpu="GPU-0")])
+        releases.defer(CLAIM, "GPU-0", "s1")
+        releases.defer(CLAIM, "GPU-0", "s2")
+        releases.defer(CLAIM, "GPU-1", "s3")
+        assert not target.must_settle_releases([mps_share("gpu-0", gpu="GPU-0", share_id="s4")])
+        assert not target.must_settle_releases([exclusive("gpu-2", gpu="GPU-2")])
+        whole = [exclusive("gpu-0", gpu="GPU-0")]
+        assert target.must_settle_releases(whole)
+        await target.settle_releases(whole)
+        agent = releases.agent
+        assert isinstance(agent, RecordingAgent)
+        assert agent.released == [("GPU-0", "s1"), ("GPU-0", "s2")]
+        assert not target.must_settle_releases(whole)
+        assert releases.holds("GPU-1", "s3"), "another GPU's release was sent"
+        await target.flush_releases()
 
     asyncio.run(scenario())
