@@ -387,3 +387,25 @@ def test_the_side_effects_take_the_namespaces_the_early_start_computed(
         assert [d.edits.env for d in made.devices] == [edits.env, edits.env]
 
     asyncio.run(scenario())
+
+
+def test_a_gpu_claimed_whole_first_has_its_pending_releases_sent(node_dirs: NodeDirs) -> None:
+    """The last share's release stops the GPU's daemon (and puts its compute mode back):
+    a claim of the whole GPU waits for it, as it waited for the unprepare before."""
+    shared = resource_claim("a", "shared", devices=[share("gpu-0", memory="10Gi")])
+    whole = resource_claim("b", "whole")
+    shared_ref, whole_ref = claim_ref(shared), claim_ref(whole)
+
+    async def scenario() -> None:
+        async with serving(node_dirs, [shared, whole]) as (runtime, plugin):
+            assert (await plugin.prepare([shared_ref]))[shared_ref.uid].error == ""
+            releases, _gate = held_lull(runtime)
+            watched = HeldWrite(runtime, shared_ref.uid, removal=False, fail=False, wait=False)
+            assert (await plugin.unprepare([shared_ref]))[shared_ref.uid] == ""
+            assert releases.pending == 1 and not watched.agent.released.is_set()
+            assert (await plugin.prepare([whole_ref]))[whole_ref.uid].error == ""
+            assert watched.agent.released.is_set(), "the whole GPU went ahead of the release"
+            assert releases.pending == 0
+            assert await shares_of(node_dirs) == []
+
+    run_checked(scenario())

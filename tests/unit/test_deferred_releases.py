@@ -26,8 +26,8 @@ CLAIM = ClaimRef("team-a", "c", ClaimUID("u1"))
 
 
 class RecordingAgent:
-    """Records each release; ``refuse``: that many releases fail first; ``held``: a
-    release waits for it."""
+    """Records each release; ``refuse``: that many releases fail first; ``held``: the
+    next release waits for it (only that one)."""
 
     def __init__(self) -> None:
         self.released: list[tuple[str, str]] = []
@@ -41,7 +41,8 @@ class RecordingAgent:
     async def release_share(self, gpu_uuid: str, share_id: str) -> bool:
         self.arrived.set()
         if self.held is not None:
-            await self.held.wait()
+            held, self.held = self.held, None
+            await held.wait()
         if self.refuse:
             self.refuse -= 1
             raise MpsAgentError("daemon_failed", "namespace delete refused")
@@ -66,6 +67,21 @@ class Lull:
     async def __call__(self) -> None:
         self.waits += 1
         await self.now.wait()
+
+
+async def a_release_in_flight(
+    *, refuse: int = 0
+) -> tuple[RecordingAgent, DeferredReleases, asyncio.Event]:
+    """GPU-0's s1 released in a lull, the request held at the agent until the event
+    is set (``refuse``: then refused)."""
+    agent, lull = RecordingAgent(), Lull()
+    held = agent.held = asyncio.Event()
+    agent.refuse = refuse
+    releases = DeferredReleases(agent, lull)
+    lull.now.set()
+    releases.defer(CLAIM, "GPU-0", "s1")
+    await agent.arrived.wait()
+    return agent, releases, held
 
 
 async def settle_loop() -> None:
@@ -109,16 +125,11 @@ def test_a_share_ensured_again_has_its_pending_release_sent_first_and_only_then(
 
 def test_an_ensure_waits_for_the_release_in_flight() -> None:
     async def scenario() -> None:
-        agent, lull = RecordingAgent(), Lull()
-        agent.held = asyncio.Event()
-        releases = DeferredReleases(agent, lull)
-        lull.now.set()
-        releases.defer(CLAIM, "GPU-0", "s1")
-        await agent.arrived.wait()
+        agent, releases, held = await a_release_in_flight()
         settle = asyncio.create_task(releases.settle("GPU-0", "s1"))
         await settle_loop()
         assert not settle.done(), "the ensure went ahead of the release in flight"
-        agent.held.set()
+        held.set()
         await settle
         assert agent.released == [("GPU-0", "s1")]
 
@@ -127,15 +138,10 @@ def test_an_ensure_waits_for_the_release_in_flight() -> None:
 
 def test_a_failed_release_in_flight_is_sent_by_the_ensure_waiting_for_it() -> None:
     async def scenario() -> None:
-        agent, lull = RecordingAgent(), Lull()
-        agent.held, agent.refuse = asyncio.Event(), 1
-        releases = DeferredReleases(agent, lull)
-        lull.now.set()
-        releases.defer(CLAIM, "GPU-0", "s1")
-        await agent.arrived.wait()
+        agent, releases, held = await a_release_in_flight(refuse=1)
         settle = asyncio.create_task(releases.settle("GPU-0", "s1"))
         await settle_loop()
-        agent.held.set()
+        held.set()
         await settle
         assert agent.released == [("GPU-0", "s1")], "the ensure went ahead of a failed release"
         assert releases.pending == 0 and releases.failures == 1
@@ -213,17 +219,10 @@ def test_flush_sends_what_is_pending_once_without_a_lull(
 
 def test_flush_ends_a_release_in_flight_and_sends_it_again() -> None:
     async def scenario() -> None:
-        agent, lull = RecordingAgent(), Lull()
-        agent.held = asyncio.Event()
-        releases = DeferredReleases(agent, lull)
-        lull.now.set()
-        releases.defer(CLAIM, "GPU-0", "s1")
-        await agent.arrived.wait()
-        agent.held.set()  # the flush's own try is not held: the first one was cancelled
-        flush = asyncio.create_task(releases.flush())
-        await flush
-        assert agent.released in ([("GPU-0", "s1")], [("GPU-0", "s1"), ("GPU-0", "s1")])
-        assert releases.pending == 0
+        agent, releases, _ = await a_release_in_flight()
+        await releases.flush()  # cancels the held try, then sends it again (not held)
+        assert agent.released == [("GPU-0", "s1")]
+        assert releases.pending == 0 and releases.failures == 0
 
     asyncio.run(scenario())
 
