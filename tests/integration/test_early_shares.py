@@ -32,7 +32,7 @@ from dra_driver.plugin.early_shares import EarlyShares
 from dra_driver.plugin.enforcement import Enforcer
 from dra_driver.state.checkpoint import Checkpoint, ClaimState
 from tests.support.eventually import eventually
-from tests.support.mps import agent_config, agent_running, mps_parts
+from tests.support.mps import agent_config, agent_running, mps_parts, until_shares
 from tests.support.node import DRIVER, NodeDirs, run_checked
 from tests.support.planned import mig_instance, mps_in_mig, mps_share
 
@@ -200,8 +200,12 @@ def held_lull(runtime: Plugin) -> tuple[DeferredReleases, asyncio.Event]:
     return releases, gate
 
 
+def agent_client(dirs: NodeDirs) -> MpsAgentClient:
+    return MpsAgentClient(agent_config(dirs).socket_path)
+
+
 async def shares_of(dirs: NodeDirs) -> list[str]:
-    return [s.claim_uid for s in await MpsAgentClient(agent_config(dirs).socket_path).list_shares()]
+    return [s.claim_uid for s in await agent_client(dirs).list_shares()]
 
 
 def test_an_unprepare_answers_once_the_entry_is_gone_and_the_share_goes_in_a_lull(
@@ -220,20 +224,11 @@ def test_an_unprepare_answers_once_the_entry_is_gone_and_the_share_goes_in_a_lul
             assert await shares_of(node_dirs) == [ref.uid], "released before the lull"
             assert releases.pending == 1
             gate.set()
-            await eventually(
-                _none_left(node_dirs), "the deferred release", timeout=WAIT_S, interval=0.05
-            )
+            await until_shares(agent_client(node_dirs), [], timeout=WAIT_S)
             await eventually(lambda: releases.pending == 0, "the release's answer")
             assert releases.failures == 0
 
     run_checked(scenario())
-
-
-def _none_left(dirs: NodeDirs) -> Any:
-    async def check() -> bool:
-        return await shares_of(dirs) == []
-
-    return check
 
 
 def test_a_claim_prepared_again_while_its_release_waits_keeps_its_share(
@@ -257,9 +252,7 @@ def test_a_claim_prepared_again_while_its_release_waits_keeps_its_share(
             await asyncio.sleep(0.5)  # time for a release, were one still pending
             assert await shares_of(node_dirs) == [ref.uid], "a release followed the new share"
             assert (await plugin.unprepare([ref]))[ref.uid] == ""
-            await eventually(
-                _none_left(node_dirs), "the deferred release", timeout=WAIT_S, interval=0.05
-            )
+            await until_shares(agent_client(node_dirs), [], timeout=WAIT_S)
 
     run_checked(scenario())
 
@@ -281,9 +274,7 @@ def test_a_failed_removal_keeps_the_entry_and_defers_nothing(node_dirs: NodeDirs
             held.let_go()
             assert (await plugin.unprepare([ref]))[ref.uid] == ""  # the kubelet's retry
             assert ref.uid not in held.store.load().claims
-            await eventually(
-                _none_left(node_dirs), "the deferred release", timeout=WAIT_S, interval=0.05
-            )
+            await until_shares(agent_client(node_dirs), [], timeout=WAIT_S)
 
     run_checked(scenario())
 

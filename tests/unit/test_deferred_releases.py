@@ -69,15 +69,21 @@ class Lull:
         await self.now.wait()
 
 
+def deferring(*, refuse: int = 0) -> tuple[RecordingAgent, Lull, DeferredReleases]:
+    """Releases to a recording agent (``refuse``: its first ones refused), in a lull
+    the test sets."""
+    agent, lull = RecordingAgent(), Lull()
+    agent.refuse = refuse
+    return agent, lull, DeferredReleases(agent, lull)
+
+
 async def a_release_in_flight(
     *, refuse: int = 0
 ) -> tuple[RecordingAgent, DeferredReleases, asyncio.Event]:
     """GPU-0's s1 released in a lull, the request held at the agent until the event
     is set (``refuse``: then refused)."""
-    agent, lull = RecordingAgent(), Lull()
+    agent, lull, releases = deferring(refuse=refuse)
     held = agent.held = asyncio.Event()
-    agent.refuse = refuse
-    releases = DeferredReleases(agent, lull)
     lull.now.set()
     releases.defer(CLAIM, "GPU-0", "s1")
     await agent.arrived.wait()
@@ -91,8 +97,7 @@ async def settle_loop() -> None:
 
 def test_a_release_waits_for_a_lull_then_all_go_in_order() -> None:
     async def scenario() -> None:
-        agent, lull = RecordingAgent(), Lull()
-        releases = DeferredReleases(agent, lull)
+        agent, lull, releases = deferring()
         releases.defer(CLAIM, "GPU-0", "s1")
         releases.defer(CLAIM, "GPU-1", "s2")
         releases.defer(CLAIM, "GPU-0", "s1")  # the kubelet's retry: one release
@@ -109,8 +114,7 @@ def test_a_release_waits_for_a_lull_then_all_go_in_order() -> None:
 
 def test_a_share_ensured_again_has_its_pending_release_sent_first_and_only_then() -> None:
     async def scenario() -> None:
-        agent, lull = RecordingAgent(), Lull()
-        releases = DeferredReleases(agent, lull)
+        agent, lull, releases = deferring()
         releases.defer(CLAIM, "GPU-0", "s1")
         releases.defer(CLAIM, "GPU-0", "s2")
         await releases.settle("GPU-0", "s1")
@@ -156,9 +160,7 @@ def test_a_refused_release_is_logged_and_tried_again_with_backoff(
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
-        agent, lull = RecordingAgent(), Lull()
-        agent.refuse = 2
-        releases = DeferredReleases(agent, lull)
+        agent, lull, releases = deferring(refuse=2)
         lull.now.set()
         started = loop.time()
         releases.defer(CLAIM, "GPU-0", "s1")
@@ -179,9 +181,7 @@ def test_a_refused_release_is_logged_and_tried_again_with_backoff(
 
 def test_a_refused_release_sent_for_an_ensure_raises_and_stays_pending() -> None:
     async def scenario() -> None:
-        agent, lull = RecordingAgent(), Lull()
-        agent.refuse = 1
-        releases = DeferredReleases(agent, lull)
+        agent, lull, releases = deferring(refuse=1)
         releases.defer(CLAIM, "GPU-0", "s1")
         with pytest.raises(MpsAgentError, match="refused"):
             await releases.settle("GPU-0", "s1")
@@ -199,9 +199,7 @@ def test_flush_sends_what_is_pending_once_without_a_lull(
     caplog.set_level(logging.ERROR, logger=deferred_releases.__name__)
 
     async def scenario() -> None:
-        agent, lull = RecordingAgent(), Lull()
-        agent.refuse = 1
-        releases = DeferredReleases(agent, lull)
+        agent, _, releases = deferring(refuse=1)
         releases.defer(CLAIM, "GPU-0", "s1")
         releases.defer(CLAIM, "GPU-0", "s2")
         await settle_loop()
