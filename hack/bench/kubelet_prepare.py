@@ -17,24 +17,34 @@ Phases (``--phases``, default ``whole,mps``):
 
 * ``whole``: a whole GPU per pod (the request names no capacity: no MPS client);
 * ``mps``: a ``--share`` (default 4Gi) MPS v3 share per pod, with a quarter of the SMs
-  (so four fit on a GPU: a wave spreads over several GPUs); one more share pod per GPU,
-  pinned to it, started before the phase's first reading and deleted after its last,
-  keeps every GPU's MPS daemon up, as on a node already serving MPS pods (``--cold``:
-  without them, each wave's first share on a GPU starts its daemon);
+  (so four fit on a GPU: a wave spreads over several GPUs);
 * ``example``: dra-example-driver's kubelet plugin (``--example-driver PATH``, built by
   ``../shared/cluster/build-binaries.sh dra``) with one of its devices per pod: a
   Go driver on the same kubelet, for comparison.
 
-Printed per run and phase: calls counted, the kubelet's mean prepare and
-unprepare (ms), pod create-to-Running p50, how idle the machine was before the
-phase's first wave; then the MPS/whole ratios and, with ``--runs N``, in how many
-runs they met the target (MPS mean within 1.5x whole). Each phase waits (``--settle``,
-at most 60 s) for the machine to be 80% idle before its first wave, and the phases
-take turns going first, run by run: on a small node the run before, the pods'
-teardown and the resident pods' start otherwise fall on one phase more than the other.
+A run takes the phases' waves in turns, one wave of each phase, the order alternating
+turn by turn, each wave from a settled machine (``--settle``, at most 60 s for it to be
+80% idle over 2 s): the phases meet the same node, the same resident pods and what the
+wave before left behind, where whole phases in a row met whatever the minutes of each
+brought. Eight waves a phase by default: on a 2-core node one wave's mean prepare
+swings from 20 to 100 ms in either phase (the calls land on the pods' start), and the
+means of 3 waves could not tell a ratio of 1.25 from one of 1.5.
+
+The plugin has ``2 x --gpus`` fake GPUs: the MPS waves use the first ``--gpus``, each
+holding a resident share pod pinned to it for the whole run (it keeps the GPU's MPS
+daemon up, as on a node already serving MPS pods; ``--cold``: none, so each MPS wave's
+first share on a GPU starts its daemon), the whole-GPU waves the others.
+
+Printed per run and phase: calls counted, the kubelet's mean prepare and unprepare
+(ms) beside the plugin's own (its ``claim_operation_duration_seconds``, from the call
+reaching its engine to the answer), pod create-to-Running p50, the least idle share
+seen before a wave, and the CPU each process spent per claim over the phase's waves
+(the plugin, the agent, the fake control's commands and daemons, the kubelet,
+containerd, the control plane, the whole machine); then the MPS/whole ratios and, with
+``--runs N``, in how many runs they met the target (MPS mean within 1.5x whole).
 
 Usage:  .venv/bin/python hack/bench/kubelet_prepare.py --kubeconfig PATH [--node NAME]
-        [--gpus 10] [--pods 10] [--waves 3] [--runs 1] [--phases whole,mps,example]
+        [--gpus 10] [--pods 10] [--waves 8] [--runs 1] [--phases whole,mps,example]
         [--image local.test/busybox:1.35] [--example-driver /tmp/perf/bin/dra-example-kubeletplugin]
         [--kubelet-url https://127.0.0.1:10250 --kubelet-cert C --kubelet-key K --kubelet-ca CA]
 Needs root (the kubelet's directories) and no other plugin of the driver on the node
@@ -45,9 +55,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import shutil
 import signal
+import socket
 import ssl
 import statistics
 import subprocess
@@ -68,8 +80,11 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, ROOT)
 
 from tests.support.processes import (  # noqa: E402  (ROOT first)
+    cpu_s,
+    live_children,
     live_socket,
     machine_ticks,
+    reaped_cpu_s,
     stop_process,
 )
 
@@ -83,7 +98,7 @@ PREPARE = "NodePrepareResources"
 UNPREPARE = "NodeUnprepareResources"
 TARGET_RATIO = 1.5
 SETTLED_IDLE = 0.8
-"""How idle the machine must be (over 2 s) before a phase's first wave, by default."""
+"""How idle the machine must be (over 2 s) before a wave, by default."""
 JsonObj = dict[str, Any]
 
 
@@ -99,6 +114,9 @@ class Totals:
 
     def minus(self, before: Totals) -> Totals:
         return Totals(self.seconds - before.seconds, self.calls - before.calls)
+
+    def plus(self, other: Totals) -> Totals:
+        return Totals(self.seconds + other.seconds, self.calls + other.calls)
 
     @property
     def mean_ms(self) -> float:
@@ -125,6 +143,30 @@ def kubelet_totals(text: str, driver: str) -> dict[str, Totals]:
     return {m: Totals(sums.get(m, 0.0), int(counts.get(m, 0))) for m in set(sums) | set(counts)}
 
 
+PLUGIN_METRIC = "fractional_gpu_dra_claim_operation_duration_seconds"
+PLUGIN_OPERATIONS = {"prepare": "NodePrepareResources", "unprepare": "NodeUnprepareResources"}
+
+
+def plugin_totals(text: str) -> dict[str, Totals]:
+    """Sum and count of the plugin's own ``claim_operation_duration_seconds`` (from the
+    call reaching its engine to the claim's answer) per operation, keyed by the kubelet's
+    method name: beside the kubelet's mean, what the plugin's own work took of it."""
+    got: dict[str, Totals] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != PLUGIN_METRIC:
+            continue
+        for sample in family.samples:
+            method = PLUGIN_OPERATIONS.get(sample.labels.get("operation", ""))
+            if method is None:
+                continue
+            was = got.get(method, Totals())
+            if sample.name == PLUGIN_METRIC + "_sum":
+                got[method] = Totals(was.seconds + sample.value, was.calls)
+            elif sample.name == PLUGIN_METRIC + "_count":
+                got[method] = Totals(was.seconds, was.calls + int(sample.value))
+    return got
+
+
 def delta(after: Mapping[str, Totals], before: Mapping[str, Totals], method: str) -> Totals:
     return after.get(method, Totals()).minus(before.get(method, Totals()))
 
@@ -136,14 +178,59 @@ class PhaseResult:
     unprepare: Totals
     running_s: list[float]
     idle_before: float = float("nan")
-    """The machine's idle share over the seconds before the first wave (see :func:`settle`)."""
+    """The machine's idle share over the seconds before a wave (see :func:`settle`): the
+    least of the phase's waves."""
+    plugin_prepare: Totals = Totals()
+    """The plugin's own histogram over the phase (none for the example driver)."""
+    plugin_unprepare: Totals = Totals()
+    cpu_s: Mapping[str, float] | None = None
+    """CPU seconds over the phase's waves (:func:`cpu_readings`), by process."""
+    wave_prepare_ms: tuple[float, ...] = ()
+    """The kubelet's mean prepare of each wave, in turn: how much of a phase's spread is
+    the waves' own (set by :meth:`plus`; a single wave's is its ``prepare``)."""
+
+    @property
+    def waves_ms(self) -> tuple[float, ...]:
+        return self.wave_prepare_ms or (self.prepare.mean_ms,)
+
+    def plus(self, other: PhaseResult) -> PhaseResult:
+        """This phase's waves and ``other``'s together."""
+        cpu = dict(self.cpu_s or {})
+        for name, seconds in (other.cpu_s or {}).items():
+            cpu[name] = cpu.get(name, 0.0) + seconds
+        idle = [i for i in (self.idle_before, other.idle_before) if not math.isnan(i)]
+        return PhaseResult(
+            self.phase,
+            self.prepare.plus(other.prepare),
+            self.unprepare.plus(other.unprepare),
+            self.running_s + other.running_s,
+            min(idle) if idle else float("nan"),
+            self.plugin_prepare.plus(other.plugin_prepare),
+            self.plugin_unprepare.plus(other.plugin_unprepare),
+            cpu or None,
+            self.waves_ms + other.waves_ms,
+        )
+
+    def cpu_line(self) -> str:
+        if not self.cpu_s or not self.prepare.calls:
+            return ""
+        spent = ", ".join(
+            f"{name} {1000 * seconds / self.prepare.calls:.1f}"
+            for name, seconds in self.cpu_s.items()
+        )
+        return f"{'':8} CPU per claim (ms): {spent}"
+
+    def waves_line(self) -> str:
+        waves = ", ".join(f"{ms:.0f}" for ms in self.waves_ms)
+        return f"{'':8} prepare mean by wave (ms): {waves}"
 
     def line(self) -> str:
         p50 = statistics.median(self.running_s) if self.running_s else float("nan")
         return (
             f"{self.phase:8} prepare {self.prepare.mean_ms:7.1f} ms mean"
-            f" ({self.prepare.calls} calls)"
-            f"  unprepare {self.unprepare.mean_ms:6.1f} ms mean ({self.unprepare.calls} calls)"
+            f" ({self.prepare.calls} calls; plugin's own {self.plugin_prepare.mean_ms:5.1f})"
+            f"  unprepare {self.unprepare.mean_ms:6.1f} ms mean ({self.unprepare.calls} calls;"
+            f" plugin's own {self.plugin_unprepare.mean_ms:5.1f})"
             f"  pod create->Running p50 {p50:5.1f} s  idle before {self.idle_before:4.0%}"
         )
 
@@ -154,6 +241,49 @@ def idle_share(before: Sequence[int], after: Sequence[int]) -> float:
     spent = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(spent)
     return (spent[3] + spent[4]) / total if total else 1.0
+
+
+OTHERS = ("kubelet", "containerd", "kube-apiserver", "etcd", "kube-scheduler")
+"""The node's and control plane's processes read beside ours (by their ``comm``)."""
+
+
+def pids_by_name(names: Sequence[str]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {name: [] for name in names}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if comm in found:
+            found[comm].append(int(entry))
+    return found
+
+
+def cpu_readings(driver_pids: Mapping[str, int]) -> dict[str, float]:
+    """CPU seconds so far: the plugin, the agent, the fake control's command processes
+    (the agent's reaped children) and daemons (its live children), the node's and control
+    plane's processes (:data:`OTHERS`), and the whole machine busy (not idle nor iowait)."""
+    got: dict[str, float] = {}
+    if "plugin" in driver_pids:
+        got["plugin"] = cpu_s(driver_pids["plugin"])
+    if "agent" in driver_pids:
+        agent = driver_pids["agent"]
+        got["agent"] = cpu_s(agent)
+        got["fake commands"] = reaped_cpu_s(agent)
+        got["fake daemons"] = sum(cpu_s(kid, children=True) for kid in live_children(agent))
+    for name, pids in pids_by_name(OTHERS).items():
+        got[name] = sum(cpu_s(pid) for pid in pids)
+    ticks = machine_ticks()
+    got["machine busy"] = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    return got
+
+
+def cpu_spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """Seconds each reading grew by between ``before`` and ``after``."""
+    return {name: after[name] - before[name] for name in after if name in before}
 
 
 def settle(max_s: float, want: float = SETTLED_IDLE, window_s: float = 2.0) -> float:
@@ -350,49 +480,70 @@ def wait_calls(cluster: Cluster, node: str, driver: str, method: str, at_least: 
         time.sleep(0.5)
 
 
+def pinned(request: JsonObj, expression: str) -> JsonObj:
+    return {**request, "selectors": [{"cel": {"expression": expression}}]}
+
+
+def index_is(op: str, value: int) -> str:
+    return f'device.attributes["{DRIVER}"].index {op} {value}'
+
+
+def wave_request(phase: str, request: JsonObj, gpus: int) -> JsonObj:
+    """The waves' request: MPS shares on the first ``gpus`` GPUs (where the residents keep
+    the daemons up), whole GPUs on the other ``gpus``; the example driver's as it is."""
+    if phase == "mps":
+        return pinned(request, index_is("<", gpus))
+    if phase == "whole":
+        return pinned(request, index_is(">=", gpus))
+    return request
+
+
 def resident_templates(template: str, request: JsonObj, gpus: int) -> dict[str, JsonObj]:
-    """A share request pinned to each of the node's ``gpus`` fake GPUs (by its index
+    """A share request pinned to each of the MPS waves' ``gpus`` GPUs (by its index
     attribute), by template name."""
-    return {
-        f"{template}-resident-{i}": {
-            **request,
-            "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].index == {i}'}}],
-        }
-        for i in range(gpus)
-    }
+    return {f"{template}-resident-{i}": pinned(request, index_is("==", i)) for i in range(gpus)}
 
 
-def run_phase(
-    cluster: Cluster, args: argparse.Namespace, phase: str, driver: str, request: JsonObj
+def run_wave(
+    cluster: Cluster, args: argparse.Namespace, phase: str, driver: str, name: str
 ) -> PhaseResult:
+    """One wave of ``phase``: its pods started, Running, deleted and unprepared, from a
+    settled machine; what the kubelet and the plugin measured meanwhile."""
     template = f"bench-{phase}"
-    cluster.create_template(template, request)
-    # A resident share on each GPU keeps its MPS daemon up, as on a node already serving
-    # MPS pods: the waves then measure a share's own prepare, not a daemon's start (--cold
-    # measures that). One on each GPU: a GPU takes 100/computePercent shares (4 at 25%),
-    # so a wave spreads over several GPUs, and one resident on the first GPU left the
-    # others' daemons to start with each wave and stop after it.
-    residents = (
-        resident_templates(template, request, args.gpus) if phase == "mps" and not args.cold else {}
-    )
-    for name, pinned in residents.items():
-        cluster.create_template(name, pinned)
-    resident = list(residents)
-    start_pods(cluster, args.node, {n: n for n in resident}, args.image, resident)
     idle = settle(args.settle) if args.settle > 0 else float("nan")
     before = kubelet_totals(cluster.kubelet_metrics(args.node), driver)
-    running: list[float] = []
-    for wave in range(args.waves):
-        names = [f"{template}-w{wave}-{i}" for i in range(args.pods)]
-        running += start_pods(cluster, args.node, template, args.image, names)
-        delete_pods(cluster, names)
-    want = before.get(UNPREPARE, Totals()).calls + args.pods * args.waves
+    ours_before = plugin_totals(plugin_metrics(args)) if driver == DRIVER else {}
+    pids = args.driver_pids if driver == DRIVER else {}
+    cpu_before = cpu_readings(pids)
+    names = [f"{template}-{name}-{i}" for i in range(args.pods)]
+    running = start_pods(cluster, args.node, template, args.image, names)
+    delete_pods(cluster, names)
+    want = before.get(UNPREPARE, Totals()).calls + args.pods
     wait_calls(cluster, args.node, driver, UNPREPARE, want)
     after = kubelet_totals(cluster.kubelet_metrics(args.node), driver)
-    delete_pods(cluster, resident)
+    ours_after = plugin_totals(plugin_metrics(args)) if driver == DRIVER else {}
     return PhaseResult(
-        phase, delta(after, before, PREPARE), delta(after, before, UNPREPARE), running, idle
+        phase,
+        delta(after, before, PREPARE),
+        delta(after, before, UNPREPARE),
+        running,
+        idle,
+        delta(ours_after, ours_before, PREPARE),
+        delta(ours_after, ours_before, UNPREPARE),
+        cpu_spent(cpu_before, cpu_readings(pids)),
     )
+
+
+def plugin_metrics(args: argparse.Namespace) -> str:
+    """The host-process plugin's ``/metrics`` (:func:`host_driver` serves it on loopback)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{args.plugin_metrics_port}/metrics") as got:
+        return str(got.read().decode())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 # -- the driver as host processes -----------------------------------------------------------
@@ -438,6 +589,7 @@ def host_driver(args: argparse.Namespace, work: str) -> Iterator[None]:
     if live_socket(os.path.join(registry, f"{DRIVER}-reg.sock")):
         raise SystemExit(f"a plugin of {DRIVER} already serves this kubelet: uninstall it first")
     common = ["--driver-name", DRIVER, "--plugin-dir", plugin_dir]
+    args.plugin_metrics_port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     logs = open(os.path.join(work, "driver.log"), "ab")  # noqa: SIM115 (closed below)
     try:
@@ -446,8 +598,9 @@ def host_driver(args: argparse.Namespace, work: str) -> Iterator[None]:
              "--state-dir", agent_state_dir(work)],
             ["kubelet-plugin", *common, "--node-name", args.node, "--registry-dir", registry,
              "--cdi-root", args.cdi_root, "--backend", "fake",
-             "--fake-gpus", f"h100-80gb:{args.gpus}", "--kubeconfig", args.kubeconfig,
-             "--cdi-hook-path", "", "--mps-protocol", "v3"],
+             "--fake-gpus", f"h100-80gb:{2 * args.gpus}", "--kubeconfig", args.kubeconfig,
+             "--cdi-hook-path", "", "--mps-protocol", "v3",
+             "--metrics-port", str(args.plugin_metrics_port), "--metrics-address", "127.0.0.1"],
         ):  # fmt: skip
             procs.append(
                 subprocess.Popen(
@@ -456,6 +609,7 @@ def host_driver(args: argparse.Namespace, work: str) -> Iterator[None]:
                     env={**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"},
                 )
             )  # fmt: skip
+        args.driver_pids = {"agent": procs[0].pid, "plugin": procs[1].pid}
         yield
     finally:
         for proc in reversed(procs):
@@ -503,25 +657,45 @@ def request_of(phase: str, share: str) -> tuple[str, JsonObj]:
 
 
 def one_run(
-    cluster: Cluster, args: argparse.Namespace, phases: Sequence[str]
+    cluster: Cluster, args: argparse.Namespace, phases: Sequence[str], run: int
 ) -> dict[str, PhaseResult]:
+    """The phases' waves in turns (wave by wave, the order alternating), beside the same
+    resident pods: each phase meets the node as the other does."""
     cluster.fresh_namespace()
     try:
-        results = {}
+        drivers = {}
         for phase in phases:
-            driver, request = request_of(phase, args.share)
-            results[phase] = run_phase(cluster, args, phase, driver, request)
+            drivers[phase], request = request_of(phase, args.share)
+            cluster.create_template(f"bench-{phase}", wave_request(phase, request, args.gpus))
+        # The MPS waves' GPUs each keep a resident share, so their daemons stay up, as on
+        # a node already serving MPS pods (--cold: without them, each wave's first share
+        # on a GPU starts its daemon). Every phase runs beside them.
+        residents = {}
+        if "mps" in phases and not args.cold:
+            residents = resident_templates("bench-mps", request_of("mps", args.share)[1], args.gpus)
+        for name, pinned_request in residents.items():
+            cluster.create_template(name, pinned_request)
+        start_pods(cluster, args.node, {n: n for n in residents}, args.image, list(residents))
+        results: dict[str, PhaseResult] = {}
+        for wave in range(args.waves):
+            for phase in phase_order(phases, run * args.waves + wave):
+                got = run_wave(cluster, args, phase, drivers[phase], f"w{wave}")
+                results[phase] = results[phase].plus(got) if phase in results else got
+        for phase in phases:
             print("  " + results[phase].line(), flush=True)
+            if cpu := results[phase].cpu_line():
+                print("  " + cpu, flush=True)
+            print("  " + results[phase].waves_line(), flush=True)
         return results
     finally:
         cluster.delete_namespace()
 
 
-def phase_order(phases: Sequence[str], run: int) -> list[str]:
-    """The phases in the order given on even runs (0, 2, ...), reversed on odd ones: what
-    a run's first phase meets (the run before it, the namespace's start) falls on each
-    phase alike."""
-    return list(phases) if run % 2 == 0 else list(reversed(phases))
+def phase_order(phases: Sequence[str], turn: int) -> list[str]:
+    """The phases in the order given on even turns (0, 2, ...), reversed on odd ones (a
+    turn is one wave of each phase, counted over the runs): what the wave before leaves
+    behind falls on each phase alike."""
+    return list(phases) if turn % 2 == 0 else list(reversed(phases))
 
 
 def summary(runs: list[dict[str, PhaseResult]]) -> list[str]:
@@ -546,16 +720,27 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--node", default="", help="this host's node (default: the only node)")
-    parser.add_argument("--gpus", type=int, default=10, help="fake H100s (a wave of whole GPUs)")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=10,
+        help="GPUs a phase's waves use (the plugin has twice as many fake H100s)",
+    )
     parser.add_argument("--pods", type=int, default=10, help="pods per wave")
-    parser.add_argument("--waves", type=int, default=3)
+    parser.add_argument(
+        "--waves",
+        type=int,
+        default=8,
+        help="waves per phase and run (a wave's mean alone swings from 20 to 100 ms on a "
+        "2-core node: 3 waves could not tell 1.25x from 1.5x)",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument(
         "--settle",
         type=float,
         default=60.0,
-        help=f"seconds a phase waits at most for the machine to be {SETTLED_IDLE * 100:.0f}%% idle "
-        "before its first wave (0: no wait)",
+        help=f"seconds a wave waits at most for the machine to be {SETTLED_IDLE * 100:.0f}%% idle "
+        "before it starts (0: no wait)",
     )
     parser.add_argument("--phases", default="whole,mps")
     parser.add_argument("--share", default="4Gi")
@@ -630,7 +815,7 @@ def main() -> None:
                 wait_slices(cluster, EXAMPLE_DRIVER, args.node, work)
             for i in range(args.runs):
                 print(f"run {i + 1}/{args.runs}", flush=True)
-                runs.append(one_run(cluster, args, phase_order(phases, i)))
+                runs.append(one_run(cluster, args, phases, i))
     finally:
         for name in made:
             cluster.delete_class(name)

@@ -84,7 +84,13 @@ from typing import IO, Any
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
 
-from tests.support.processes import machine_ticks, stop_process  # noqa: E402  (ROOT first)
+from tests.support.processes import (  # noqa: E402  (ROOT first)
+    cpu_s,
+    live_children,
+    machine_ticks,
+    reaped_cpu_s,
+    stop_process,
+)
 
 DRIVER = "gpu.fractional.dev"
 NODE = "bench-node"
@@ -119,46 +125,6 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_s(pid: int, children: bool = False) -> float:
-    """User + system CPU seconds of ``pid`` (and, with ``children``, of its live
-    children and of those it reaped)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    total = (int(fields[11]) + int(fields[12])) / tick
-    if children:
-        total += (int(fields[13]) + int(fields[14])) / tick
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                kids = [int(k) for k in f.read().split()]
-        except OSError:
-            kids = []
-        total += sum(cpu_s(kid, children=True) for kid in kids)
-    return total
-
-
-def reaped_cpu_s(pid: int) -> float:
-    """CPU seconds of the children ``pid`` has waited for (cutime + cstime)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[13]) + int(fields[14])) / tick
-
-
-def live_children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(k) for k in f.read().split()]
-    except OSError:
-        return []
 
 
 READINGS_S = [0.0]

@@ -45,3 +45,43 @@ def machine_ticks() -> list[int]:
     time is inside user)."""
     with open("/proc/stat") as f:
         return [int(x) for x in f.readline().split()[1:9]]
+
+
+def cpu_s(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` (and, with ``children``, of its live
+    children and of those it reaped)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    total = (int(fields[11]) + int(fields[12])) / tick
+    if children:
+        total += (int(fields[13]) + int(fields[14])) / tick
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            kids = []
+        total += sum(cpu_s(kid, children=True) for kid in kids)
+    return total
+
+
+def reaped_cpu_s(pid: int) -> float:
+    """CPU seconds of the children ``pid`` has waited for (cutime + cstime)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / tick
+
+
+def live_children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(k) for k in f.read().split()]
+    except OSError:
+        return []

@@ -102,7 +102,7 @@ def test_the_tally_counts_runs_within_the_target_for_each_method(bench: ModuleTy
     assert lines[0] == "run 1: mps/whole prepare 1.25x, unprepare 1.20x"
     assert lines[1] == "run 2: mps/whole prepare 1.75x, unprepare 1.40x"
     assert lines[-1].endswith("prepare met in 1/2 runs, unprepare in 2/2")
-    assert "40.0 ms mean (30 calls)" in runs[0]["whole"].line()
+    assert "40.0 ms mean (30 calls; plugin's own   nan)" in runs[0]["whole"].line()
 
 
 def test_each_gpu_gets_a_resident_share_pinned_to_it(bench: ModuleType) -> None:
@@ -118,6 +118,41 @@ def test_each_gpu_gets_a_resident_share_pinned_to_it(bench: ModuleType) -> None:
             {"cel": {"expression": f'device.attributes["gpu.fractional.dev"].index == {i}'}}
         ]
     assert "selectors" not in request
+
+
+def test_the_whole_gpu_waves_use_the_gpus_the_residents_leave(bench: ModuleType) -> None:
+    """Both phases run beside the same residents (their waves take turns): the shares'
+    waves on the residents' GPUs, the whole GPUs' on the others."""
+    _, share = bench.request_of("mps", "4Gi")
+    _, whole = bench.request_of("whole", "4Gi")
+    _, example = bench.request_of("example", "4Gi")
+    index = 'device.attributes["gpu.fractional.dev"].index'
+    assert bench.wave_request("mps", share, 3)["selectors"] == [
+        {"cel": {"expression": f"{index} < 3"}}
+    ]
+    assert bench.wave_request("whole", whole, 3)["selectors"] == [
+        {"cel": {"expression": f"{index} >= 3"}}
+    ]
+    assert bench.wave_request("example", example, 3) == example
+
+
+def test_a_phases_waves_add_up(bench: ModuleType) -> None:
+    first = bench.PhaseResult(
+        "mps", bench.Totals(0.5, 10), bench.Totals(0.1, 10), [2.0], 0.9,
+        bench.Totals(0.4, 10), bench.Totals(0.05, 10), {"plugin": 0.2},
+    )  # fmt: skip
+    second = bench.PhaseResult(
+        "mps", bench.Totals(0.7, 10), bench.Totals(0.3, 10), [3.0], 0.85,
+        bench.Totals(0.6, 10), bench.Totals(0.15, 10), {"plugin": 0.4, "agent": 0.1},
+    )  # fmt: skip
+    both = first.plus(second)
+    assert (both.prepare.calls, both.prepare.mean_ms) == (20, pytest.approx(60.0))
+    assert both.unprepare.mean_ms == pytest.approx(20.0)
+    assert both.plugin_prepare.mean_ms == pytest.approx(50.0)
+    assert both.running_s == [2.0, 3.0]
+    assert both.idle_before == 0.85
+    assert both.cpu_line().endswith("CPU per claim (ms): plugin 30.0, agent 5.0")
+    assert both.waves_line().endswith("prepare mean by wave (ms): 50, 70")
 
 
 def test_the_charts_pods_on_the_node_are_found_by_its_label(bench: ModuleType) -> None:
@@ -185,3 +220,32 @@ def test_its_help_prints(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(SystemExit) as ended:
         bench.parse_args()
     assert ended.value.code == 0
+
+
+PLUGIN_TEXT = "\n".join(
+    [
+        "# HELP fractional_gpu_dra_claim_operation_duration_seconds Time from the call.",
+        "# TYPE fractional_gpu_dra_claim_operation_duration_seconds histogram",
+        'fractional_gpu_dra_claim_operation_duration_seconds_bucket{le="+Inf",operation="prepare"}'
+        " 4.0",
+        'fractional_gpu_dra_claim_operation_duration_seconds_sum{operation="prepare"} 0.04',
+        'fractional_gpu_dra_claim_operation_duration_seconds_count{operation="prepare"} 4.0',
+        'fractional_gpu_dra_claim_operation_duration_seconds_sum{operation="unprepare"} 0.006',
+        'fractional_gpu_dra_claim_operation_duration_seconds_count{operation="unprepare"} 3.0',
+        "# HELP fractional_gpu_dra_claim_operations_total Claims prepared.",
+        "# TYPE fractional_gpu_dra_claim_operations_total counter",
+        'fractional_gpu_dra_claim_operations_total{operation="prepare",outcome="ok"} 9.0',
+        "",
+    ]
+)
+
+
+def test_the_plugins_own_histogram_is_keyed_by_the_kubelets_method(bench: ModuleType) -> None:
+    ours = bench.plugin_totals(PLUGIN_TEXT)
+    assert set(ours) == {"NodePrepareResources", "NodeUnprepareResources"}
+    assert (ours["NodePrepareResources"].calls, ours["NodePrepareResources"].mean_ms) == (
+        4,
+        pytest.approx(10.0),
+    )
+    assert ours["NodeUnprepareResources"].mean_ms == pytest.approx(2.0)
+    assert bench.plugin_totals(KUBELET_TEXT) == {}
