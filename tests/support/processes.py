@@ -47,39 +47,39 @@ def machine_ticks() -> list[int]:
         return [int(x) for x in f.readline().split()[1:9]]
 
 
-def cpu_s(pid: int, children: bool = False) -> float:
-    """User + system CPU seconds of ``pid`` (and, with ``children``, of its live
-    children and of those it reaped)."""
-    tick = os.sysconf("SC_CLK_TCK")
+def _stat_ticks(pid: int) -> list[int] | None:
+    """``/proc/PID/stat``'s utime, stime, cutime and cstime (clock ticks); None once
+    the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
+        return None
+    return [int(x) for x in fields[11:15]]
+
+
+def cpu_s(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` (and, with ``children``, of its live
+    children and of those it reaped)."""
+    ticks = _stat_ticks(pid)
+    if ticks is None:
         return 0.0
-    total = (int(fields[11]) + int(fields[12])) / tick
-    if children:
-        total += (int(fields[13]) + int(fields[14])) / tick
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                kids = [int(k) for k in f.read().split()]
-        except OSError:
-            kids = []
-        total += sum(cpu_s(kid, children=True) for kid in kids)
-    return total
+    own = ticks[0] + ticks[1]
+    if not children:
+        return own / os.sysconf("SC_CLK_TCK")
+    reaped = ticks[2] + ticks[3]
+    live = sum(cpu_s(kid, children=True) for kid in live_children(pid))
+    return (own + reaped) / os.sysconf("SC_CLK_TCK") + live
 
 
 def reaped_cpu_s(pid: int) -> float:
     """CPU seconds of the children ``pid`` has waited for (cutime + cstime)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[13]) + int(fields[14])) / tick
+    ticks = _stat_ticks(pid)
+    return 0.0 if ticks is None else (ticks[2] + ticks[3]) / os.sysconf("SC_CLK_TCK")
 
 
 def live_children(pid: int) -> list[int]:
+    """``pid``'s children now (none once it is gone)."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(k) for k in f.read().split()]
