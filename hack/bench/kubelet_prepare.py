@@ -59,7 +59,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -67,7 +66,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +80,7 @@ sys.path.insert(0, ROOT)
 
 from tests.support.processes import (  # noqa: E402  (ROOT first)
     cpu_s,
+    free_port,
     live_children,
     live_socket,
     machine_ticks,
@@ -123,24 +123,38 @@ class Totals:
         return 1000 * self.seconds / self.calls if self.calls else float("nan")
 
 
+def histogram_totals(
+    text: str, metric: str, method_of: Callable[[Mapping[str, str]], str | None]
+) -> dict[str, Totals]:
+    """Sum and count of histogram ``metric`` in Prometheus ``text``, added up per the
+    method ``method_of`` names for a sample's labels (None: the sample is not counted)."""
+    got: dict[str, Totals] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != metric:
+            continue
+        for sample in family.samples:
+            method = method_of(sample.labels)
+            if method is None:
+                continue
+            was = got.get(method, Totals())
+            if sample.name == metric + "_sum":
+                got[method] = Totals(was.seconds + sample.value, was.calls)
+            elif sample.name == metric + "_count":
+                got[method] = Totals(was.seconds, was.calls + int(sample.value))
+    return got
+
+
 def kubelet_totals(text: str, driver: str) -> dict[str, Totals]:
     """Sum and count of ``dra_grpc_operations_duration_seconds`` per method (the
     method's last path element: ``NodePrepareResources``) for ``driver``, over
     every gRPC status code, from the kubelet's Prometheus text."""
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != METRIC:
-            continue
-        for sample in family.samples:
-            if sample.labels.get("driver_name") != driver:
-                continue
-            method = sample.labels.get("method_name", "").rsplit("/", 1)[-1]
-            if sample.name == METRIC + "_sum":
-                sums[method] = sums.get(method, 0.0) + sample.value
-            elif sample.name == METRIC + "_count":
-                counts[method] = counts.get(method, 0.0) + sample.value
-    return {m: Totals(sums.get(m, 0.0), int(counts.get(m, 0))) for m in set(sums) | set(counts)}
+
+    def method_of(labels: Mapping[str, str]) -> str | None:
+        if labels.get("driver_name") != driver:
+            return None
+        return labels.get("method_name", "").rsplit("/", 1)[-1]
+
+    return histogram_totals(text, METRIC, method_of)
 
 
 PLUGIN_METRIC = "fractional_gpu_dra_claim_operation_duration_seconds"
@@ -151,20 +165,9 @@ def plugin_totals(text: str) -> dict[str, Totals]:
     """Sum and count of the plugin's own ``claim_operation_duration_seconds`` (from the
     call reaching its engine to the claim's answer) per operation, keyed by the kubelet's
     method name: beside the kubelet's mean, what the plugin's own work took of it."""
-    got: dict[str, Totals] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != PLUGIN_METRIC:
-            continue
-        for sample in family.samples:
-            method = PLUGIN_OPERATIONS.get(sample.labels.get("operation", ""))
-            if method is None:
-                continue
-            was = got.get(method, Totals())
-            if sample.name == PLUGIN_METRIC + "_sum":
-                got[method] = Totals(was.seconds + sample.value, was.calls)
-            elif sample.name == PLUGIN_METRIC + "_count":
-                got[method] = Totals(was.seconds, was.calls + int(sample.value))
-    return got
+    return histogram_totals(
+        text, PLUGIN_METRIC, lambda labels: PLUGIN_OPERATIONS.get(labels.get("operation", ""))
+    )
 
 
 def delta(after: Mapping[str, Totals], before: Mapping[str, Totals], method: str) -> Totals:
@@ -538,12 +541,6 @@ def plugin_metrics(args: argparse.Namespace) -> str:
     """The host-process plugin's ``/metrics`` (:func:`host_driver` serves it on loopback)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{args.plugin_metrics_port}/metrics") as got:
         return str(got.read().decode())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the driver as host processes -----------------------------------------------------------

@@ -86,6 +86,7 @@ sys.path.insert(0, ROOT)
 
 from tests.support.processes import (  # noqa: E402  (ROOT first)
     cpu_s,
+    free_port,
     live_children,
     machine_ticks,
     reaped_cpu_s,
@@ -315,15 +316,6 @@ def client_flags(args: argparse.Namespace, root: str) -> list[str]:
     host, port = args.api.removeprefix("https://").rsplit(":", 1)
     os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"] = host, port
     return []
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def serve_engine(root: str, count: int) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from tests.support.mps import (
     daemon_pid,
     make_node,
 )
+from tests.support.processes import free_port
 
 P = "fractional_gpu_dra_"
 RUNNING = P + "mps_daemon_running"
@@ -95,13 +95,6 @@ def test_daemons_restarts_and_shares_per_gpu(node: Node) -> None:
         asyncio.run(scenario())
     finally:
         server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def test_the_agent_process_serves_metrics_until_sigterm(node: Node) -> None:

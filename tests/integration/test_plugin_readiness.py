@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import http.client
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from dra_driver.plugin.readiness import Readiness, ReadinessServer, check_readin
 from tests.support.chart import chart_api, plugin_transport
 from tests.support.eventually import eventually
 from tests.support.node import DRIVER, NODE, NodeDirs, run_checked
-from tests.support.processes import stop_process
+from tests.support.processes import free_port, stop_process
 
 
 def readyz(port: int, path: str = "/readyz", method: str = "GET") -> tuple[int, str]:
@@ -48,12 +47,6 @@ def readyz(port: int, path: str = "/readyz", method: str = "GET") -> tuple[int, 
 
 async def aready(port: int) -> tuple[int, str]:
     return await asyncio.to_thread(readyz, port)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def closed_api_url() -> str:

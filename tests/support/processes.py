@@ -1,5 +1,6 @@
 """Stopping a child process the way the kubelet stops a pod: SIGTERM, then SIGKILL;
-whether a process serves a unix socket; the machine's CPU time (the benchmarks)."""
+whether a process serves a unix socket; a free loopback port; the machine's CPU time
+(the benchmarks)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ def live_socket(path: str) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a child's server)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def machine_ticks() -> list[int]:
